@@ -1,0 +1,3 @@
+from sealstream.cli import entrypoint
+
+entrypoint()

@@ -1,0 +1,632 @@
+"""The job: recovery, the batch loop, and the checkpoint/commit protocol.
+
+Commit protocol, per epoch (an epoch is the output between two checkpoints):
+
+1. Batches are applied: events get their watermark, windows aggregate, closed
+   windows fire. Results, late events and bad records are *staged* in their
+   sinks under the current epoch (invisible to readers).
+2. ``prepare``: every sink flushes and fsyncs its staged files and returns the
+   names it will publish (commit tokens).
+3. The checkpoint's files are written create-if-absent and fsynced: the
+   window state with its watermark, the emission receipts, and (only after a
+   fall-back) the outputs still to suppress.
+4. The manifest — positions, watermark epoch, file hashes, receipts summary,
+   sink tokens, pipeline fingerprint — is signed and published by one atomic
+   rename, then the directory is fsynced. This is the commit point.
+5. ``commit``: each sink publishes the epoch's tokens (atomic renames).
+6. Retention: the new checkpoint is read back and verified; only then are
+   checkpoints older than the ``keep`` newest verified ones deleted.
+
+Recovery (at start):
+
+a. Take the directory lock (one run per checkpoint directory).
+b. Judge checkpoints newest first; resume from the first ``ATOMIC_CHECKPOINT``.
+   Newer ones that failed (including a crashed writer's partial directory)
+   are moved aside under ``rejected/``, never deleted. If checkpoints exist but
+   none verifies, refuse to start (``--start-over`` moves them all aside).
+c. Sinks ``recover``: re-commit the tokens the restored checkpoint prepared
+   (a crash between 4 and 5), delete every other staged file (no checkpoint
+   refers to it; the replay produces it again).
+d. Output committed after the restored checkpoint (it was newer and got
+   rejected) is read back and suppressed during the replay, so no window,
+   late event or bad record is emitted twice; what is still pending is carried
+   in later checkpoints until the replay has passed it.
+e. Readers reopen at the saved positions (checking the files' identity).
+
+Without a ``[checkpoint]`` section the whole run is one epoch committed at the
+end, and whatever the sinks already hold is suppressed (a rerun changes
+nothing).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+from sealstream.checkpoint import guard
+from sealstream.checkpoint.manifest import (
+    FORMAT_VERSION,
+    RECEIPTS_NAME,
+    STATE_NAME,
+    SUPPRESS_NAME,
+    checkpoint_key,
+    seal,
+)
+from sealstream.checkpoint.store import LocalCheckpointStore, checkpoint_dirname
+from sealstream.errors import BadRecordError, NoValidCheckpointError
+from sealstream.pipeline import Pipeline
+from sealstream.sinks import open_sink
+from sealstream.sinks._base import JSON_LINE, Sink
+from sealstream import sources
+from sealstream.sources._base import KEY, KEY_IS_INT, OFFSET, PARTITION, RAW
+from sealstream.state.codec import WATERMARK_META, decode_table, encode_table, sha256_hex
+from sealstream.watermark import POS_INF, WatermarkState, assign_watermarks
+from sealstream.windows.aggregates import SEQ
+from sealstream.windows.operator import WindowOperator
+from sealstream._runtime.crash import CrashPoints
+from sealstream._runtime.merge import Batch, PartitionMerger, SourcePosition
+
+ROLES = ("results", "late", "errors")
+
+
+@dataclass
+class Counters:
+    events: int = 0
+    late_events: int = 0
+    bad_records: int = 0
+    windows_fired: int = 0
+    results_written: int = 0
+    suppressed: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class CheckpointStats:
+    count: int = 0
+    total_ms: float = 0.0
+    total_bytes: int = 0
+    last_id: int | None = None
+    last_at: float | None = None
+    last_ms: float = 0.0
+    last_bytes: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "count": self.count,
+            "mean_ms": self.total_ms / self.count if self.count else 0.0,
+            "mean_bytes": self.total_bytes / self.count if self.count else 0.0,
+            "last_id": self.last_id,
+        }
+
+
+@dataclass
+class RunSummary:
+    """What a run did; printed by the CLI and written by ``--summary-json``."""
+
+    pipeline: str
+    counters: Counters
+    checkpoints: CheckpointStats
+    seconds: float
+    resumed_from: int | None
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+    open_windows: int = 0
+    watermark_ms: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        c = self.counters.to_json()
+        return {
+            "pipeline": self.pipeline,
+            **c,
+            "seconds": round(self.seconds, 6),
+            "events_per_second": round(c["events"] / self.seconds, 1) if self.seconds else None,
+            "checkpoints": self.checkpoints.to_json(),
+            "resumed_from": self.resumed_from,
+            "rejected": self.rejected,
+            "open_windows": self.open_windows,
+            "watermark_ms": self.watermark_ms,
+        }
+
+
+ProgressFn = Callable[["Job"], None]
+
+
+class Job:
+    """Runs a pipeline to the end of its input, exactly once across restarts.
+
+    >>> # job = Job(load_spec("spec.toml")); summary = job.run()
+    """
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        *,
+        start_over: bool = False,
+        progress: ProgressFn | None = None,
+        crash: CrashPoints | None = None,
+    ) -> None:
+        self.p = pipeline
+        self.start_over = start_over
+        self.progress = progress
+        self.crash = crash or CrashPoints()
+        self.key = checkpoint_key()
+        self.partitions = pipeline.source.partitions()
+        self.names = [n for n, _ in self.partitions]
+        self.plan = pipeline.field_plan()
+        self.fingerprint = pipeline.fingerprint()
+        self.run_token = secrets.token_hex(6)
+        self.counters = Counters()
+        self.ck_stats = CheckpointStats()
+        self.store = (
+            LocalCheckpointStore(pipeline.checkpoint.resolved) if pipeline.checkpoint else None
+        )
+        self.sinks: dict[str, Sink] = {}
+        self.resumed_from: int | None = None
+        self.rejected: list[dict[str, Any]] = []
+        self.started = time.monotonic()
+        self.merger: PartitionMerger | None = None
+        self.operator: WindowOperator | None = None
+        self.wm = WatermarkState.initial(len(self.partitions), pipeline.watermark.max_delay_ms)
+        self._verified: set[int] = set()
+
+    # ================================================================ public
+    def run(self) -> RunSummary:
+        self.started = time.monotonic()
+        self._open_sinks()
+        try:
+            if self.store is None:
+                self._run_unchecked()
+            else:
+                with self.store.locked():
+                    self._run_checked(self.store)
+        finally:
+            for s in self.sinks.values():
+                s.close()
+            if self.merger is not None:
+                self.merger.close()
+        return self.summary()
+
+    def summary(self) -> RunSummary:
+        return RunSummary(
+            pipeline=self.p.name,
+            counters=self.counters,
+            checkpoints=self.ck_stats,
+            seconds=time.monotonic() - self.started,
+            resumed_from=self.resumed_from,
+            rejected=self.rejected,
+            open_windows=self.operator.open_windows if self.operator else 0,
+            watermark_ms=self.wm.current() if self.operator else None,
+        )
+
+    # ================================================================ setup
+    def _open_sinks(self) -> None:
+        self.sinks["results"] = open_sink(self.p.sink, "results", self.run_token)
+        if self.p.late is not None:
+            self.sinks["late"] = open_sink(self.p.late, "records", self.run_token)
+        if self.p.errors is not None:
+            self.sinks["errors"] = open_sink(self.p.errors, "records", self.run_token)
+
+    def _start_sources(self, positions: list[SourcePosition]) -> None:
+        readers = [
+            sources.open_partition(self.p.source.kind, name, path, self.plan, pos.resume)
+            for (name, path), pos in zip(self.partitions, positions, strict=True)
+        ]
+        batch = self.p.batch_size
+        if self.p.checkpoint and self.p.checkpoint.every_events:
+            batch = max(1, min(batch, self.p.checkpoint.every_events))
+        self.merger = PartitionMerger(readers, positions, self.plan, batch)
+
+    def _committed_ids(self, newer_than: int | None) -> dict[str, pl.DataFrame]:
+        """Identities of committed output newer than epoch ``newer_than`` (all if None)."""
+        out: dict[str, pl.DataFrame] = {}
+        for role, sink in self.sinks.items():
+            files = [f for f in sink.committed() if newer_than is None or f.epoch > newer_than]
+            if files:
+                ids = sink.read_ids(files)
+                if ids.height:
+                    out[role] = ids
+        return out
+
+    def _max_committed_epoch(self) -> int:
+        return max(
+            (f.epoch for s in self.sinks.values() for f in s.committed()), default=0
+        )
+
+    # ================================================================ no checkpoints
+    def _run_unchecked(self) -> None:
+        for sink in self.sinks.values():
+            sink.recover({})
+        self.suppress = self._committed_ids(None)
+        self.epoch = self._max_committed_epoch() + 1
+        self.operator = WindowOperator(self.p)
+        self._start_sources([SourcePosition.start() for _ in self.partitions])
+        self._loop(checkpoint=None)
+        tokens = {role: s.prepare(self.epoch) for role, s in self.sinks.items()}
+        for role, s in self.sinks.items():
+            s.commit(self.epoch, tokens[role])
+
+    # ================================================================ checkpoints
+    def _run_checked(self, store: LocalCheckpointStore) -> None:
+        resume = self._recover(store)
+        if resume is None:
+            for sink in self.sinks.values():
+                sink.recover({})
+            self.suppress = self._committed_ids(None)
+            self.epoch = self._max_committed_epoch() + 1
+            self.operator = WindowOperator(self.p)
+            positions = [SourcePosition.start() for _ in self.partitions]
+            self.parent: int | None = None
+            self.receipts_total = {"results": 0, "late": 0, "errors": 0, "digest": ""}
+        else:
+            cid, doc = resume
+            positions = self._restore(store, cid, doc)
+        self.next_id = store.max_id_ever() + 1
+        self._start_sources(positions)
+        self._loop(checkpoint=store)
+
+    def _recover(self, store: LocalCheckpointStore) -> tuple[int, dict[str, Any]] | None:
+        ids = store.ids()
+        if not ids:
+            return None
+        policy = guard.Policy(key=self.key, pipeline=self.p.name, fingerprint=self.fingerprint)
+        verdicts: list[guard.Verdict] = []
+        for cid in reversed(ids):
+            v = self._judge(store, cid, policy)
+            verdicts.append(v)
+            if v.ok:
+                assert v.manifest is not None
+                for bad in verdicts[:-1]:
+                    store.move_aside(bad.checkpoint_id, bad.reason)
+                    self.rejected.append(bad.to_json())
+                self.resumed_from = cid
+                return cid, dict(v.manifest)
+        if self.start_over:
+            for v in verdicts:
+                store.move_aside(v.checkpoint_id, "start-over")
+                self.rejected.append(v.to_json())
+            return None
+        found = "; ".join(f"{v.checkpoint_id}: {v.verdict} ({v.reason})" for v in verdicts[:5])
+        raise NoValidCheckpointError(
+            f"{store.root}: {len(ids)} checkpoint(s) found but none is ATOMIC_CHECKPOINT "
+            f"[{found}]; nothing was deleted. Inspect with 'sealstream checkpoints verify "
+            f"{store.root}', or run again with --start-over to move them aside and start fresh"
+        )
+
+    @staticmethod
+    def _judge(store: LocalCheckpointStore, cid: int, policy: guard.Policy) -> guard.Verdict:
+        doc = store.read_manifest(cid)
+        parent = None
+        if doc is not None and isinstance(doc.get("parent"), int):
+            parent = store.read_manifest(int(doc["parent"]))
+        return guard.judge(store.evidence(cid), parent, policy)
+
+    def _restore(
+        self, store: LocalCheckpointStore, cid: int, doc: dict[str, Any]
+    ) -> list[SourcePosition]:
+        state, meta = decode_table(store.read(doc["files"]["state"]["path"]))
+        self.operator = WindowOperator(self.p, state)
+        self.wm = WatermarkState.from_json(meta[WATERMARK_META.decode()])
+        by_name = {p["partition"]: SourcePosition.from_json(p) for p in doc["positions"]}
+        positions = [by_name.get(n, SourcePosition.start()) for n in self.names]
+        c = doc.get("counters", {})
+        for k in Counters().to_json():
+            setattr(self.counters, k, int(c.get(k, 0)))
+        receipts = json.loads(store.read(doc["files"]["receipts"]["path"]))
+        self.receipts_total = dict(receipts["summary"])
+        # sinks: finish what the checkpoint prepared, drop unreferenced staging
+        restored_epoch = int(doc["epoch"])
+        for role, sink in self.sinks.items():
+            entry = doc["sinks"].get(role)
+            prepared = {int(entry["epoch"]): list(entry["tokens"])} if entry else {}
+            sink.recover(prepared)
+        self.suppress = self._committed_ids(restored_epoch)
+        if "suppress" in doc["files"]:
+            pending, _ = decode_table(store.read(doc["files"]["suppress"]["path"]))
+            self._add_pending(pending)
+        self.epoch = max(restored_epoch, self._max_committed_epoch()) + 1
+        self.parent = cid
+        return positions
+
+    def _add_pending(self, pending: pl.DataFrame) -> None:
+        for role in ROLES:
+            part = pending.filter(pl.col("__role") == role).drop("__role")
+            if not part.height:
+                continue
+            cols = (
+                ["key", "__kint", "window_start", "window_end"]
+                if role == "results"
+                else ["_partition", "_offset"]
+            )
+            part = part.select(cols).drop_nulls()
+            prev = self.suppress.get(role)
+            self.suppress[role] = part if prev is None else pl.concat([prev, part]).unique()
+
+    # ================================================================ the loop
+    def _loop(self, checkpoint: LocalCheckpointStore | None) -> None:
+        assert self.merger is not None and self.operator is not None
+        cfg = self.p.checkpoint
+        since_events = 0
+        last_ck = time.monotonic()
+        dirty = False
+        while True:
+            batch = self.merger.next_batch()
+            if batch is None:
+                break
+            n = self._apply(batch)
+            since_events += n + batch.bad.height
+            dirty = dirty or n > 0 or batch.bad.height > 0 or self._positions_moved(batch)
+            self.positions = batch.positions
+            self.crash("batch")
+            if self.progress is not None:
+                self.progress(self)
+            if checkpoint is None or cfg is None:
+                if batch.finished:
+                    break
+                continue
+            due = batch.finished or (
+                (cfg.every_events is not None and since_events >= cfg.every_events)
+                or (cfg.every_ms is not None and (time.monotonic() - last_ck) * 1000 >= cfg.every_ms)
+            )
+            if due and dirty:
+                self._checkpoint(checkpoint)
+                since_events, last_ck, dirty = 0, time.monotonic(), False
+            if batch.finished:
+                break
+
+    def _positions_moved(self, batch: Batch) -> bool:
+        prev = getattr(self, "positions", None)
+        return prev is None or [p.next_offset for p in prev] != [
+            p.next_offset for p in batch.positions
+        ]
+
+    def _apply(self, batch: Batch) -> int:
+        assert self.operator is not None
+        self._handle_bad(batch.bad)
+        n_parts = len(self.partitions)
+        for q, lo in enumerate(batch.last_offsets):
+            if lo is not None:
+                self.wm.last_offset[q] = lo
+        events = batch.events
+        if events.height:
+            events = events.with_columns(
+                (pl.col(OFFSET) * n_parts + pl.col(PARTITION)).alias(SEQ)
+            )
+        events = assign_watermarks(events, self.wm, batch.end)
+        if batch.finished:
+            self.wm.exhausted = [True] * n_parts
+            self.wm.global_ms = POS_INF
+        w_end = self.wm.current()
+        out = self.operator.process(events, w_end)
+        self.counters.events += events.height
+        if out.fired.height:
+            results = self.operator.finalize(out.fired)
+            self.counters.windows_fired += results.height
+            results = self._suppressed("results", results, ["key", "__kint", "window_start",
+                                                             "window_end"])
+            if results.height:
+                self.sinks["results"].write(self.epoch, results)
+                self.counters.results_written += results.height
+                self._receipt("results", results)
+        if out.late.height:
+            self.counters.late_events += out.late.height
+            late = self._late_frame(out.late)
+            late = self._suppressed("late", late, ["_partition", "_offset"])
+            if "late" in self.sinks and late.height:
+                self.sinks["late"].write(self.epoch, late)
+                self._receipt("late", late)
+        self.crash("after_stage")
+        return events.height
+
+    def _suppressed(self, role: str, frame: pl.DataFrame, cols: list[str]) -> pl.DataFrame:
+        sup = self.suppress.get(role)
+        if sup is None or not sup.height or not frame.height:
+            return frame
+        sup = sup.select(cols)
+        hit = frame.join(sup, on=cols, how="semi", nulls_equal=True)
+        if not hit.height:
+            return frame
+        self.counters.suppressed += hit.height
+        self.suppress[role] = sup.join(hit.select(cols), on=cols, how="anti", nulls_equal=True)
+        return frame.join(sup, on=cols, how="anti", nulls_equal=True)
+
+    def _late_frame(self, late: pl.DataFrame) -> pl.DataFrame:
+        names = pl.Series("__pname", [json.dumps(n) for n in self.names], dtype=pl.String)
+        pname = pl.lit(names).get(pl.col(PARTITION))
+        raw = pl.col(RAW).str.strip_chars()
+        body = raw.str.strip_suffix("}").str.strip_chars_end()
+        sep = pl.when(body.str.ends_with("{")).then(pl.lit("")).otherwise(pl.lit(","))
+        line = pl.concat_str(
+            [body, sep, pl.lit('"_partition":'), pname, pl.lit(',"_offset":'),
+             pl.col(OFFSET).cast(pl.String), pl.lit("}")]
+        )
+        return late.select(
+            pl.lit(pl.Series(self.names, dtype=pl.String)).get(pl.col(PARTITION)).alias(
+                "_partition"
+            ),
+            pl.col(OFFSET).alias("_offset"),
+            line.alias(JSON_LINE),
+        )
+
+    def _handle_bad(self, bad: pl.DataFrame) -> None:
+        if not bad.height:
+            return
+        if "errors" not in self.sinks:
+            first = bad.row(0, named=True)
+            name = self.names[first["_p"]]
+            raise BadRecordError(
+                f"{name}: line {first['_line']}: {first['_reason']} "
+                "(add an [errors] output to divert bad records instead of stopping)"
+            )
+        self.counters.bad_records += bad.height
+        frame = bad.select(
+            pl.lit(pl.Series(self.names, dtype=pl.String)).get(pl.col("_p")).alias("_partition"),
+            pl.col("_offset"),
+            pl.col("_line"),
+            pl.col("_reason"),
+            pl.col("_raw"),
+        )
+        frame = frame.with_columns(
+            pl.struct(["_partition", "_offset", "_line", "_reason", "_raw"])
+            .struct.json_encode()
+            .alias(JSON_LINE)
+        )
+        frame = self._suppressed("errors", frame, ["_partition", "_offset"])
+        if frame.height:
+            self.sinks["errors"].write(self.epoch, frame)
+            self._receipt("errors", frame)
+
+    # ================================================================ receipts
+    def _receipt(self, role: str, frame: pl.DataFrame) -> None:
+        rec = self._epoch_receipts.setdefault(role, {"count": 0, "ids": []})
+        rec["count"] += frame.height
+        if role == "results":
+            ids = pl.concat_str(
+                [pl.col("key"), pl.col("__kint").cast(pl.String), pl.col("window_start")
+                 .cast(pl.String), pl.col("window_end").cast(pl.String)], separator="|"
+            )
+            end = frame["window_end"].max()
+            prev = rec.get("max_window_end")
+            rec["max_window_end"] = end if prev is None else max(prev, end)  # type: ignore[type-var]
+        else:
+            ids = pl.concat_str([pl.col("_partition"), pl.col("_offset").cast(pl.String)],
+                                separator="|")
+        rec["ids"].append(frame.select(ids.alias("id")))
+
+    @property
+    def _epoch_receipts(self) -> dict[str, dict[str, Any]]:
+        if not hasattr(self, "_receipts_now"):
+            self._receipts_now: dict[str, dict[str, Any]] = {}
+        return self._receipts_now
+
+    def _close_receipts(self, tokens: dict[str, list[str]]) -> dict[str, Any]:
+        entry: dict[str, Any] = {"epoch": self.epoch}
+        for role in ROLES:
+            rec = self._epoch_receipts.get(role)
+            if rec is None:
+                entry[role] = {"count": 0, "digest": hashlib.sha256(b"").hexdigest(),
+                               "tokens": tokens.get(role, [])}
+                continue
+            ids = pl.concat(rec["ids"]).sort("id")["id"].str.join("\n").item()
+            digest = hashlib.sha256(ids.encode()).hexdigest()
+            entry[role] = {"count": rec["count"], "digest": digest,
+                           "tokens": tokens.get(role, [])}
+            if "max_window_end" in rec:
+                entry[role]["max_window_end"] = rec["max_window_end"]
+            self.receipts_total[role] = int(self.receipts_total.get(role, 0)) + rec["count"]
+        self.receipts_total["digest"] = hashlib.sha256(
+            (str(self.receipts_total.get("digest", "")) + json.dumps(entry, sort_keys=True))
+            .encode()
+        ).hexdigest()
+        self.receipts_total["last_epoch"] = self.epoch
+        self._receipts_now = {}
+        return entry
+
+    # ================================================================ checkpoint
+    def _checkpoint(self, store: LocalCheckpointStore) -> None:
+        assert self.operator is not None
+        t0 = time.monotonic()
+        tokens = {role: s.prepare(self.epoch) for role, s in self.sinks.items()}
+        self.crash("after_sink_prepare")
+        cid = self.next_id
+        dirname = checkpoint_dirname(cid)
+        wm_json = self.wm.to_json()
+        state = encode_table(
+            self.operator.snapshot(), {WATERMARK_META.decode(): wm_json}
+        )
+        receipt = self._close_receipts(tokens)
+        receipts = json.dumps(
+            {"summary": self.receipts_total, "epochs": [receipt]}, sort_keys=True, indent=1
+        ).encode()
+        files: dict[str, bytes] = {STATE_NAME: state, RECEIPTS_NAME: receipts}
+        pending = self._pending_suppression()
+        if pending is not None:
+            files[SUPPRESS_NAME] = pending
+        entries = {}
+        for role, name in (("state", STATE_NAME), ("receipts", RECEIPTS_NAME),
+                           ("suppress", SUPPRESS_NAME)):
+            if name in files:
+                entries[role] = {"path": f"{dirname}/{name}", "sha256": sha256_hex(files[name]),
+                                 "bytes": len(files[name])}
+        body = {
+            "format": FORMAT_VERSION,
+            "id": cid,
+            "parent": self.parent,
+            "pipeline": self.p.name,
+            "fingerprint": self.fingerprint,
+            "definition": self.p.fingerprint_fields(),
+            "created_ms": int(time.time() * 1000),
+            "epoch": self.epoch,
+            "lateness_ms": self.p.window.allowed_lateness_ms,
+            "watermark": wm_json,
+            "positions": [
+                {"partition": n, **pos.to_json()}
+                for n, pos in zip(self.names, self.positions, strict=True)
+            ],
+            "files": entries,
+            "state": {"open_windows": self.operator.open_windows,
+                      "sha256": entries["state"]["sha256"]},
+            "receipts": self.receipts_total,
+            "sinks": {role: {"epoch": self.epoch, "tokens": t} for role, t in tokens.items()},
+            "counters": self.counters.to_json(),
+        }
+        manifest = seal(body, self.key)
+        store.write_checkpoint(cid, files, manifest, crash=self.crash)
+        self.crash("after_manifest_publish")
+        for role, sink in self.sinks.items():
+            sink.commit(self.epoch, tokens[role])
+            self.crash(f"after_commit_{role}")
+        self._retain(store, cid)
+        self.crash("after_retention")
+        size = sum(len(b) for b in files.values()) + len(manifest)
+        dt = (time.monotonic() - t0) * 1000
+        st = self.ck_stats
+        st.count += 1
+        st.total_ms += dt
+        st.total_bytes += size
+        st.last_id, st.last_at, st.last_ms, st.last_bytes = cid, time.monotonic(), dt, size
+        self.parent = cid
+        self.next_id = cid + 1
+        self.epoch += 1
+
+    def _pending_suppression(self) -> bytes | None:
+        frames = []
+        for role, sup in self.suppress.items():
+            if sup.height:
+                frames.append(sup.with_columns(pl.lit(role).alias("__role")))
+        if not frames:
+            return None
+        return encode_table(pl.concat(frames, how="diagonal_relaxed"))
+
+    def _retain(self, store: LocalCheckpointStore, newest: int) -> None:
+        """Verify the newest checkpoint, then delete verified ones beyond ``keep``."""
+        assert self.p.checkpoint is not None
+        policy = guard.Policy(key=self.key, pipeline=self.p.name, fingerprint=self.fingerprint)
+        if not self._judge(store, newest, policy).ok:
+            return
+        keep = self.p.checkpoint.keep
+        verified = [newest]
+        self._verified.add(newest)
+        for cid in reversed(store.ids()):
+            if cid >= newest:
+                continue
+            ok = cid in self._verified or self._judge(store, cid, policy).ok
+            if ok:
+                self._verified.add(cid)
+            if len(verified) < keep:
+                if ok:
+                    verified.append(cid)
+                continue
+            if ok:
+                store.delete(cid)
+                self._verified.discard(cid)
+            else:
+                store.move_aside(cid, "superseded-invalid")
+

@@ -1,0 +1,215 @@
+"""Deterministic interleaving of partitions into one read order.
+
+The read order is ``(offset, partition index)``: line 0 of every partition in
+the order of ``source.paths``, then line 1 of every partition, and so on; a
+partition that has ended drops out. It is a total order fixed by the input
+alone, so the per-event watermark, lateness and firing do not depend on batch
+size, checkpoint interval or crashes.
+
+:class:`PartitionMerger` keeps a buffer per partition and emits batches that
+are prefixes of the remaining read order: every buffered record whose offset
+is below the smallest "next unread offset" of the partitions that have not
+reached their end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from sealstream.sources._base import (
+    BAD_SCHEMA,
+    OFFSET,
+    PARTITION,
+    Chunk,
+    FieldPlan,
+    PartitionPosition,
+    PartitionReader,
+)
+
+_INF = 2**62
+
+
+@dataclass(frozen=True)
+class SourcePosition:
+    """Where a partition resumes: reopen the reader at ``resume`` and skip records
+    whose offset is below ``next_offset`` (they were processed already).
+
+    ``next_offset`` is the partition's position in the contract's sense: the
+    offset of the next record to process. It can exceed ``resume.offset`` when
+    the batch ended inside a chunk the reader had already returned.
+    """
+
+    resume: PartitionPosition
+    next_offset: int
+
+    def to_json(self) -> dict[str, object]:
+        return {"next_offset": self.next_offset, "resume": self.resume.to_json()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SourcePosition:
+        return cls(PartitionPosition.from_json(data["resume"]), int(data["next_offset"]))
+
+    @classmethod
+    def start(cls) -> SourcePosition:
+        return cls(PartitionPosition(), 0)
+
+
+@dataclass
+class Batch:
+    """A prefix of the remaining read order.
+
+    ``events`` are sorted by (``__off``, ``__p``); ``bad`` holds bad records with
+    ``_p`` (partition index) and the bad-record columns. ``end`` is the last
+    read-order position covered, ``positions`` where each partition resumes
+    after this batch.
+    """
+
+    events: pl.DataFrame
+    bad: pl.DataFrame
+    end: tuple[int, int]
+    positions: list[SourcePosition]
+    last_offsets: list[int | None]
+    finished: bool
+
+
+class _Buffer:
+    def __init__(self, reader: PartitionReader, start: SourcePosition) -> None:
+        self.reader = reader
+        self.events: list[pl.DataFrame] = []
+        self.bad: list[pl.DataFrame] = []
+        self.skip_below = start.next_offset  # records below were processed before
+        self.next_offset = start.resume.offset  # next offset the reader will produce
+        self.position = start.resume  # reader position after everything buffered
+        self.chunk_start = start.resume  # reader position before the buffered chunk
+        self.eof = False
+        self.last_offset: int | None = None
+        self.emitted = start
+
+    def fill(self, max_records: int) -> None:
+        chunk: Chunk | None = self.reader.next_chunk(max_records)
+        if chunk is None:
+            self.eof = True
+            return
+        self.chunk_start = self.position
+        ev, bad = chunk.events, chunk.bad
+        if self.skip_below > self.chunk_start.offset:
+            ev = ev.filter(pl.col(OFFSET) >= self.skip_below)
+            bad = bad.filter(pl.col("_offset") >= self.skip_below)
+        if ev.height:
+            self.events.append(ev)
+        if bad.height:
+            self.bad.append(bad)
+        if chunk.last_offset is not None:
+            self.last_offset = chunk.last_offset
+        self.position = chunk.position
+        self.next_offset = max(self.next_offset, chunk.position.offset)
+        if chunk.eof:
+            self.eof = True
+
+
+class PartitionMerger:
+    """Turns partition readers into batches in the global read order."""
+
+    def __init__(
+        self,
+        readers: list[PartitionReader],
+        positions: list[SourcePosition],
+        plan: FieldPlan,
+        batch_size: int,
+    ) -> None:
+        self.buffers = [_Buffer(r, pos) for r, pos in zip(readers, positions, strict=True)]
+        self.schema = plan.event_schema()
+        self.batch_size = batch_size
+
+    def next_batch(self) -> Batch | None:
+        """The next batch, or None when every partition is exhausted and drained."""
+        for buf in self.buffers:
+            if not buf.eof and not buf.events and not buf.bad:
+                buf.fill(self.batch_size)
+        live = [b.next_offset for b in self.buffers if not b.eof]
+        bound = min(live) if live else _INF
+        ev_parts: list[pl.DataFrame] = []
+        bad_parts: list[pl.DataFrame] = []
+        for q, buf in enumerate(self.buffers):
+            taken, buf.events = _split(buf.events, bound)
+            taken_bad, buf.bad = _split(buf.bad, bound, column="_offset")
+            if taken is not None:
+                ev_parts.append(taken.with_columns(pl.lit(q, dtype=pl.Int32).alias(PARTITION)))
+            if taken_bad is not None:
+                bad_parts.append(taken_bad.with_columns(pl.lit(q, dtype=pl.Int32).alias("_p")))
+            if not buf.events and not buf.bad:
+                buf.emitted = SourcePosition(buf.position, max(buf.position.offset, buf.skip_below))
+            elif bound != _INF:
+                buf.emitted = SourcePosition(buf.chunk_start, max(bound, buf.skip_below))
+        finished = all(b.eof and not b.events and not b.bad for b in self.buffers)
+        if not ev_parts and not bad_parts and not finished and bound != _INF:
+            # nothing below the bound yet (e.g. only blank lines were read): read on
+            return self.next_batch()
+        schema = dict(self.schema)
+        schema[PARTITION] = pl.Int32()
+        events = (
+            pl.concat(ev_parts, how="vertical").sort([OFFSET, PARTITION])
+            if ev_parts
+            else pl.DataFrame(schema=schema)
+        )
+        if ev_parts:
+            events = events.select(list(schema))
+        bad_schema = dict(BAD_SCHEMA)
+        bad_schema["_p"] = pl.Int32()
+        bad = (
+            pl.concat(bad_parts, how="vertical").sort(["_offset", "_p"])
+            if bad_parts
+            else pl.DataFrame(schema=bad_schema)
+        )
+        end = (bound - 1, len(self.buffers) - 1) if bound != _INF else (_INF, _INF)
+        return Batch(
+            events=events,
+            bad=bad,
+            end=end,
+            positions=[b.emitted for b in self.buffers],
+            last_offsets=[b.last_offset if b.eof else None for b in self.buffers],
+            finished=finished,
+        )
+
+    def size_hint(self) -> tuple[int, int] | None:
+        done = total = 0
+        for b in self.buffers:
+            hint = b.reader.size_hint()
+            if hint is None:
+                return None
+            done += hint[0]
+            total += hint[1]
+        return done, total
+
+    def close(self) -> None:
+        for b in self.buffers:
+            b.reader.close()
+
+
+def _split(
+    frames: list[pl.DataFrame], bound: int, column: str = OFFSET
+) -> tuple[pl.DataFrame | None, list[pl.DataFrame]]:
+    """Split buffered frames into (rows with offset < bound, the rest)."""
+    if not frames:
+        return None, []
+    taken: list[pl.DataFrame] = []
+    rest: list[pl.DataFrame] = []
+    for f in frames:
+        if rest:
+            rest.append(f)
+            continue
+        last = f[column][-1]
+        if last < bound:
+            taken.append(f)
+            continue
+        first = f[column][0]
+        if first >= bound:
+            rest.append(f)
+            continue
+        cut = f[column].search_sorted(bound)
+        taken.append(f.slice(0, cut))
+        rest.append(f.slice(cut))
+    return (pl.concat(taken, how="vertical") if taken else None), rest

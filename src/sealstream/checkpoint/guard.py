@@ -1,0 +1,260 @@
+"""The checkpoint guard: a pure function from what was read to a verdict.
+
+:func:`judge` never touches a disk. The store gathers :class:`Evidence` (the
+manifest's bytes, facts about each file, what the state file's metadata
+says, the parsed receipts) and the guard decides:
+
+* ``PARTIAL_CHECKPOINT_REJECT`` — a component is missing or unreadable: no or
+  truncated manifest, no signature, a referenced file absent or shorter than
+  recorded, no emission receipts. Recovery falls back to the previous one.
+* ``INCONSISTENT_STATE`` — everything is present but does not cohere: a hash
+  mismatch, a signature that does not verify (wrong key, tampering, unsigned
+  while a key is set, signed but read without the key), a manifest watermark
+  that differs from the state's, receipts for windows the watermark has not
+  closed, positions or watermark lower than the parent's, another pipeline's
+  checkpoint, a different pipeline fingerprint, or older than a freshness
+  limit. Recovery rejects it and falls back.
+* ``ATOMIC_CHECKPOINT`` — every component present and verified, signature
+  valid: resume from it.
+
+Checks run in that order (presence before coherence), so the reason given is
+the first problem found.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sealstream.checkpoint.manifest import RECEIPTS_NAME, signature_ok
+
+ATOMIC = "ATOMIC_CHECKPOINT"
+PARTIAL = "PARTIAL_CHECKPOINT_REJECT"
+INCONSISTENT = "INCONSISTENT_STATE"
+
+REQUIRED_FIELDS = (
+    "format",
+    "id",
+    "pipeline",
+    "fingerprint",
+    "watermark",
+    "positions",
+    "files",
+    "receipts",
+    "sinks",
+)
+
+
+@dataclass(frozen=True)
+class FileFact:
+    """What the store saw of one file: existence, size and SHA-256."""
+
+    exists: bool
+    size: int = 0
+    sha256: str = ""
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything read for one checkpoint."""
+
+    checkpoint_id: int
+    manifest: bytes | None
+    files: Mapping[str, FileFact] = field(default_factory=dict)
+    state_meta: Mapping[str, Any] | None = None
+    state_error: str | None = None
+    receipts: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What the reader expects: key, pipeline identity, freshness."""
+
+    key: bytes | None = None
+    pipeline: str | None = None
+    fingerprint: str | None = None
+    max_age_ms: int | None = None
+    now_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The guard's decision about one checkpoint."""
+
+    checkpoint_id: int
+    verdict: str
+    reason: str
+    message: str
+    manifest: Mapping[str, Any] | None = None
+    digest: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict == ATOMIC
+
+    @property
+    def watermark_ms(self) -> int | None:
+        if self.manifest is None or not self.ok:
+            return None
+        return int(self.manifest["watermark"]["global_ms"])
+
+    @property
+    def signer(self) -> str | None:
+        if self.manifest is None:
+            return None
+        sig = self.manifest.get("signature")
+        return str(sig.get("alg")) if isinstance(sig, dict) else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.checkpoint_id,
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "message": self.message,
+            "digest": self.digest,
+        }
+
+
+def _verdict(
+    ev: Evidence, verdict: str, reason: str, message: str, doc: Mapping[str, Any] | None = None
+) -> Verdict:
+    sig = ""
+    if doc is not None and isinstance(doc.get("signature"), dict):
+        sig = str(doc["signature"].get("value", ""))
+    blob = json.dumps([ev.checkpoint_id, verdict, reason, sig]).encode()
+    return Verdict(
+        ev.checkpoint_id, verdict, reason, message, doc, hashlib.sha256(blob).hexdigest()
+    )
+
+
+def judge(ev: Evidence, parent: Mapping[str, Any] | None, policy: Policy) -> Verdict:
+    """Classify one checkpoint. ``parent`` is the parsed manifest of the
+    checkpoint it names as parent, when that one is still readable."""
+    cid = ev.checkpoint_id
+    # ---------------------------------------------------------------- presence
+    if ev.manifest is None:
+        return _verdict(ev, PARTIAL, "NO_MANIFEST", f"checkpoint {cid} has no manifest "
+                        "(its writer stopped before publishing it)")
+    try:
+        doc = json.loads(ev.manifest)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return _verdict(ev, PARTIAL, "MANIFEST_UNREADABLE",
+                        f"checkpoint {cid}: manifest is truncated or unreadable")
+    if not isinstance(doc, dict):
+        return _verdict(ev, PARTIAL, "MANIFEST_UNREADABLE",
+                        f"checkpoint {cid}: manifest is not a JSON object")
+    if "signature" not in doc:
+        return _verdict(ev, PARTIAL, "NO_SIGNATURE", f"checkpoint {cid}: manifest has no signature",
+                        doc)
+    missing = [f for f in REQUIRED_FIELDS if f not in doc]
+    if missing:
+        return _verdict(ev, PARTIAL, "MANIFEST_INCOMPLETE",
+                        f"checkpoint {cid}: manifest lacks {', '.join(missing)}", doc)
+    files = doc["files"]
+    if not isinstance(files, dict):
+        return _verdict(ev, PARTIAL, "MANIFEST_INCOMPLETE",
+                        f"checkpoint {cid}: manifest's file list is malformed", doc)
+    for role, entry in sorted(files.items()):
+        if not isinstance(entry, dict) or "path" not in entry:
+            return _verdict(ev, PARTIAL, "MANIFEST_INCOMPLETE",
+                            f"checkpoint {cid}: file entry {role!r} is malformed", doc)
+        fact = ev.files.get(str(entry["path"]), FileFact(False))
+        if not fact.exists:
+            code = "NO_RECEIPTS" if str(entry["path"]).endswith(RECEIPTS_NAME) else "FILE_MISSING"
+            what = "emission receipts" if code == "NO_RECEIPTS" else f"{role} file"
+            return _verdict(ev, PARTIAL, code,
+                            f"checkpoint {cid}: {what} {entry['path']} is missing", doc)
+        if fact.size < int(entry.get("bytes", 0)):
+            return _verdict(ev, PARTIAL, "FILE_TRUNCATED",
+                            f"checkpoint {cid}: {entry['path']} is truncated "
+                            f"({fact.size} of {entry['bytes']} bytes)", doc)
+    if "receipts" not in files:
+        return _verdict(ev, PARTIAL, "NO_RECEIPTS",
+                        f"checkpoint {cid}: no emission receipts recorded", doc)
+    # ---------------------------------------------------------------- coherence
+    ok, code = signature_ok(doc, policy.key)
+    if not ok:
+        messages = {
+            "UNSIGNED_WITH_KEY": "is unsigned (sha256) but SEALSTREAM_CHECKPOINT_KEY is set",
+            "SIGNED_WITHOUT_KEY": "is signed (hmac-sha256) but SEALSTREAM_CHECKPOINT_KEY is "
+            "not set",
+            "SIGNATURE_MISMATCH": "signature does not verify (wrong key or altered manifest)",
+            "UNKNOWN_SIGNATURE_ALG": "uses an unknown signature algorithm",
+            "NO_SIGNATURE": "has a malformed signature",
+        }
+        verdict = PARTIAL if code == "NO_SIGNATURE" else INCONSISTENT
+        return _verdict(ev, verdict, code, f"checkpoint {cid}: {messages[code]}", doc)
+    for role, entry in sorted(files.items()):
+        fact = ev.files[str(entry["path"])]
+        if fact.size != int(entry.get("bytes", -1)) or fact.sha256 != entry.get("sha256"):
+            return _verdict(ev, INCONSISTENT, "HASH_MISMATCH",
+                            f"checkpoint {cid}: {role} file {entry['path']} does not match its "
+                            "SHA-256 in the manifest", doc)
+    if ev.state_error is not None or ev.state_meta is None:
+        return _verdict(ev, PARTIAL, "STATE_UNREADABLE",
+                        f"checkpoint {cid}: state cannot be read ({ev.state_error})", doc)
+    if ev.receipts is None:
+        return _verdict(ev, PARTIAL, "NO_RECEIPTS",
+                        f"checkpoint {cid}: emission receipts cannot be read", doc)
+    wm = doc["watermark"]
+    if ev.state_meta.get("watermark") != wm:
+        return _verdict(ev, INCONSISTENT, "WATERMARK_MISMATCH",
+                        f"checkpoint {cid}: manifest watermark {wm.get('global_ms')} differs from "
+                        f"the state's {ev.state_meta.get('watermark', {}).get('global_ms')}", doc)
+    if ev.receipts.get("summary") != doc["receipts"]:
+        return _verdict(ev, INCONSISTENT, "RECEIPTS_MISMATCH",
+                        f"checkpoint {cid}: receipts do not match the manifest's summary", doc)
+    lateness = int(doc.get("lateness_ms", 0))
+    w_global = int(wm["global_ms"])
+    for rec in ev.receipts.get("epochs", []):
+        end = rec.get("results", {}).get("max_window_end")
+        if end is not None and int(end) + lateness > w_global:
+            return _verdict(ev, INCONSISTENT, "RECEIPT_FOR_OPEN_WINDOW",
+                            f"checkpoint {cid}: epoch {rec.get('epoch')} emitted a window ending "
+                            f"at {end}, which watermark {w_global} has not closed", doc)
+    if policy.pipeline is not None and doc["pipeline"] != policy.pipeline:
+        return _verdict(ev, INCONSISTENT, "OTHER_PIPELINE",
+                        f"checkpoint {cid} belongs to pipeline {doc['pipeline']!r}, "
+                        f"not {policy.pipeline!r}", doc)
+    if policy.fingerprint is not None and doc["fingerprint"] != policy.fingerprint:
+        return _verdict(ev, INCONSISTENT, "FINGERPRINT_MISMATCH",
+                        f"checkpoint {cid} was written by a different pipeline definition "
+                        "(window, aggregates, source or watermark changed)", doc)
+    if parent is not None:
+        problem = _regression(doc, parent)
+        if problem is not None:
+            code, text = problem
+            return _verdict(ev, INCONSISTENT, code, f"checkpoint {cid}: {text}", doc)
+    if policy.max_age_ms is not None and policy.now_ms is not None:
+        age = policy.now_ms - int(doc.get("created_ms", 0))
+        if age > policy.max_age_ms:
+            return _verdict(ev, INCONSISTENT, "STALE",
+                            f"checkpoint {cid} is {age} ms old, over the limit of "
+                            f"{policy.max_age_ms} ms", doc)
+    return _verdict(ev, ATOMIC, "OK", f"checkpoint {cid} is complete and verified", doc)
+
+
+def _regression(doc: Mapping[str, Any], parent: Mapping[str, Any]) -> tuple[str, str] | None:
+    try:
+        w, pw = int(doc["watermark"]["global_ms"]), int(parent["watermark"]["global_ms"])
+        pos = {p["partition"]: int(p["next_offset"]) for p in doc["positions"]}
+        ppos = {p["partition"]: int(p["next_offset"]) for p in parent["positions"]}
+    except (KeyError, TypeError, ValueError):
+        return None  # an unreadable parent is judged on its own
+    if w < pw:
+        return "WATERMARK_REGRESSION", f"watermark {w} is lower than its parent's {pw}"
+    pwm = parent["watermark"].get("partition_ms", [])
+    for i, (a, b) in enumerate(zip(doc["watermark"].get("partition_ms", []), pwm, strict=False)):
+        if int(a) < int(b):
+            return "WATERMARK_REGRESSION", (
+                f"partition {i} watermark {a} is lower than its parent's {b}"
+            )
+    for name, off in sorted(ppos.items()):
+        if name in pos and pos[name] < off:
+            return "POSITION_REGRESSION", (
+                f"position {pos[name]} of partition {name!r} is lower than its parent's {off}"
+            )
+    return None

@@ -1,0 +1,274 @@
+"""The local-directory checkpoint store.
+
+Layout of a checkpoint directory ``DIR``::
+
+    DIR/LOCK                          the run lock (holder's pid, host, start time)
+    DIR/cp-000000000012/state.arrow   window state + watermark (Arrow IPC, zstd)
+    DIR/cp-000000000012/receipts.json emission receipts
+    DIR/cp-000000000012/suppress.arrow (only when needed) outputs not to repeat
+    DIR/cp-000000000012/MANIFEST.json written last, published by one rename
+    DIR/rejected/cp-000000000013-<reason>-<time>/  checkpoints moved aside
+
+Files are created only if absent (never overwritten in place), fsynced, and the
+manifest is published last by renaming a fully written, fsynced temporary
+file, followed by an fsync of the directory. A checkpoint directory without
+``MANIFEST.json`` is a partial checkpoint (its writer crashed). Directories
+are created 0700 and files 0600.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from sealstream.checkpoint.guard import Evidence, FileFact
+from sealstream.checkpoint.manifest import MANIFEST_NAME, RECEIPTS_NAME, STATE_NAME
+from sealstream.errors import CheckpointError, LockHeldError
+from sealstream.sinks._files import fsync_dir, fsync_file, os_reason
+from sealstream.state.codec import WATERMARK_META, decode_table
+
+PREFIX = "cp-"
+LOCK_NAME = "LOCK"
+REJECTED = "rejected"
+
+
+def checkpoint_dirname(cid: int) -> str:
+    return f"{PREFIX}{cid:012d}"
+
+
+def _parse_id(name: str) -> int | None:
+    if not name.startswith(PREFIX):
+        return None
+    digits = name[len(PREFIX):]
+    return int(digits) if digits.isdigit() else None
+
+
+class LocalCheckpointStore:
+    """Checkpoints as directories under ``root``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self._lock_fd: int | None = None
+
+    # ------------------------------------------------------------ reading
+    def exists(self) -> bool:
+        return self.root.is_dir()
+
+    def ids(self) -> list[int]:
+        """Checkpoint ids present (complete or partial), oldest first."""
+        if not self.root.is_dir():
+            return []
+        out = []
+        for entry in self.root.iterdir():
+            cid = _parse_id(entry.name)
+            if cid is not None and entry.is_dir():
+                out.append(cid)
+        return sorted(out)
+
+    def max_id_ever(self) -> int:
+        """The largest id used, including checkpoints moved aside."""
+        ids = self.ids()
+        rej = self.root / REJECTED
+        if rej.is_dir():
+            for entry in rej.iterdir():
+                cid = _parse_id(entry.name[: len(PREFIX) + 12])
+                if cid is not None:
+                    ids.append(cid)
+        return max(ids, default=0)
+
+    def path_of(self, cid: int) -> Path:
+        return self.root / checkpoint_dirname(cid)
+
+    def read_manifest(self, cid: int) -> dict[str, Any] | None:
+        """The parsed manifest, unverified, or None when missing or unreadable."""
+        try:
+            doc = json.loads((self.path_of(cid) / MANIFEST_NAME).read_bytes())
+        except (OSError, ValueError):
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    def read(self, relpath: str) -> bytes:
+        return (self.root / relpath).read_bytes()
+
+    def files_of(self, cid: int) -> list[str]:
+        """Paths (relative to root) of every file the checkpoint's validity depends on."""
+        rel: set[str] = set()
+        d = self.path_of(cid)
+        if d.is_dir():
+            for f in d.iterdir():
+                if f.is_file() and not f.name.startswith("."):
+                    rel.add(f"{d.name}/{f.name}")
+        doc = self.read_manifest(cid)
+        if doc is not None and isinstance(doc.get("files"), dict):
+            for entry in doc["files"].values():
+                if isinstance(entry, dict) and "path" in entry:
+                    rel.add(str(entry["path"]))
+        return sorted(rel)
+
+    def evidence(self, cid: int) -> Evidence:
+        """Read everything the guard needs about checkpoint ``cid``."""
+        d = self.path_of(cid)
+        try:
+            manifest: bytes | None = (d / MANIFEST_NAME).read_bytes()
+        except FileNotFoundError:
+            manifest = None
+        except OSError as exc:
+            raise CheckpointError(f"cannot read {d / MANIFEST_NAME}: {os_reason(exc)}") from None
+        facts: dict[str, FileFact] = {}
+        state_meta: dict[str, Any] | None = None
+        state_error: str | None = None
+        receipts: dict[str, Any] | None = None
+        doc = None
+        if manifest is not None:
+            try:
+                doc = json.loads(manifest)
+            except ValueError:
+                doc = None
+        if isinstance(doc, dict) and isinstance(doc.get("files"), dict):
+            for role, entry in doc["files"].items():
+                if not isinstance(entry, dict) or "path" not in entry:
+                    continue
+                rel = str(entry["path"])
+                data = self._read_quiet(rel)
+                if data is None:
+                    facts[rel] = FileFact(False)
+                    continue
+                facts[rel] = FileFact(True, len(data), hashlib.sha256(data).hexdigest())
+                if role == "state":
+                    try:
+                        _, meta = decode_table(data)
+                        state_meta = {"watermark": meta.get(WATERMARK_META.decode())}
+                    except ValueError as exc:
+                        state_error = str(exc)
+                elif rel.endswith(RECEIPTS_NAME):
+                    try:
+                        parsed = json.loads(data)
+                        receipts = parsed if isinstance(parsed, dict) else None
+                    except ValueError:
+                        receipts = None
+        return Evidence(cid, manifest, facts, state_meta, state_error, receipts)
+
+    def _read_quiet(self, rel: str) -> bytes | None:
+        path = self.root / rel
+        if ".." in Path(rel).parts:
+            return None
+        try:
+            return path.read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise CheckpointError(f"cannot read {path}: {os_reason(exc)}") from None
+
+    # ------------------------------------------------------------ writing
+    def ensure_root(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot create checkpoint directory {self.root}: {os_reason(exc)}"
+            ) from None
+
+    def write_checkpoint(self, cid: int, files: dict[str, bytes], manifest: bytes,
+                         crash: Any = None) -> None:
+        """Write ``files`` into ``cp-<cid>/`` (create-if-absent, fsynced), then publish
+        the manifest atomically. ``crash`` is called with a point name between steps."""
+        d = self.path_of(cid)
+        try:
+            d.mkdir(mode=0o700)
+            fsync_dir(self.root)
+            for name, data in files.items():
+                fd = os.open(d / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    fsync_file(f)
+                if crash is not None:
+                    crash(f"after_write_{name.split('.')[0]}")
+            fsync_dir(d)
+            tmp = d / f".{MANIFEST_NAME}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(manifest)
+                fsync_file(f)
+            if crash is not None:
+                crash("before_manifest_publish")
+            if (d / MANIFEST_NAME).exists():
+                raise FileExistsError(17, "File exists", str(d / MANIFEST_NAME))
+            os.rename(tmp, d / MANIFEST_NAME)
+            fsync_dir(d)
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot write checkpoint {cid} in {self.root}: {os_reason(exc)}; "
+                "the previous checkpoints are intact"
+            ) from None
+
+    def move_aside(self, cid: int, reason: str) -> Path:
+        """Move checkpoint ``cid`` under ``rejected/`` (evidence is never deleted)."""
+        rej = self.root / REJECTED
+        rej.mkdir(exist_ok=True, mode=0o700)
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        dest = rej / f"{checkpoint_dirname(cid)}-{reason}-{stamp}"
+        n = 1
+        while dest.exists():
+            n += 1
+            dest = rej / f"{checkpoint_dirname(cid)}-{reason}-{stamp}-{n}"
+        os.rename(self.path_of(cid), dest)
+        fsync_dir(rej)
+        fsync_dir(self.root)
+        return dest
+
+    def delete(self, cid: int) -> None:
+        """Remove a verified-and-superseded checkpoint (retention only)."""
+        shutil.rmtree(self.path_of(cid))
+        fsync_dir(self.root)
+
+    # ------------------------------------------------------------ lock
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the directory's run lock; raise LockHeldError naming the holder."""
+        self.ensure_root()
+        path = self.root / LOCK_NAME
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise LockHeldError(
+                f"checkpoint directory {self.root} is locked by another run ({holder})"
+            ) from None
+        info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                           "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, info.encode(), 0)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def is_locked(self) -> str | None:
+        """The holder's description if a run holds the lock now, else None."""
+        path = self.root / LOCK_NAME
+        if not path.exists():
+            return None
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)

@@ -1,0 +1,168 @@
+"""The ``sealstream`` command line: ``main(argv) -> exit code``.
+
+Exit codes: 0 success; 1 runtime failure (bad record without an [errors]
+output, no valid checkpoint, lock held, I/O failure, a checkpoint that did not
+verify); 2 usage or spec error (including a missing input file or directory).
+Errors are printed as one line on stderr, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from sealstream.errors import SealstreamError, SpecError
+
+__all__ = ["entrypoint", "main"]
+
+
+class _Exit(Exception):
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+def _fail(err: SealstreamError) -> None:
+    click.echo(f"sealstream: error: {err}", err=True)
+    raise _Exit(err.exit_code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="sealstream")
+def cli() -> None:
+    """Event-time windowed stream processing with verifiable, exactly-once checkpoints."""
+
+
+@cli.command()
+@click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--start-over", is_flag=True,
+              help="Move existing checkpoints aside (never deleted) and start from the beginning.")
+@click.option("--summary-json", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the run summary as JSON to this file.")
+@click.option("--batch-size", type=click.IntRange(min=1),
+              help="Records read per partition per step (does not change results).")
+@click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
+@click.option("--json", "as_json", is_flag=True, help="Print the run summary as JSON.")
+def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int | None,
+        quiet: bool, as_json: bool) -> None:
+    """Run the pipeline described by SPEC (a TOML file) to the end of its input."""
+    from sealstream._runtime.engine import Job
+    from sealstream.cli._progress import Progress, print_summary
+    from sealstream.pipeline import load_spec, with_batch_size
+
+    try:
+        pipeline = load_spec(spec)
+        if batch_size is not None:
+            pipeline = with_batch_size(pipeline, batch_size)
+        progress = None if (quiet or as_json) else Progress.for_terminal()
+        job = Job(pipeline, start_over=start_over, progress=progress)
+        try:
+            summary = job.run()
+        finally:
+            if progress is not None:
+                progress.stop()
+    except SealstreamError as err:
+        _fail(err)
+        return
+    data = summary.to_json()
+    if summary_json is not None:
+        summary_json.write_text(json.dumps(data, indent=2) + "\n")
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+    elif not quiet:
+        print_summary(summary)
+
+
+@cli.group()
+def checkpoints() -> None:
+    """Look inside checkpoint directories."""
+
+
+def _store(directory: Path) -> Any:
+    from sealstream.checkpoint.store import LocalCheckpointStore
+
+    if not directory.is_dir():
+        _fail(SpecError(f"checkpoint directory {directory} does not exist"))
+    return LocalCheckpointStore(directory)
+
+
+@checkpoints.command("list")
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def list_cmd(directory: Path, as_json: bool) -> None:
+    """List the checkpoints in DIRECTORY, oldest first, with the files each depends on."""
+    from sealstream.cli._report import list_checkpoints, render_list
+
+    store = _store(directory)
+    data = list_checkpoints(store)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+    else:
+        render_list(data, directory)
+
+
+@checkpoints.command("verify")
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--spec", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also check each checkpoint's pipeline fingerprint against this spec.")
+def verify_cmd(directory: Path, as_json: bool, spec: Path | None) -> None:
+    """Judge every checkpoint in DIRECTORY; exit 0 only if all are ATOMIC_CHECKPOINT."""
+    from sealstream.cli._report import render_verify, verify_checkpoints
+
+    store = _store(directory)
+    pipeline = None
+    if spec is not None:
+        from sealstream.pipeline import load_spec
+
+        try:
+            pipeline = load_spec(spec)
+        except SealstreamError as err:
+            _fail(err)
+    try:
+        data = verify_checkpoints(store, pipeline)
+    except SealstreamError as err:
+        _fail(err)
+        return
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+    else:
+        render_verify(data, directory)
+    if any(c["verdict"] != "ATOMIC_CHECKPOINT" for c in data["checkpoints"]):
+        raise _Exit(1)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line with ``argv``; return the exit code (never raises SystemExit)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        cli.main(args=args, prog_name="sealstream", standalone_mode=False)
+    except _Exit as e:
+        return e.code
+    except click.UsageError as e:
+        click.echo(f"sealstream: error: {e.format_message()}", err=True)
+        return 2
+    except click.exceptions.Exit as e:
+        return int(e.exit_code)
+    except click.Abort:
+        click.echo("sealstream: aborted", err=True)
+        return 1
+    except SealstreamError as err:
+        click.echo(f"sealstream: error: {err}", err=True)
+        return err.exit_code
+    except OSError as err:
+        click.echo(f"sealstream: error: {err}", err=True)
+        return 1
+    except KeyboardInterrupt:
+        click.echo("sealstream: interrupted; committed output and checkpoints are intact",
+                   err=True)
+        return 130
+    return 0
+
+
+def entrypoint() -> None:
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""What ``sealstream checkpoints list|verify`` compute and print."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from sealstream.checkpoint import guard
+from sealstream.checkpoint.manifest import checkpoint_key
+from sealstream.checkpoint.store import LocalCheckpointStore
+from sealstream.pipeline import Pipeline
+from sealstream.watermark import NEG_INF, POS_INF
+
+
+def _wm(value: Any) -> Any:
+    """Watermarks as JSON: integers, or the strings "-inf"/"+inf"."""
+    if value is None:
+        return None
+    v = int(value)
+    if v <= NEG_INF:
+        return "-inf"
+    if v >= POS_INF:
+        return "+inf"
+    return v
+
+
+def list_checkpoints(store: LocalCheckpointStore) -> dict[str, Any]:
+    out = []
+    for cid in store.ids():
+        doc = store.read_manifest(cid)
+        entry: dict[str, Any] = {"id": cid, "files": store.files_of(cid), "complete": doc is not None}
+        if doc is not None:
+            entry.update(
+                parent=doc.get("parent"),
+                created_ms=doc.get("created_ms"),
+                epoch=doc.get("epoch"),
+                watermark_ms=_wm(doc.get("watermark", {}).get("global_ms")),
+                positions={p.get("partition"): p.get("next_offset")
+                           for p in doc.get("positions", []) if isinstance(p, dict)},
+                open_windows=doc.get("state", {}).get("open_windows"),
+            )
+        out.append(entry)
+    return {"checkpoints": out}
+
+
+def verify_checkpoints(store: LocalCheckpointStore, pipeline: Pipeline | None) -> dict[str, Any]:
+    policy = guard.Policy(
+        key=checkpoint_key(),
+        pipeline=pipeline.name if pipeline else None,
+        fingerprint=pipeline.fingerprint() if pipeline else None,
+    )
+    results = []
+    resume = None
+    for cid in store.ids():
+        doc = store.read_manifest(cid)
+        parent = None
+        if doc is not None and isinstance(doc.get("parent"), int):
+            parent = store.read_manifest(int(doc["parent"]))
+        v = guard.judge(store.evidence(cid), parent, policy)
+        entry = v.to_json()
+        entry["signer"] = v.signer
+        entry["watermark_ms"] = _wm(v.watermark_ms)
+        results.append(entry)
+        if v.ok:
+            resume = cid
+    return {
+        "checkpoints": results,
+        "resume_from": resume,
+        "key": "hmac-sha256 (SEALSTREAM_CHECKPOINT_KEY set)" if policy.key else "none (sha256)",
+    }
+
+
+def render_list(data: dict[str, Any], directory: Path) -> None:
+    console = Console(highlight=False)
+    if not data["checkpoints"]:
+        console.print(f"no checkpoints in {directory}")
+        return
+    table = Table(title=f"checkpoints in {directory}")
+    for col in ("id", "parent", "epoch", "watermark", "open windows", "files"):
+        table.add_column(col)
+    for c in data["checkpoints"]:
+        if not c["complete"]:
+            table.add_row(str(c["id"]), "", "", "[yellow]partial: no manifest[/]", "",
+                          str(len(c["files"])))
+            continue
+        table.add_row(str(c["id"]), str(c.get("parent")), str(c.get("epoch")),
+                      str(c.get("watermark_ms")), str(c.get("open_windows")), str(len(c["files"])))
+    console.print(table)
+
+
+def render_verify(data: dict[str, Any], directory: Path) -> None:
+    console = Console(highlight=False)
+    if not data["checkpoints"]:
+        console.print(f"no checkpoints in {directory}; a run would start from the beginning")
+        return
+    table = Table(title=f"checkpoint verdicts in {directory} (key: {data['key']})")
+    for col in ("id", "verdict", "reason", "detail"):
+        table.add_column(col)
+    colours = {guard.ATOMIC: "green", guard.PARTIAL: "yellow", guard.INCONSISTENT: "red"}
+    for c in data["checkpoints"]:
+        colour = colours.get(c["verdict"], "white")
+        table.add_row(str(c["id"]), f"[{colour}]{c['verdict']}[/]", c["reason"], c["message"])
+    console.print(table)
+    resume = data["resume_from"]
+    console.print(
+        f"a run would resume from checkpoint {resume}" if resume is not None
+        else "[red]no checkpoint verifies: a run would refuse to start[/]"
+    )

@@ -1,0 +1,485 @@
+"""The user-facing pipeline definition and the TOML spec loader.
+
+A :class:`Pipeline` is a frozen description: source -> watermark -> window ->
+aggregates -> sink, with optional late and error outputs and checkpoints. The
+TOML spec (``sealstream run SPEC.toml``) loads into exactly these objects.
+
+Example::
+
+    >>> from sealstream import Pipeline, FileSource, Tumbling, Output
+    >>> p = Pipeline(
+    ...     name="payments",
+    ...     source=FileSource(kind="jsonl", paths=("in/p0.jsonl",), key="user", time="ts"),
+    ...     window=Tumbling(size_ms=60_000),
+    ...     aggregates={"n": "count", "total": "sum(amount)"},
+    ...     sink=Output(kind="jsonl", path="out"),
+    ... )
+    >>> p.window.kind
+    'tumbling'
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from sealstream.errors import SpecError
+from sealstream.sources._base import FieldKind, FieldPlan
+
+STATE_FORMAT_VERSION = 1
+AGGREGATE_FUNCTIONS = ("count", "sum", "min", "max", "mean", "first", "last")
+NUMERIC_FUNCTIONS = frozenset({"sum", "min", "max", "mean"})
+_AGG_RE = re.compile(r"^\s*(count|sum|min|max|mean|first|last)\s*(?:\(\s*([^()\s]*)\s*\))?\s*$")
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+RESERVED_OUTPUT_NAMES = frozenset({"key", "window_start", "window_end"})
+
+SourceKind = Literal["jsonl", "csv", "parquet"]
+WindowKind = Literal["tumbling", "sliding", "session"]
+
+
+@dataclass(frozen=True)
+class FileSource:
+    """Files read as partitions, one partition per file, in the order given.
+
+    ``paths`` are as written by the user (globs allowed); ``base_dir`` is what
+    they are relative to. :meth:`partitions` expands globs (sorted) and checks
+    that every file exists.
+    """
+
+    kind: SourceKind
+    paths: tuple[str, ...]
+    key: str
+    time: str
+    base_dir: Path = Path(".")
+
+    def partitions(self) -> list[tuple[str, Path]]:
+        """``(name as written, resolved path)`` for every partition, in read order."""
+        out: list[tuple[str, Path]] = []
+        for written in self.paths:
+            if glob.has_magic(written):
+                matches = sorted(glob.glob(written, root_dir=self.base_dir))
+                if not matches:
+                    raise SpecError(f"source.paths: {written!r} matches no file in {self.base_dir}")
+                for m in matches:
+                    out.append((m, (self.base_dir / m)))
+            else:
+                path = self.base_dir / written
+                if not path.is_file():
+                    raise SpecError(f"source.paths: input file {written!r} does not exist ({path})")
+                out.append((written, path))
+        names = [n for n, _ in out]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise SpecError(f"source.paths: partition {dupes[0]!r} is listed twice")
+        return out
+
+
+@dataclass(frozen=True)
+class Watermark:
+    """Bounded out-of-orderness: ``W_p = max(event time seen in p) - max_delay_ms``."""
+
+    max_delay_ms: int = 0
+
+
+@dataclass(frozen=True)
+class Tumbling:
+    """Fixed windows ``[k*size, (k+1)*size)``."""
+
+    size_ms: int
+    allowed_lateness_ms: int = 0
+    kind: Literal["tumbling"] = "tumbling"
+
+
+@dataclass(frozen=True)
+class Sliding:
+    """Windows of ``size_ms`` starting every ``slide_ms`` (``0 < slide <= size``)."""
+
+    size_ms: int
+    slide_ms: int
+    allowed_lateness_ms: int = 0
+    kind: Literal["sliding"] = "sliding"
+
+
+@dataclass(frozen=True)
+class Session:
+    """Per-key sessions closed by ``gap_ms`` of inactivity (Flink semantics)."""
+
+    gap_ms: int
+    allowed_lateness_ms: int = 0
+    kind: Literal["session"] = "session"
+
+
+Window = Tumbling | Sliding | Session
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """One output column: ``name = func(field)``; ``field`` is None for count."""
+
+    name: str
+    func: str
+    field: str | None
+
+    @property
+    def expr(self) -> str:
+        return self.func if self.field is None else f"{self.func}({self.field})"
+
+
+@dataclass(frozen=True)
+class Output:
+    """A directory output (``jsonl`` or ``parquet``) or ``stdout``."""
+
+    kind: Literal["jsonl", "parquet", "stdout"]
+    path: str | None = None
+    base_dir: Path = Path(".")
+
+    @property
+    def resolved(self) -> Path:
+        if self.path is None:
+            raise SpecError(f"an output of kind {self.kind!r} has no path")
+        return self.base_dir / self.path
+
+
+@dataclass(frozen=True)
+class Checkpoints:
+    """Where and how often to checkpoint; ``keep`` verified checkpoints are retained."""
+
+    path: str
+    every_events: int | None = None
+    every_ms: int | None = None
+    keep: int = 3
+    base_dir: Path = Path(".")
+
+    @property
+    def resolved(self) -> Path:
+        return self.base_dir / self.path
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A complete, validated pipeline definition. See the module docstring."""
+
+    name: str
+    source: FileSource
+    window: Window
+    aggregates: Mapping[str, str]
+    sink: Output
+    watermark: Watermark = field(default_factory=Watermark)
+    late: Output | None = None
+    errors: Output | None = None
+    checkpoint: Checkpoints | None = None
+    batch_size: int = 65_536
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    @property
+    def parsed_aggregates(self) -> list[Aggregate]:
+        return [parse_aggregate(n, e) for n, e in self.aggregates.items()]
+
+    def field_plan(self) -> FieldPlan:
+        kinds: dict[str, FieldKind] = {}
+        for agg in self.parsed_aggregates:
+            if agg.field is None:
+                continue
+            numeric = agg.func in NUMERIC_FUNCTIONS
+            if numeric or agg.field not in kinds:
+                kinds[agg.field] = "numeric" if numeric else "any"
+        return FieldPlan(key=self.source.key, time=self.source.time, fields=kinds)
+
+    def fingerprint_fields(self) -> dict[str, Any]:
+        """What the saved state depends on; changing any of these changes the fingerprint."""
+        return {
+            "format": STATE_FORMAT_VERSION,
+            "pipeline": self.name,
+            "source": {
+                "kind": self.source.kind,
+                "partitions": [n for n, _ in self.source.partitions()],
+                "key": self.source.key,
+                "time": self.source.time,
+            },
+            "watermark": {"max_delay_ms": self.watermark.max_delay_ms},
+            "window": _window_dict(self.window),
+            "aggregates": {a.name: a.expr for a in self.parsed_aggregates},
+        }
+
+    def fingerprint(self) -> str:
+        blob = json.dumps(self.fingerprint_fields(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _window_dict(w: Window) -> dict[str, Any]:
+    if isinstance(w, Tumbling):
+        return {"kind": "tumbling", "size_ms": w.size_ms, "lateness_ms": w.allowed_lateness_ms}
+    if isinstance(w, Sliding):
+        return {
+            "kind": "sliding",
+            "size_ms": w.size_ms,
+            "slide_ms": w.slide_ms,
+            "lateness_ms": w.allowed_lateness_ms,
+        }
+    return {"kind": "session", "gap_ms": w.gap_ms, "lateness_ms": w.allowed_lateness_ms}
+
+
+def parse_aggregate(name: str, expr: object) -> Aggregate:
+    """Parse ``"sum(amount)"`` into an :class:`Aggregate`, or raise SpecError."""
+    setting = f"aggregates.{name}"
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise SpecError(f"aggregates: output name {name!r} is not a valid name")
+    if name in RESERVED_OUTPUT_NAMES:
+        raise SpecError(f"{setting}: {name!r} is reserved for the result's identity")
+    if not isinstance(expr, str):
+        raise SpecError(f"{setting}: expected a string like \"sum(amount)\", got {expr!r}")
+    m = _AGG_RE.match(expr)
+    if not m:
+        raise SpecError(
+            f"{setting} = {expr!r}: unknown aggregate; use one of "
+            "count, sum(f), min(f), max(f), mean(f), first(f), last(f)"
+        )
+    func, fld = m.group(1), m.group(2)
+    if func == "count":
+        if fld:
+            raise SpecError(f"{setting} = {expr!r}: count takes no field (it counts records)")
+        return Aggregate(name, "count", None)
+    if not fld:
+        raise SpecError(f"{setting} = {expr!r}: {func} needs a field, e.g. {func}(amount)")
+    return Aggregate(name, func, fld)
+
+
+def _positive(setting: str, value: object, *, zero_ok: bool = False) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(f"{setting}: expected an integer, got {value!r}")
+    if value < 0 or (value == 0 and not zero_ok):
+        bound = ">= 0" if zero_ok else "> 0"
+        raise SpecError(f"{setting}: must be {bound}, got {value}")
+    return value
+
+
+def validate(p: Pipeline) -> None:
+    """Check a pipeline's settings; raise SpecError naming the first bad one."""
+    if not isinstance(p.name, str) or not p.name.strip():
+        raise SpecError(f"pipeline.name: must be a non-empty string, got {p.name!r}")
+    if p.source.kind not in ("jsonl", "csv", "parquet"):
+        raise SpecError(f"source.kind: {p.source.kind!r} is not one of jsonl, csv, parquet")
+    if not p.source.paths:
+        raise SpecError("source.paths: at least one input file is needed")
+    for setting, val in (("source.key", p.source.key), ("source.time", p.source.time)):
+        if not isinstance(val, str) or not val:
+            raise SpecError(f"{setting}: must be a non-empty field name, got {val!r}")
+    if p.source.key == p.source.time:
+        raise SpecError(f"source.key and source.time are the same field {p.source.key!r}")
+    _positive("watermark.max_delay_ms", p.watermark.max_delay_ms, zero_ok=True)
+    w = p.window
+    _positive("window.allowed_lateness_ms", w.allowed_lateness_ms, zero_ok=True)
+    if isinstance(w, Tumbling):
+        _positive("window.size_ms", w.size_ms)
+    elif isinstance(w, Sliding):
+        _positive("window.size_ms", w.size_ms)
+        _positive("window.slide_ms", w.slide_ms)
+        if w.slide_ms > w.size_ms:
+            raise SpecError(
+                f"window.slide_ms: must be <= size_ms ({w.size_ms}), got {w.slide_ms}"
+            )
+    elif isinstance(w, Session):
+        _positive("window.gap_ms", w.gap_ms)
+    else:
+        raise SpecError(f"window: unknown window {w!r}")
+    if not p.aggregates:
+        raise SpecError("aggregates: at least one aggregate is needed, e.g. n = \"count\"")
+    aggs = [parse_aggregate(n, e) for n, e in p.aggregates.items()]
+    for a in aggs:
+        if a.field is not None and a.field in (p.source.key,):
+            raise SpecError(f"aggregates.{a.name}: {a.expr} reads the key field")
+    outputs = [("sink", p.sink), ("late", p.late), ("errors", p.errors)]
+    seen: dict[Path, str] = {}
+    for section, out in outputs:
+        if out is None:
+            continue
+        allowed = ("jsonl", "parquet", "stdout") if section == "sink" else ("jsonl", "stdout")
+        if out.kind not in allowed:
+            raise SpecError(f"{section}.kind: {out.kind!r} is not one of {', '.join(allowed)}")
+        if out.kind != "stdout":
+            if not out.path:
+                raise SpecError(f"{section}.path: a {out.kind} output needs a directory path")
+            res = out.resolved.resolve()
+            if res in seen:
+                raise SpecError(f"{section}.path: {out.path!r} is also the {seen[res]} directory")
+            seen[res] = section
+    if p.checkpoint is not None:
+        c = p.checkpoint
+        if not c.path:
+            raise SpecError("checkpoint.path: must name a directory")
+        if c.every_events is not None:
+            _positive("checkpoint.every_events", c.every_events)
+        if c.every_ms is not None:
+            _positive("checkpoint.every_ms", c.every_ms)
+        _positive("checkpoint.keep", c.keep)
+        res = c.resolved.resolve()
+        if res in seen:
+            raise SpecError(f"checkpoint.path: {c.path!r} is also the {seen[res]} directory")
+    _positive("pipeline.batch_size", p.batch_size)
+
+
+# --------------------------------------------------------------------------- TOML
+
+_SECTIONS: dict[str, set[str]] = {
+    "pipeline": {"name", "batch_size"},
+    "source": {"kind", "paths", "path", "key", "time"},
+    "watermark": {"max_delay_ms"},
+    "window": {"kind", "size_ms", "slide_ms", "gap_ms", "allowed_lateness_ms"},
+    "aggregates": set(),
+    "sink": {"kind", "path"},
+    "late": {"kind", "path"},
+    "errors": {"kind", "path"},
+    "checkpoint": {"path", "every_events", "every_ms", "keep"},
+}
+_REQUIRED = ("pipeline", "source", "window", "aggregates", "sink")
+
+
+def load_spec(path: str | Path) -> Pipeline:
+    """Load and validate a TOML spec; relative paths are relative to the spec file.
+
+    Raises SpecError with the file name (and line, for TOML syntax errors).
+    """
+    spec_path = Path(path)
+    try:
+        text = spec_path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(f"{spec_path}: spec file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{spec_path}: cannot read spec file ({exc})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{spec_path}: invalid TOML: {exc}") from None
+    try:
+        return pipeline_from_dict(data, base_dir=spec_path.resolve().parent)
+    except SpecError as exc:
+        raise SpecError(f"{spec_path}: {exc}") from None
+
+
+def _get(section: dict[str, Any], sec: str, key: str, typ: type, default: Any = None) -> Any:
+    if key not in section:
+        if default is _MISSING:
+            raise SpecError(f"{sec}.{key}: required setting is missing")
+        return default
+    val = section[key]
+    if typ is int and (isinstance(val, bool) or not isinstance(val, int)):
+        raise SpecError(f"{sec}.{key}: expected an integer, got {val!r}")
+    if typ is str and not isinstance(val, str):
+        raise SpecError(f"{sec}.{key}: expected a string, got {val!r}")
+    return val
+
+
+_MISSING = object()
+
+
+def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipeline:
+    """Build a :class:`Pipeline` from a parsed spec; raise SpecError on the first problem."""
+    for sec in data:
+        if sec not in _SECTIONS:
+            raise SpecError(f"unknown section [{sec}]; expected one of {', '.join(_SECTIONS)}")
+        if not isinstance(data[sec], dict):
+            raise SpecError(f"{sec}: expected a [{sec}] table, got {data[sec]!r}")
+        allowed = _SECTIONS[sec]
+        if allowed:
+            for key in data[sec]:
+                if key not in allowed:
+                    raise SpecError(
+                        f"{sec}.{key}: unknown setting; [{sec}] takes {', '.join(sorted(allowed))}"
+                    )
+    for sec in _REQUIRED:
+        if sec not in data:
+            raise SpecError(f"[{sec}] section is missing")
+    pl_sec, src, win = data["pipeline"], data["source"], data["window"]
+    name = _get(pl_sec, "pipeline", "name", str, _MISSING)
+    batch_size = _get(pl_sec, "pipeline", "batch_size", int, 65_536)
+
+    kind = _get(src, "source", "kind", str, _MISSING)
+    if "paths" in src and "path" in src:
+        raise SpecError("source: give either paths or path, not both")
+    raw_paths = src.get("paths", src.get("path"))
+    if raw_paths is None:
+        raise SpecError("source.paths: required setting is missing")
+    if isinstance(raw_paths, str):
+        raw_paths = [raw_paths]
+    if not isinstance(raw_paths, list) or not all(isinstance(x, str) for x in raw_paths):
+        raise SpecError(f"source.paths: expected a list of file paths, got {raw_paths!r}")
+    source = FileSource(
+        kind=kind,
+        paths=tuple(raw_paths),
+        key=_get(src, "source", "key", str, _MISSING),
+        time=_get(src, "source", "time", str, _MISSING),
+        base_dir=base_dir,
+    )
+    wm = Watermark(_get(data.get("watermark", {}), "watermark", "max_delay_ms", int, 0))
+
+    wkind = _get(win, "window", "kind", str, _MISSING)
+    lateness = _get(win, "window", "allowed_lateness_ms", int, 0)
+    window: Window
+    expected = {
+        "tumbling": {"size_ms"},
+        "sliding": {"size_ms", "slide_ms"},
+        "session": {"gap_ms"},
+    }
+    if wkind not in expected:
+        raise SpecError(f"window.kind: {wkind!r} is not one of tumbling, sliding, session")
+    for key in ("size_ms", "slide_ms", "gap_ms"):
+        if key in win and key not in expected[wkind]:
+            raise SpecError(f"window.{key}: not a setting of a {wkind} window")
+    if wkind == "tumbling":
+        window = Tumbling(_get(win, "window", "size_ms", int, _MISSING), lateness)
+    elif wkind == "sliding":
+        window = Sliding(
+            _get(win, "window", "size_ms", int, _MISSING),
+            _get(win, "window", "slide_ms", int, _MISSING),
+            lateness,
+        )
+    else:
+        window = Session(_get(win, "window", "gap_ms", int, _MISSING), lateness)
+
+    aggs = data["aggregates"]
+
+    def output(sec: str) -> Output | None:
+        if sec not in data:
+            return None
+        okind = _get(data[sec], sec, "kind", str, _MISSING)
+        opath = _get(data[sec], sec, "path", str, None)
+        return Output(kind=okind, path=opath, base_dir=base_dir)
+
+    ckpt = None
+    if "checkpoint" in data:
+        c = data["checkpoint"]
+        ckpt = Checkpoints(
+            path=_get(c, "checkpoint", "path", str, _MISSING),
+            every_events=_get(c, "checkpoint", "every_events", int, None),
+            every_ms=_get(c, "checkpoint", "every_ms", int, None),
+            keep=_get(c, "checkpoint", "keep", int, 3),
+            base_dir=base_dir,
+        )
+    sink = output("sink")
+    assert sink is not None
+    return Pipeline(
+        name=name,
+        source=source,
+        window=window,
+        aggregates=dict(aggs),
+        sink=sink,
+        watermark=wm,
+        late=output("late"),
+        errors=output("errors"),
+        checkpoint=ckpt,
+        batch_size=batch_size,
+    )
+
+
+def with_batch_size(p: Pipeline, batch_size: int) -> Pipeline:
+    """A copy of ``p`` reading ``batch_size`` records per partition per step."""
+    return replace(p, batch_size=batch_size)

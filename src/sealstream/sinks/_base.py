@@ -1,0 +1,91 @@
+"""The two-phase sink contract.
+
+Every output (results, late events, bad records) goes through a :class:`Sink`
+that stages rows per *epoch* and publishes them only when told to. The
+coordinator drives the phases in this order (see
+``sealstream._runtime.coordinator``):
+
+1. ``write(epoch, frame)`` any number of times: rows are staged under a name
+   that readers ignore (it starts with ``.`` or ``_``).
+2. ``prepare(epoch)``: staged data is flushed and fsynced; returns the commit
+   tokens (names of what will be published) that the checkpoint records.
+3. the checkpoint manifest is published.
+4. ``commit(epoch, tokens)``: staged data becomes visible in one atomic step per
+   file (rename, then fsync of the directory). Idempotent: committing what is
+   already committed does nothing.
+
+On restart, ``recover(tokens)`` commits what the restored checkpoint prepared
+and aborts (deletes) every other staged file: no checkpoint refers to it, so
+its rows will be produced again by the replay.
+
+Frames handed to sinks carry a ``__json`` column (the output line as JSON text,
+already typed per row) plus identity columns: for results ``key``, ``__kint``,
+``window_start``, ``window_end``; for record outputs (late events, bad records)
+``_partition`` and ``_offset``. Results also carry one typed column per
+aggregate for columnar formats.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Literal
+
+import polars as pl
+
+SinkRole = Literal["results", "records"]
+
+JSON_LINE = "__json"
+RESULT_ID_COLUMNS = ("key", "__kint", "window_start", "window_end")
+RECORD_ID_COLUMNS = ("_partition", "_offset")
+
+
+def id_columns(role: SinkRole) -> tuple[str, ...]:
+    return RESULT_ID_COLUMNS if role == "results" else RECORD_ID_COLUMNS
+
+
+@dataclass(frozen=True)
+class CommittedFile:
+    """One published unit of output."""
+
+    epoch: int
+    token: str
+
+
+class Sink(ABC):
+    """A two-phase, per-epoch output.
+
+    Subclasses must make ``commit`` idempotent and atomic per token, never show
+    staged rows to readers, and be able to read back the identities of what
+    they committed (used to suppress re-emission after falling back to an
+    older checkpoint).
+    """
+
+    role: SinkRole
+
+    @abstractmethod
+    def write(self, epoch: int, frame: pl.DataFrame) -> None:
+        """Stage ``frame``'s rows for ``epoch``."""
+
+    @abstractmethod
+    def prepare(self, epoch: int) -> list[str]:
+        """Make the epoch's staged rows durable; return its commit tokens (maybe empty)."""
+
+    @abstractmethod
+    def commit(self, epoch: int, tokens: list[str]) -> None:
+        """Publish the prepared tokens of ``epoch`` atomically; idempotent."""
+
+    @abstractmethod
+    def recover(self, prepared: dict[int, list[str]]) -> None:
+        """Commit ``prepared`` (epoch -> tokens) if still staged; abort all other staging."""
+
+    @abstractmethod
+    def committed(self) -> list[CommittedFile]:
+        """Every committed unit, ordered by epoch then token."""
+
+    @abstractmethod
+    def read_ids(self, files: list[CommittedFile]) -> pl.DataFrame:
+        """The identity columns (see :func:`id_columns`) of the rows in ``files``."""
+
+    def close(self) -> None:
+        """Release resources; staged data stays for ``recover``."""

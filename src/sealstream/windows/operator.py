@@ -1,0 +1,297 @@
+"""The window operator: assign, judge lateness, aggregate, fire — on columns.
+
+Input batches are events in read order with their watermark ``__w`` (the
+global watermark before each event) and arrival sequence ``__seq``. The open
+window state is a Polars frame keyed by ``(__key, __kint, window_start,
+window_end)`` holding accumulator columns (see :mod:`.aggregates`); it is
+exactly what a checkpoint stores.
+
+Off-by-one rules (semantics sections 3-4): windows are half-open
+``[start, end)``; a pair (event, window) is late when ``end + lateness <= W``;
+a window fires when ``W >= end + lateness``.
+
+Sessions are merged per key in arrival order with Flink's rules. The
+operator computes sessions column-wise and checks, per merged group, that the
+arrival order could not have changed the outcome (every event touched the
+group's earlier span while it was still open). Groups that fail the check —
+rare: late or very out-of-order events around a session that fired — are
+replayed by :func:`_sequential_sessions`, a literal transcription of the
+rules, over that group's rows only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from sealstream.pipeline import Pipeline, Session, Sliding, Tumbling
+from sealstream.sources._base import KEY, KEY_IS_INT, TIME
+from sealstream.watermark import WATERMARK
+from sealstream.windows.aggregates import GROUP, SEQ, WEND, WSTART, Accumulators
+
+LABEL = "__label"
+
+
+@dataclass
+class Output:
+    """What one batch produced: fired windows (accumulator rows) and late events."""
+
+    fired: pl.DataFrame
+    late: pl.DataFrame
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+class WindowOperator:
+    """Keyed event-time windows over columnar batches.
+
+    ``state`` is the open-window table from a checkpoint (or None to start
+    empty): restoring is construction. :meth:`snapshot` returns the table to
+    persist.
+    """
+
+    def __init__(self, pipeline: Pipeline, state: pl.DataFrame | None = None) -> None:
+        self.window = pipeline.window
+        self.lateness = pipeline.window.allowed_lateness_ms
+        self.acc = Accumulators(tuple(pipeline.parsed_aggregates), pipeline.field_plan())
+        self.schema: dict[str, pl.DataType] = {
+            KEY: pl.String(),
+            KEY_IS_INT: pl.Boolean(),
+            WSTART: pl.Int64(),
+            WEND: pl.Int64(),
+            **self.acc.schema(),
+        }
+        if state is None:
+            state = pl.DataFrame(schema=self.schema)
+        elif dict(state.schema) != self.schema:
+            raise ValueError(
+                f"window state columns {list(state.schema)} do not match {list(self.schema)}"
+            )
+        self.state = state
+
+    def snapshot(self) -> pl.DataFrame:
+        return self.state
+
+    @property
+    def open_windows(self) -> int:
+        return self.state.height
+
+    # ------------------------------------------------------------------ batch
+    def process(self, events: pl.DataFrame, w_end: int) -> Output:
+        """Apply a batch (sorted in read order), then fire windows closed by ``w_end``."""
+        if isinstance(self.window, Session):
+            late = self._sessions(events, self.window)
+        else:
+            late = self._fixed(events)
+        closed = (pl.col(WEND) + self.lateness) <= w_end
+        fired = self.state.filter(closed)
+        if fired.height:
+            self.state = self.state.filter(~closed)
+        return Output(fired=fired, late=late)
+
+    def finalize(self, fired: pl.DataFrame) -> pl.DataFrame:
+        return self.acc.finalize(fired)
+
+    # ----------------------------------------------------- tumbling / sliding
+    def _fixed(self, events: pl.DataFrame) -> pl.DataFrame:
+        if not events.height:
+            return events
+        w = self.window
+        lat = self.lateness
+        t = pl.col(TIME)
+        if isinstance(w, Tumbling):
+            start = (t // w.size_ms) * w.size_ms
+            pairs = events.with_columns(start.alias(WSTART), (start + w.size_ms).alias(WEND))
+            is_late = (pl.col(WEND) + lat) <= pl.col(WATERMARK)
+            late = pairs.filter(is_late).drop([WSTART, WEND])
+            pairs = pairs.filter(~is_late)
+        else:
+            assert isinstance(w, Sliding)
+            base = (t // w.slide_ms) * w.slide_ms
+            newest_end = base + w.size_ms
+            late_event = (newest_end + lat) <= pl.col(WATERMARK)
+            late = events.filter(late_event)
+            live = events.filter(~late_event).with_columns(base.alias("__base"))
+            copies = -(-w.size_ms // w.slide_ms)
+            frames = []
+            for k in range(copies):
+                s = pl.col("__base") - k * w.slide_ms
+                frames.append(
+                    live.with_columns(s.alias(WSTART), (s + w.size_ms).alias(WEND)).filter(
+                        (pl.col(WEND) > t) & ((pl.col(WEND) + lat) > pl.col(WATERMARK))
+                    )
+                )
+            pairs = pl.concat(frames, how="vertical").drop("__base")
+        if self.acc.needs_order():
+            pairs = pairs.sort([TIME, SEQ])
+        partial = pairs.group_by(GROUP).agg(self.acc.partial())
+        self._merge(partial, GROUP)
+        return late
+
+    def _merge(self, partial: pl.DataFrame, keys: list[str]) -> None:
+        if not partial.height:
+            return
+        partial = partial.select(list(self.schema)).cast(self.schema)  # type: ignore[arg-type]
+        both = pl.concat([self.state, partial], how="vertical")
+        self.state = both.group_by(keys).agg(self.acc.combine()).select(list(self.schema))
+
+    # ---------------------------------------------------------------- session
+    def _sessions(self, events: pl.DataFrame, w: Session) -> pl.DataFrame:
+        if not events.height:
+            return events
+        gap, lat = w.gap_ms, self.lateness
+        ev = events.with_row_index("__row")
+        keys = ev.select(KEY, KEY_IS_INT).unique()
+        in_batch = self.state.join(keys, on=[KEY, KEY_IS_INT], how="semi")
+        untouched = self.state.join(keys, on=[KEY, KEY_IS_INT], how="anti")
+        st = in_batch.with_row_index("__row")
+
+        rows = pl.concat(
+            [
+                ev.select(
+                    KEY,
+                    KEY_IS_INT,
+                    pl.col(TIME).alias("__s"),
+                    (pl.col(TIME) + gap).alias("__e"),
+                    pl.col(SEQ),
+                    pl.col(WATERMARK),
+                    pl.lit(False).alias("__st"),
+                    pl.col("__row"),
+                ),
+                st.select(
+                    KEY,
+                    KEY_IS_INT,
+                    pl.col(WSTART).alias("__s"),
+                    pl.col(WEND).alias("__e"),
+                    pl.lit(-1, dtype=pl.Int64).alias(SEQ),
+                    pl.lit(None, dtype=pl.Int64).alias(WATERMARK),
+                    pl.lit(True).alias("__st"),
+                    pl.col("__row"),
+                ),
+            ],
+            how="vertical",
+        )
+        # order-independent merge: connected components of touching intervals per key
+        rows = rows.sort([KEY, KEY_IS_INT, "__s", SEQ])
+        prev_end = pl.col("__e").cum_max().shift(1).over([KEY, KEY_IS_INT])
+        rows = rows.with_columns(
+            (prev_end.is_null() | (pl.col("__s") > prev_end))
+            .cum_sum()
+            .cast(pl.Int64)
+            .alias("__g")
+        )
+        # was the arrival order irrelevant? check each group in arrival order
+        rows = rows.sort(["__g", SEQ])
+        pmin = pl.col("__s").cum_min().shift(1).over("__g")
+        pmax = pl.col("__e").cum_max().shift(1).over("__g")
+        first_ok = (pl.col("__e") + lat) > pl.col(WATERMARK)
+        later_ok = (
+            (pl.col("__s") <= pmax)
+            & (pl.col("__e") >= pmin)
+            & (pl.col(WATERMARK) < pmax + lat)
+        )
+        ok = pl.col("__st") | pl.when(pmax.is_null()).then(first_ok).otherwise(later_ok)
+        rows = rows.with_columns(ok.alias("__ok"))
+        bad_groups = rows.group_by("__g").agg(
+            (pl.col("__ok").all() & (pl.col("__st").sum() <= 1)).alias("__gok")
+        ).filter(~pl.col("__gok"))
+        rows = rows.with_columns(pl.col("__g").alias(LABEL), pl.lit(False).alias("__late"))
+        if bad_groups.height:
+            slow = rows.join(bad_groups.select("__g"), on="__g", how="semi")
+            fast = rows.join(bad_groups.select("__g"), on="__g", how="anti")
+            base = int(rows["__g"].max() or 0) + 1
+            rows = pl.concat([fast, _sequential_sessions(slow, gap, lat, base)], how="vertical")
+
+        ev_lab = rows.filter(~pl.col("__st")).select("__row", LABEL, "__late")
+        st_lab = rows.filter(pl.col("__st")).select("__row", LABEL)
+        ev = ev.join(ev_lab, on="__row", how="left")
+        late = ev.filter(pl.col("__late")).sort("__row").drop("__row", LABEL, "__late")
+        live = ev.filter(~pl.col("__late"))
+        if self.acc.needs_order():
+            live = live.sort([TIME, SEQ])
+        partial = live.group_by([LABEL, KEY, KEY_IS_INT]).agg(
+            pl.col(TIME).min().alias(WSTART),
+            (pl.col(TIME).max() + gap).alias(WEND),
+            *self.acc.partial(),
+        )
+        labelled_state = st.join(st_lab, on="__row").drop("__row")
+        cols = [LABEL, *self.schema]
+        both = pl.concat(
+            [
+                labelled_state.select(cols),
+                partial.select(cols).cast(self.schema),  # type: ignore[arg-type]
+            ],
+            how="vertical",
+        )
+        merged = both.group_by(LABEL).agg(
+            pl.col(KEY).first(),
+            pl.col(KEY_IS_INT).first(),
+            pl.col(WSTART).min(),
+            pl.col(WEND).max(),
+            *self.acc.combine(),
+        )
+        self.state = pl.concat(
+            [untouched, merged.select(list(self.schema))], how="vertical"
+        )
+        return late
+
+
+def _sequential_sessions(rows: pl.DataFrame, gap: int, lat: int, base: int) -> pl.DataFrame:
+    """Flink's session rules applied one row at a time, for groups that need it.
+
+    ``rows`` holds, per group ``__g``, state sessions (``__st``) and events with
+    their interval ``[__s, __e)``, sequence and watermark. Returns the rows with
+    ``__label`` (session id, fresh from ``base``) and ``__late``.
+    """
+    labels: list[int] = []
+    late: list[bool] = []
+    parent: dict[int, int] = {}
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    rows = rows.sort(["__g", SEQ])
+    cur_group = None
+    open_sessions: list[list[int]] = []  # [start, end, label]
+    nxt = base
+    for g, s, e, wm, is_state in rows.select(
+        "__g", "__s", "__e", WATERMARK, "__st"
+    ).iter_rows():
+        if g != cur_group:
+            cur_group, open_sessions = g, []
+        if is_state:
+            parent[nxt] = nxt
+            open_sessions.append([s, e, nxt])
+            labels.append(nxt)
+            late.append(False)
+            nxt += 1
+            continue
+        open_sessions = [o for o in open_sessions if not (o[1] + lat <= wm)]
+        touching = [o for o in open_sessions if o[0] <= e and s <= o[1]]
+        if not touching:
+            if e + lat <= wm:
+                labels.append(-1)
+                late.append(True)
+                continue
+            parent[nxt] = nxt
+            open_sessions.append([s, e, nxt])
+            labels.append(nxt)
+            late.append(False)
+            nxt += 1
+            continue
+        root = find(touching[0][2])
+        lo, hi = min(s, *(o[0] for o in touching)), max(e, *(o[1] for o in touching))
+        for o in touching[1:]:
+            parent[find(o[2])] = root
+        open_sessions = [o for o in open_sessions if o not in touching]
+        open_sessions.append([lo, hi, root])
+        labels.append(root)
+        late.append(False)
+    resolved = [find(x) if x >= 0 else -1 for x in labels]
+    return rows.with_columns(
+        pl.Series(LABEL, resolved, dtype=pl.Int64),  # type: ignore[arg-type]
+        pl.Series("__late", late, dtype=pl.Boolean),
+    )

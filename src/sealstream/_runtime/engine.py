@@ -247,7 +247,8 @@ class Job:
         self.suppress = self._committed_ids(None)
         self.epoch = self._max_committed_epoch() + 1
         self.operator = WindowOperator(self.p)
-        self._start_sources([SourcePosition.start() for _ in self.partitions])
+        self.positions = [SourcePosition.start() for _ in self.partitions]
+        self._start_sources(self.positions)
         self._loop(checkpoint=None)
         tokens = {role: s.prepare(self.epoch) for role, s in self.sinks.items()}
         for role, s in self.sinks.items():
@@ -269,6 +270,7 @@ class Job:
             cid, doc = resume
             positions = self._restore(store, cid, doc)
         self.next_id = store.max_id_ever() + 1
+        self.positions = positions
         self._start_sources(positions)
         self._loop(checkpoint=store)
 
@@ -382,8 +384,7 @@ class Job:
                 break
 
     def _positions_moved(self, batch: Batch) -> bool:
-        prev = getattr(self, "positions", None)
-        return prev is None or [p.next_offset for p in prev] != [
+        return [p.next_offset for p in self.positions] != [
             p.next_offset for p in batch.positions
         ]
 

@@ -1,0 +1,70 @@
+"""Output sinks: two-phase, per-epoch outputs (see :mod:`sealstream.sinks._base`).
+
+* :class:`JsonlDirSink` - a directory of ``part-{epoch:012d}-{run}.jsonl`` files
+  (results, late events, bad records); exactly once.
+* :class:`ParquetDirSink` - a directory of ``part-{epoch:012d}-{run}.parquet``
+  files (results only); exactly once. Column types may differ between files.
+* :class:`StdoutSink` - prints at commit; for quick looks, not exactly once
+  across crashes.
+
+:func:`open_sink` builds the sink of a spec's output.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sealstream.errors import SinkError
+from sealstream.sinks._base import (
+    JSON_LINE,
+    RECORD_ID_COLUMNS,
+    RESULT_ID_COLUMNS,
+    CommittedFile,
+    Sink,
+    SinkRole,
+    id_columns,
+)
+from sealstream.sinks._files import id_schema
+from sealstream.sinks.jsonl import JsonlDirSink
+from sealstream.sinks.parquet import ParquetDirSink
+from sealstream.sinks.stdout import StdoutSink
+
+if TYPE_CHECKING:
+    from sealstream.pipeline import Output
+
+__all__ = [
+    "CommittedFile",
+    "JSON_LINE",
+    "JsonlDirSink",
+    "ParquetDirSink",
+    "RECORD_ID_COLUMNS",
+    "RESULT_ID_COLUMNS",
+    "Sink",
+    "SinkRole",
+    "StdoutSink",
+    "id_columns",
+    "id_schema",
+    "open_sink",
+]
+
+
+def open_sink(output: Output, role: SinkRole, run_token: str) -> Sink:
+    """The sink for ``output`` in ``role``, staging under ``run_token``.
+
+    ``jsonl`` -> :class:`JsonlDirSink`, ``parquet`` -> :class:`ParquetDirSink`
+    (role ``"results"`` only), ``stdout`` -> :class:`StdoutSink`. Directory
+    outputs are created if missing. Raises :class:`SinkError` for an unknown
+    kind, parquet for records, or a directory that cannot be created, and
+    :class:`~sealstream.errors.SpecError` for a directory output without a path.
+    """
+    if output.kind == "stdout":
+        return StdoutSink(role)
+    if output.kind == "jsonl":
+        return JsonlDirSink(output.resolved, role, run_token)
+    if output.kind == "parquet":
+        if role != "results":
+            raise SinkError(
+                f'a parquet output can only hold results, not {role}; use kind = "jsonl"'
+            )
+        return ParquetDirSink(output.resolved, role, run_token)
+    raise SinkError(f"unknown output kind {output.kind!r}; expected jsonl, parquet or stdout")

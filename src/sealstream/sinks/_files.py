@@ -1,0 +1,373 @@
+"""Durable-file helpers shared by the directory sinks (and usable elsewhere).
+
+Guarantees, on a POSIX filesystem that honours ``fsync``:
+
+* :func:`fsync_file` / :func:`fsync_dir` return only once the file's data, or
+  the directory's entries (names created, renamed or removed in it), are on
+  stable storage.
+* :func:`atomic_rename` makes ``dst`` appear with the complete contents of
+  ``src`` in one step (readers see the old state or the new one, never a mix)
+  and fsyncs the directory, so the rename survives a crash once it returns.
+* :func:`write_new` creates a file only if it is absent, with all its bytes:
+  the data goes to a hidden temporary name first, is fsynced, and is then
+  hard-linked to its final name (``link`` fails when the name exists, so a file
+  already there is never overwritten). Readers never see a partial file.
+
+Assumed: both names of a rename or link are in the same directory (same
+filesystem); a single writer per directory (the checkpoint lock ensures it).
+
+These helpers raise :class:`OSError` unchanged; callers turn it into their own
+error with :func:`os_reason` (``"[Errno 28] No space left on device"``).
+
+Also here, because every sink needs them: :func:`id_schema`, the schema of
+``Sink.read_ids`` frames, and :class:`StagedDirSink`, the naming scheme and the
+commit/recover protocol shared by the JSON Lines and Parquet directory sinks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+from pathlib import Path
+from typing import BinaryIO
+
+import polars as pl
+
+from sealstream.errors import SinkError
+from sealstream.sinks._base import CommittedFile, Sink, SinkRole
+
+__all__ = [
+    "STAGING_SUFFIX",
+    "StagedDirSink",
+    "atomic_rename",
+    "check_epoch",
+    "check_role",
+    "check_run_token",
+    "ensure_dir",
+    "fsync_dir",
+    "fsync_file",
+    "id_schema",
+    "os_reason",
+    "remove_if_exists",
+    "write_new",
+]
+
+
+def os_reason(exc: OSError) -> str:
+    """The OS reason of ``exc`` without the file name, e.g. ``[Errno 13] Permission denied``."""
+    if exc.errno is not None and exc.strerror:
+        return f"[Errno {exc.errno}] {exc.strerror}"
+    return str(exc) or type(exc).__name__
+
+
+def fsync_file(f: BinaryIO | int) -> None:
+    """Flush ``f`` (a binary file object or a raw descriptor) and fsync it."""
+    if isinstance(f, int):
+        os.fsync(f)
+        return
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Fsync the directory ``path`` so that entries created/renamed/removed in it persist.
+
+    Platforms that cannot open a directory (Windows) are skipped silently.
+    """
+    try:
+        fd = os.open(os.fspath(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except (IsADirectoryError, PermissionError):  # pragma: no cover - not POSIX
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def ensure_dir(path: str | os.PathLike[str]) -> None:
+    """Create directory ``path`` with its parents if missing, durably.
+
+    Raises :class:`NotADirectoryError` when ``path`` exists and is not a
+    directory, and whatever ``mkdir`` raises (e.g. a parent is a regular file).
+    """
+    p = Path(path)
+    if p.is_dir():
+        return
+    if p.exists():
+        raise NotADirectoryError(20, os.strerror(20), str(p))
+    missing = [p]
+    while not missing[-1].parent.exists() and missing[-1].parent != missing[-1]:
+        missing.append(missing[-1].parent)
+    p.mkdir(parents=True, exist_ok=True)
+    # make every newly created name durable in its parent
+    for created in reversed(missing):
+        fsync_dir(created.parent)
+
+
+def atomic_rename(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    """Rename ``src`` to ``dst`` (replacing ``dst`` if it is a file) and fsync the directory."""
+    os.replace(src, dst)
+    fsync_dir(Path(dst).parent)
+    src_dir = Path(src).parent
+    if src_dir != Path(dst).parent:
+        fsync_dir(src_dir)
+
+
+def remove_if_exists(path: str | os.PathLike[str]) -> bool:
+    """Unlink ``path``; return whether it existed. Does not fsync the directory."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def write_new(path: str | os.PathLike[str], data: bytes) -> None:
+    """Create ``path`` holding exactly ``data``, only if no file of that name exists.
+
+    Raises :class:`FileExistsError` (and leaves the existing file untouched)
+    when ``path`` exists. On any error no file is left under ``path`` or under
+    the temporary name. On return the file and its directory entry are durable.
+    """
+    final = Path(path)
+    tmp = final.with_name(f".{final.name}.{secrets.token_hex(6)}.tmp")
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data)
+            fsync_file(f)
+        os.link(tmp, final)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    os.unlink(tmp)
+    fsync_dir(final.parent)
+
+
+_RESULT_IDS: dict[str, pl.DataType] = {
+    "key": pl.String(),
+    "__kint": pl.Boolean(),
+    "window_start": pl.Int64(),
+    "window_end": pl.Int64(),
+}
+_RECORD_IDS: dict[str, pl.DataType] = {"_partition": pl.String(), "_offset": pl.Int64()}
+
+
+def id_schema(role: SinkRole) -> dict[str, pl.DataType]:
+    """Column name -> dtype of the frame ``Sink.read_ids`` returns for ``role``.
+
+    results: ``key`` String (JSON strings unquoted, integers as decimal text),
+    ``__kint`` Boolean (the key is an integer), ``window_start``/``window_end``
+    Int64. records: ``_partition`` String, ``_offset`` Int64.
+    """
+    return dict(_RESULT_IDS if role == "results" else _RECORD_IDS)
+
+
+# --------------------------------------------------------------------------- staged directory
+# The naming scheme and the commit/recover protocol shared by the directory
+# sinks (JSONL, Parquet). Subclasses supply how rows are staged and prepared.
+
+_RUN_TOKEN_RE = re.compile(r"[A-Za-z0-9]{1,64}")
+STAGING_SUFFIX = ".inprogress"
+
+
+def check_epoch(epoch: int) -> int:
+    """Return ``epoch`` if it is a non-negative int, else raise :class:`ValueError`."""
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
+    return epoch
+
+
+def check_run_token(run_token: str) -> str:
+    """Return ``run_token`` if it is 1-64 ASCII letters/digits, else raise :class:`ValueError`."""
+    if not isinstance(run_token, str) or not _RUN_TOKEN_RE.fullmatch(run_token):
+        raise ValueError(f"run_token must be 1-64 ASCII letters or digits, got {run_token!r}")
+    return run_token
+
+
+def check_role(role: str) -> SinkRole:
+    if role == "results":
+        return "results"
+    if role == "records":
+        return "records"
+    raise ValueError(f"role must be 'results' or 'records', got {role!r}")
+
+
+class StagedDirSink(Sink):
+    """A directory of ``part-{epoch:012d}-{run_token}.{ext}`` files, staged as
+    ``.part-{epoch:012d}-{run_token}.{ext}.inprogress``.
+
+    Commit tokens are the final file names. An epoch has at most one file per
+    run token; epochs have at least 12 digits (zero-padded, more when the epoch
+    is 10**12 or larger) and :meth:`committed` orders by the number, not the
+    text. Files that do not match the scheme are never touched or listed.
+
+    Subclasses implement ``write``/``prepare``/``read_ids`` and
+    :meth:`_discard_pending`; this class implements ``commit``, ``recover``,
+    ``committed`` and the error translation (every :class:`OSError` becomes a
+    one-line :class:`SinkError` naming the path and the OS reason).
+    """
+
+    ext: str = ""
+
+    def __init__(self, path: str | os.PathLike[str], role: SinkRole, run_token: str) -> None:
+        if not self.ext:
+            raise TypeError("StagedDirSink subclasses must set ext")
+        self.role = check_role(role)
+        self.run_token = check_run_token(run_token)
+        self.path = Path(path)
+        ext = re.escape(self.ext)
+        self._final_re = re.compile(rf"part-([0-9]{{12,}})-([A-Za-z0-9]+)\.{ext}")
+        self._staging_re = re.compile(rf"\.part-([0-9]{{12,}})-([A-Za-z0-9]+)\.{ext}\.inprogress")
+        try:
+            ensure_dir(self.path)
+        except OSError as exc:
+            raise SinkError(
+                f"cannot create the {self.role} directory {self.path}: {os_reason(exc)}"
+            ) from None
+
+    # ---------------------------------------------------------------- naming
+    def final_name(self, epoch: int) -> str:
+        return f"part-{check_epoch(epoch):012d}-{self.run_token}.{self.ext}"
+
+    @staticmethod
+    def staging_name(final_name: str) -> str:
+        return f".{final_name}{STAGING_SUFFIX}"
+
+    def _parse(self, pattern: re.Pattern[str], name: str) -> tuple[int, str] | None:
+        m = pattern.fullmatch(name)
+        if m is None:
+            return None
+        digits, run = m.group(1), m.group(2)
+        epoch = int(digits)
+        if f"{epoch:012d}" != digits:  # not canonical: not one of ours
+            return None
+        return epoch, run
+
+    def _check_token(self, token: str, epoch: int | None = None) -> int:
+        parsed = self._parse(self._final_re, token) if isinstance(token, str) else None
+        if parsed is None:
+            raise SinkError(
+                f"{self.path}: {token!r} is not a {self.role} file name of this sink "
+                f"(expected part-<epoch>-<run>.{self.ext})"
+            )
+        if epoch is not None and parsed[0] != epoch:
+            raise SinkError(f"{self.path}: token {token!r} does not belong to epoch {epoch}")
+        return parsed[0]
+
+    def _sink_error(self, action: str, path: Path, exc: OSError) -> SinkError:
+        return SinkError(f"cannot {action} {self.role} to {path}: {os_reason(exc)}")
+
+    # ---------------------------------------------------------------- hooks
+    def _discard_pending(self) -> None:
+        """Forget all unprepared in-memory state and close open staging handles."""
+
+    def _forget(self, epoch: int) -> None:
+        """Drop bookkeeping of ``epoch`` after it was committed."""
+
+    def _check_not_committed(self, epoch: int) -> None:
+        """Refuse to stage a new epoch whose file of this run is already published
+        (its new rows would be dropped silently by the idempotent commit)."""
+        final = self.path / self.final_name(epoch)
+        if os.path.lexists(final):
+            raise ValueError(f"epoch {epoch} is already committed as {final}")
+
+    # ---------------------------------------------------------------- protocol
+    def commit(self, epoch: int, tokens: list[str]) -> None:
+        """Rename each token's staging file to its final name, then fsync the directory.
+
+        Idempotent: a token whose final file exists is already committed (a
+        leftover staging copy of it is removed). Raises :class:`SinkError` if
+        neither the staging nor the final file exists (prepared data was lost)
+        or a rename fails.
+        """
+        check_epoch(epoch)
+        for token in tokens:
+            self._check_token(token, epoch)
+        changed = False
+        for token in tokens:
+            final = self.path / token
+            staging = self.path / self.staging_name(token)
+            if final.is_file():
+                try:
+                    changed |= remove_if_exists(staging)
+                except OSError as exc:
+                    raise SinkError(
+                        f"cannot remove {self.role} staging file {staging}: {os_reason(exc)}"
+                    ) from None
+                continue
+            try:
+                os.replace(staging, final)
+            except FileNotFoundError:
+                if final.is_file():  # committed concurrently; nothing lost
+                    continue
+                raise SinkError(
+                    f"cannot commit {self.role} epoch {epoch}: neither {staging} nor {final} "
+                    "exists; prepared output was deleted"
+                ) from None
+            except OSError as exc:
+                raise SinkError(
+                    f"cannot commit {self.role} {staging} to {final}: {os_reason(exc)}"
+                ) from None
+            changed = True
+        if changed:
+            self._fsync_dir()
+        self._forget(epoch)
+
+    def recover(self, prepared: dict[int, list[str]]) -> None:
+        """Commit ``prepared`` (see :meth:`commit`), then delete every other staging
+        file of this naming scheme in the directory, whatever its epoch or run
+        token: no checkpoint refers to it, the replay will produce its rows again.
+        """
+        self._discard_pending()
+        for epoch in sorted(prepared):
+            self.commit(epoch, list(prepared[epoch]))
+        removed = False
+        for name in self._names():
+            if self._parse(self._staging_re, name) is None:
+                continue
+            try:
+                removed |= remove_if_exists(self.path / name)
+            except OSError as exc:
+                raise SinkError(
+                    f"cannot remove {self.role} staging file {self.path / name}: {os_reason(exc)}"
+                ) from None
+        if removed:
+            self._fsync_dir()
+
+    def committed(self) -> list[CommittedFile]:
+        """Every final file of the scheme (any run token), ordered by epoch then name."""
+        out: list[CommittedFile] = []
+        for name in self._names():
+            parsed = self._parse(self._final_re, name)
+            if parsed is not None and (self.path / name).is_file():
+                out.append(CommittedFile(parsed[0], name))
+        out.sort(key=lambda c: (c.epoch, c.token))
+        return out
+
+    def _files_of(self, files: list[CommittedFile]) -> list[Path]:
+        paths = []
+        for f in files:
+            self._check_token(f.token, f.epoch)
+            paths.append(self.path / f.token)
+        return paths
+
+    def _names(self) -> list[str]:
+        try:
+            return os.listdir(self.path)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise SinkError(
+                f"cannot list the {self.role} directory {self.path}: {os_reason(exc)}"
+            ) from None
+
+    def _fsync_dir(self) -> None:
+        try:
+            fsync_dir(self.path)
+        except OSError as exc:
+            raise SinkError(
+                f"cannot sync the {self.role} directory {self.path}: {os_reason(exc)}"
+            ) from None

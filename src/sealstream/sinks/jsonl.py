@@ -1,0 +1,213 @@
+"""A directory of JSON Lines files, published one file per epoch and run.
+
+Layout of ``path`` (created with its parents when missing)::
+
+    part-000000000007-a1b2c3.jsonl              committed: readers glob *.jsonl
+    .part-000000000008-a1b2c3.jsonl.inprogress  staged: ignored by readers
+
+Guarantees:
+
+* Every line of a committed file is one value of the written frames' ``__json``
+  column, followed by ``\\n``; a file holds exactly the rows written for its
+  epoch by one run, in write order. Files are never appended to after commit.
+* Staged rows are invisible (hidden name, wrong suffix) until :meth:`commit`
+  renames the staging file in one atomic step. ``prepare`` fsyncs the staging
+  file and the directory, so a prepared epoch survives a crash.
+* An epoch with no rows produces no file and ``prepare`` returns ``[]``.
+* Every :class:`OSError` becomes a one-line :class:`~sealstream.errors.SinkError`
+  naming the path and the OS reason; a failed write deletes its staging file
+  and poisons the epoch (``prepare`` then raises), so a partial file is never
+  published.
+
+Assumed: ``__json`` values are single-line JSON texts without nulls (checked,
+:class:`ValueError` otherwise). For role ``"results"`` each line is an object
+whose ``key`` is a JSON string or integer and whose ``window_start`` /
+``window_end`` are integers; for ``"records"`` each has ``_partition`` (string)
+and ``_offset`` (integer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import BinaryIO
+
+import polars as pl
+
+from sealstream.errors import SinkError
+from sealstream.sinks._base import JSON_LINE, CommittedFile, SinkRole
+from sealstream.sinks._files import (
+    StagedDirSink,
+    check_epoch,
+    fsync_dir,
+    fsync_file,
+    id_schema,
+    os_reason,
+)
+
+__all__ = ["JsonlDirSink", "json_lines_bytes", "read_json_ids"]
+
+
+def json_lines_bytes(frame: pl.DataFrame) -> bytes:
+    """The ``__json`` column of ``frame`` as UTF-8 text, one value per line (columnar).
+
+    Raises :class:`ValueError` if the column is missing, not String, holds a
+    null, or a value contains a line break.
+    """
+    if JSON_LINE not in frame.columns:
+        raise ValueError(f"the frame has no {JSON_LINE!r} column (columns: {frame.columns})")
+    col = frame.get_column(JSON_LINE)
+    if col.dtype != pl.String:
+        raise ValueError(f"column {JSON_LINE!r} must be String, not {col.dtype}")
+    if col.null_count():
+        raise ValueError(f"column {JSON_LINE!r} has {col.null_count()} null value(s)")
+    if col.str.contains("[\n\r]").any():
+        raise ValueError(f"column {JSON_LINE!r} has a value with a line break")
+    text = frame.select(pl.col(JSON_LINE).str.join("\n")).item()
+    return (str(text) + "\n").encode("utf-8")
+
+
+def read_json_ids(paths: list[Path], role: SinkRole) -> pl.DataFrame:
+    """Read the identity columns (see :func:`~sealstream.sinks._files.id_schema`)
+    from JSON Lines files, columnar. Raises :class:`SinkError` naming the file
+    set when a file cannot be read or parsed, or a line lacks an identity field.
+
+    The key's text comes from a String read (integers keep their exact digits,
+    however long); ``__kint`` from a second, lenient Float64 read of the same
+    field, which is non-null exactly when the key is a JSON number. Both reads
+    parse the top-level field, so nested objects named ``key`` cannot confuse it.
+    """
+    schema = id_schema(role)
+    if not paths:
+        return pl.DataFrame(schema=schema)
+    sources = [str(p) for p in paths]
+    where = sources[0] if len(sources) == 1 else f"{sources[0]} (and {len(sources) - 1} more)"
+    try:
+        if role == "results":
+            ids = pl.read_ndjson(
+                sources,
+                schema={"key": pl.String, "window_start": pl.Int64, "window_end": pl.Int64},
+            )
+            numeric = pl.read_ndjson(sources, schema={"key": pl.Float64}, ignore_errors=True)
+            ids = ids.with_columns(numeric.get_column("key").is_not_null().alias("__kint")).select(
+                list(schema)
+            )
+        else:
+            ids = pl.read_ndjson(sources, schema=schema)
+    except OSError as exc:
+        raise SinkError(f"cannot read {role} from {where}: {os_reason(exc)}") from None
+    except pl.exceptions.PolarsError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SinkError(f"cannot read {role} from {where}: {first}") from None
+    nulls = [c for c in ids.columns if ids.get_column(c).null_count()]
+    if nulls:
+        raise SinkError(
+            f"cannot read {role} from {where}: some lines lack {', '.join(nulls)} "
+            "(or have a value of the wrong type)"
+        )
+    return ids
+
+
+class JsonlDirSink(StagedDirSink):
+    """Two-phase JSON Lines output to a directory; see the module docstring.
+
+    ``write`` appends to the epoch's staging file right away (one columnar
+    write per call, flushed so that I/O errors surface in ``write``), so memory
+    stays bounded by one frame. The staging file of an epoch is truncated when
+    this sink object first writes to it.
+    """
+
+    ext = "jsonl"
+
+    def __init__(self, path: str | os.PathLike[str], role: SinkRole, run_token: str) -> None:
+        super().__init__(path, role, run_token)
+        self._open: dict[int, BinaryIO] = {}
+        self._prepared: dict[int, list[str]] = {}
+        self._failed: dict[int, str] = {}
+
+    def _staging_path(self, epoch: int) -> Path:
+        return self.path / self.staging_name(self.final_name(epoch))
+
+    def write(self, epoch: int, frame: pl.DataFrame) -> None:
+        """Stage the ``__json`` lines of ``frame`` for ``epoch`` (no-op for 0 rows).
+
+        Raises :class:`ValueError` if ``epoch`` is already prepared or committed, or the frame
+        breaks the ``__json`` assumptions, :class:`SinkError` on an I/O error.
+        """
+        check_epoch(epoch)
+        if epoch in self._prepared:
+            raise ValueError(f"epoch {epoch} is already prepared; it cannot take more rows")
+        if epoch in self._failed:
+            raise SinkError(self._failed[epoch])
+        if frame.height == 0:
+            return
+        data = json_lines_bytes(frame)
+        if epoch not in self._open:
+            self._check_not_committed(epoch)
+        staging = self._staging_path(epoch)
+        try:
+            f = self._open.get(epoch)
+            if f is None:
+                f = open(staging, "wb")  # noqa: SIM115 - kept open across writes
+                self._open[epoch] = f
+            f.write(data)
+            f.flush()
+        except OSError as exc:
+            raise self._fail(epoch, self._sink_error("write", staging, exc)) from None
+
+    def _fail(self, epoch: int, err: SinkError) -> SinkError:
+        """Close and delete the epoch's staging file; remember the failure."""
+        f = self._open.pop(epoch, None)
+        if f is not None:
+            with contextlib.suppress(OSError):
+                f.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self._staging_path(epoch))
+        self._failed[epoch] = str(err)
+        return err
+
+    def prepare(self, epoch: int) -> list[str]:
+        """Fsync the epoch's staging file and the directory; return ``[final name]``,
+        or ``[]`` when nothing was written. Calling it again returns the same tokens.
+        """
+        check_epoch(epoch)
+        if epoch in self._prepared:
+            return list(self._prepared[epoch])
+        if epoch in self._failed:
+            raise SinkError(self._failed[epoch])
+        f = self._open.get(epoch)
+        if f is None:
+            return []
+        staging = self._staging_path(epoch)
+        try:
+            fsync_file(f)
+            f.close()
+            del self._open[epoch]
+            fsync_dir(self.path)
+        except OSError as exc:
+            raise self._fail(epoch, self._sink_error("write", staging, exc)) from None
+        tokens = [self.final_name(epoch)]
+        self._prepared[epoch] = tokens
+        return list(tokens)
+
+    def read_ids(self, files: list[CommittedFile]) -> pl.DataFrame:
+        return read_json_ids(self._files_of(files), self.role)
+
+    def _discard_pending(self) -> None:
+        for f in self._open.values():
+            with contextlib.suppress(OSError):
+                f.close()
+        self._open.clear()
+        self._prepared.clear()
+        self._failed.clear()
+
+    def _forget(self, epoch: int) -> None:
+        self._prepared.pop(epoch, None)
+
+    def close(self) -> None:
+        """Close open staging files (their data stays on disk for ``recover``)."""
+        for f in self._open.values():
+            with contextlib.suppress(OSError):
+                f.close()
+        self._open.clear()

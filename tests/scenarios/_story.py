@@ -1,0 +1,214 @@
+"""Shared pieces of the crash stories: a small realistic input, a spec, runs in
+subprocesses, and the committed output read back for comparison."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_input(
+    d: Path, *, partitions: int = 3, events: int = 400, seed: int = 7, bad_every: int = 0
+) -> list[str]:
+    """Out-of-order events with some late ones, ints and floats, a few nulls."""
+    rng = random.Random(seed)
+    (d / "in").mkdir(parents=True, exist_ok=True)
+    names = []
+    for p in range(partitions):
+        t = 1_700_000_000_000
+        lines = []
+        for i in range(events):
+            t += rng.randint(0, 400)
+            ts = t - rng.randint(0, 900)
+            if rng.random() < 0.04:
+                ts -= 5_000  # late for a 1 s delay and small lateness
+            amount: Any = rng.choice([rng.randint(-5, 50), round(rng.uniform(0, 30), 2), None])
+            rec = {"user": f"u{rng.randint(0, 6)}", "ts": ts, "amount": amount, "i": i}
+            if rng.random() < 0.05:
+                rec["user"] = rng.randint(1, 3)  # integer keys
+            lines.append(json.dumps(rec))
+            if bad_every and i % bad_every == bad_every - 1:
+                lines.append('{"user": "u1", "ts": "not-a-time"}')
+            if rng.random() < 0.02:
+                lines.append("")
+        name = f"in/p{p}.jsonl"
+        (d / name).write_text("\n".join(lines) + "\n")
+        names.append(name)
+    return names
+
+
+def write_spec(
+    d: Path,
+    names: list[str],
+    *,
+    window: str = 'kind = "tumbling"\nsize_ms = 2000\nallowed_lateness_ms = 500',
+    every_events: int = 120,
+    keep: int = 3,
+    errors: bool = False,
+    batch_size: int = 50,
+) -> Path:
+    paths = ", ".join(json.dumps(n) for n in names)
+    text = f"""
+[pipeline]
+name = "story"
+batch_size = {batch_size}
+
+[source]
+kind = "jsonl"
+paths = [{paths}]
+key = "user"
+time = "ts"
+
+[watermark]
+max_delay_ms = 1000
+
+[window]
+{window}
+
+[aggregates]
+n = "count"
+total = "sum(amount)"
+low = "min(amount)"
+high = "max(amount)"
+avg = "mean(amount)"
+first_i = "first(i)"
+last_amount = "last(amount)"
+
+[sink]
+kind = "jsonl"
+path = "out"
+
+[late]
+kind = "jsonl"
+path = "late"
+
+[checkpoint]
+path = "ckpt"
+every_events = {every_events}
+keep = {keep}
+"""
+    if errors:
+        text += '\n[errors]\nkind = "jsonl"\npath = "errors"\n'
+    spec = d / "spec.toml"
+    spec.write_text(text)
+    return spec
+
+
+def run(spec: Path, *extra: str, crash_at: str | None = None,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    e = dict(os.environ)
+    e.pop("SEALSTREAM_CRASH_AT", None)
+    if crash_at:
+        e["SEALSTREAM_CRASH_AT"] = crash_at
+    if env:
+        e.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "sealstream", "run", str(spec), "--quiet", *extra],
+        env=e, capture_output=True, text=True, timeout=120,
+    )
+
+
+def run_killed_randomly(spec: Path, rng: random.Random, typical_s: float, max_rounds: int = 6,
+                        env: dict[str, str] | None = None) -> int:
+    """SIGKILL the run at random instants (within its typical duration) up to
+    ``max_rounds`` times, then let it finish; returns the kill count."""
+    e = dict(os.environ)
+    e.pop("SEALSTREAM_CRASH_AT", None)
+    if env:
+        e.update(env)
+    kills = 0
+    for _ in range(max_rounds):
+        with subprocess.Popen(
+            [sys.executable, "-m", "sealstream", "run", str(spec), "--quiet"],
+            env=e, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        ) as proc:
+            try:
+                _, err = proc.communicate(timeout=rng.uniform(0.2, 1.0) * typical_s)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGKILL)
+                proc.communicate()
+                kills += 1
+                continue
+        assert proc.returncode == 0, err
+        return kills
+    final = run(spec, env=env)
+    assert final.returncode == 0, final.stderr
+    return kills
+
+
+def committed(d: Path, sub: str) -> list[dict[str, Any]]:
+    """Every committed line of a directory output (names not starting with . or _)."""
+    out: list[dict[str, Any]] = []
+    folder = d / sub
+    if not folder.is_dir():
+        return out
+    for f in sorted(folder.glob("*.jsonl")):
+        if f.name.startswith((".", "_")):
+            continue
+        for line in f.read_text().splitlines():
+            if line.strip():
+                out.append(json.loads(line))
+    return out
+
+
+def _norm(v: Any) -> Any:
+    if isinstance(v, float):
+        return ("f", v)
+    return (type(v).__name__, v)
+
+
+def assert_same_output(actual_dir: Path, expected_dir: Path) -> None:
+    """Results, late events and bad records equal an uninterrupted run, exactly once."""
+    for sub, ident in (
+        ("out", ("key", "window_start", "window_end")),
+        ("late", ("_partition", "_offset")),
+        ("errors", ("_partition", "_offset")),
+    ):
+        got, want = committed(actual_dir, sub), committed(expected_dir, sub)
+        ids_got = [tuple(_norm(r[k]) for k in ident) for r in got]
+        assert len(ids_got) == len(set(ids_got)), f"{sub}: duplicated output"
+        by_id = {tuple(_norm(r[k]) for k in ident): r for r in want}
+        assert sorted(map(repr, ids_got)) == sorted(map(repr, by_id)), f"{sub}: different ids"
+        for r in got:
+            exp = by_id[tuple(_norm(r[k]) for k in ident)]
+            assert r.keys() == exp.keys()
+            for k, v in r.items():
+                e = exp[k]
+                if isinstance(e, float) and isinstance(v, float):
+                    assert math.isclose(v, e, rel_tol=1e-9, abs_tol=1e-12), (sub, k, v, e)
+                else:
+                    assert type(v) is type(e) and v == e, (sub, k, v, e)
+
+
+def reference_run(d: Path, **spec_kw: Any) -> Path:
+    """An uninterrupted run of the same story in its own directory."""
+    names = make_input(d, **{k: v for k, v in spec_kw.items() if k in ("partitions", "events",
+                                                                        "seed", "bad_every")})
+    spec = write_spec(d, names, **{k: v for k, v in spec_kw.items()
+                                   if k in ("window", "every_events", "keep", "errors",
+                                            "batch_size")})
+    started = time.monotonic()
+    res = run(spec)
+    assert res.returncode == 0, res.stderr
+    (d / "duration").write_text(str(time.monotonic() - started))
+    return spec
+
+
+def newest_checkpoint(d: Path) -> Path:
+    cps = sorted((d / "ckpt").glob("cp-*"))
+    assert cps, "no checkpoint was written"
+    return cps[-1]
+
+
+def wait_a_bit() -> None:
+    time.sleep(0.01)

@@ -1,0 +1,197 @@
+"""Stories about broken checkpoints: delete, truncate or flip a byte in each
+file of the newest checkpoint; the verdict is right, recovery falls back, and
+the final output is exact. Signed checkpoints catch tampering."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sealstream.checkpoint import manifest as mf
+from _story import (
+    assert_same_output,
+    committed,
+    make_input,
+    reference_run,
+    run,
+    write_spec,
+)
+
+PARTIAL = "PARTIAL_CHECKPOINT_REJECT"
+INCONSISTENT = "INCONSISTENT_STATE"
+ATOMIC = "ATOMIC_CHECKPOINT"
+
+
+@pytest.fixture(scope="module")
+def expected(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("uninterrupted")
+    reference_run(d, keep=20)
+    return d
+
+
+@pytest.fixture(scope="module")
+def crashed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A job killed after its 5th checkpoint was committed: several checkpoints, some output."""
+    d = tmp_path_factory.mktemp("crashed")
+    names = make_input(d)
+    spec = write_spec(d, names, keep=20)
+    assert run(spec, crash_at="after_retention:5").returncode == -9
+    return d
+
+
+def verify(d: Path, *extra: str, env: dict[str, str] | None = None) -> tuple[int, dict]:
+    import os
+
+    e = dict(os.environ)
+    e.pop(mf.KEY_ENV, None)
+    e.update(env or {})
+    res = subprocess.run(
+        [sys.executable, "-m", "sealstream", "checkpoints", "verify", str(d / "ckpt"), "--json",
+         *extra], capture_output=True, text=True, env=e,
+    )
+    return res.returncode, json.loads(res.stdout)
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
+
+
+FILES = ["MANIFEST.json", "state.arrow", "receipts.json"]
+EXPECT = {
+    ("delete", "MANIFEST.json"): PARTIAL,
+    ("truncate", "MANIFEST.json"): PARTIAL,
+    ("flip", "MANIFEST.json"): INCONSISTENT,
+    ("delete", "state.arrow"): PARTIAL,
+    ("truncate", "state.arrow"): PARTIAL,
+    ("flip", "state.arrow"): INCONSISTENT,
+    ("delete", "receipts.json"): PARTIAL,
+    ("truncate", "receipts.json"): PARTIAL,
+    ("flip", "receipts.json"): INCONSISTENT,
+}
+
+
+def _damage(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    if how == "delete":
+        path.unlink()
+    elif how == "truncate":
+        path.write_bytes(data[: len(data) // 2])
+    else:
+        if path.name == "MANIFEST.json":
+            i = data.index(b'"fingerprint": "') + len(b'"fingerprint": "') + 5
+        else:
+            i = len(data) // 2
+        flipped = bytes([data[i] ^ 0x01])
+        path.write_bytes(data[:i] + flipped + data[i + 1:])
+
+
+@pytest.mark.parametrize("how,name", sorted(EXPECT))
+def test_damaged_newest_checkpoint(
+    tmp_path: Path, crashed: Path, expected: Path, how: str, name: str
+) -> None:
+    d = _copy(crashed, tmp_path / "job")
+    rc, before = verify(d)
+    assert rc == 0 and all(c["verdict"] == ATOMIC for c in before["checkpoints"])
+    newest = sorted((d / "ckpt").glob("cp-*"))[-1]
+    newest_id = before["checkpoints"][-1]["id"]
+    _damage(newest / name, how)
+    rc, after = verify(d)
+    assert rc == 1
+    verdicts = {c["id"]: c["verdict"] for c in after["checkpoints"]}
+    assert verdicts[newest_id] == EXPECT[(how, name)], after
+    assert after["resume_from"] == before["checkpoints"][-2]["id"]
+    res = run(d / "spec.toml")
+    assert res.returncode == 0, res.stderr
+    assert_same_output(d, expected)
+    # the rejected checkpoint was moved aside as evidence, not deleted
+    assert list((d / "ckpt" / "rejected").glob(f"{newest.name}-*"))
+
+
+def test_two_newest_checkpoints_deleted_falls_back_further(
+    tmp_path: Path, crashed: Path, expected: Path
+) -> None:
+    d = _copy(crashed, tmp_path / "job")
+    for cp in sorted((d / "ckpt").glob("cp-*"))[-2:]:
+        shutil.rmtree(cp)
+    assert run(d / "spec.toml").returncode == 0
+    assert_same_output(d, expected)
+
+
+def test_every_checkpoint_broken_refuses_to_start_then_start_over(
+    tmp_path: Path, crashed: Path, expected: Path
+) -> None:
+    d = _copy(crashed, tmp_path / "job")
+    cps = sorted((d / "ckpt").glob("cp-*"))
+    for cp in cps:
+        (cp / "state.arrow").write_bytes(b"garbage")
+    before = sorted(p.relative_to(d) for p in d.rglob("*"))
+    res = run(d / "spec.toml")
+    assert res.returncode == 1
+    assert "none is ATOMIC_CHECKPOINT" in res.stderr and "Traceback" not in res.stderr
+    assert sorted(p.relative_to(d) for p in d.rglob("*")) == before  # nothing deleted
+    res = run(d / "spec.toml", "--start-over")
+    assert res.returncode == 0, res.stderr
+    assert len(list((d / "ckpt" / "rejected").iterdir())) == len(cps)
+    assert_same_output(d, expected)  # committed output is suppressed, not repeated
+
+
+def test_watermark_and_positions_never_regress_across_restarts(tmp_path: Path) -> None:
+    names = make_input(tmp_path)
+    spec = write_spec(tmp_path, names, keep=50, every_events=60)
+    for n in (3, 2, 2):
+        assert run(spec, crash_at=f"after_manifest_publish:{n}").returncode == -9
+    assert run(spec).returncode == 0
+    docs = [json.loads((cp / "MANIFEST.json").read_text())
+            for cp in sorted((tmp_path / "ckpt").glob("cp-*"))]
+    assert len(docs) > 5
+    for a, b in zip(docs, docs[1:]):
+        assert b["parent"] == a["id"]
+        assert b["watermark"]["global_ms"] >= a["watermark"]["global_ms"]
+        for pa, pb in zip(a["positions"], b["positions"]):
+            assert pb["next_offset"] >= pa["next_offset"]
+
+
+def test_signed_checkpoints_catch_tampering(tmp_path: Path) -> None:
+    key = {mf.KEY_ENV: "k-one"}
+    names = make_input(tmp_path)
+    spec = write_spec(tmp_path, names, keep=20)
+    assert run(spec, crash_at="after_retention:4", env=key).returncode == -9
+    rc, data = verify(tmp_path, env=key)
+    assert rc == 0 and data["resume_from"] is not None
+    rc, data = verify(tmp_path, env={mf.KEY_ENV: "k-two"})
+    assert rc == 1 and {c["verdict"] for c in data["checkpoints"]} == {INCONSISTENT}
+    rc, data = verify(tmp_path)
+    assert rc == 1 and {c["reason"] for c in data["checkpoints"]} == {"SIGNED_WITHOUT_KEY"}
+    # tamper: move the newest checkpoint's watermark and re-seal it without the key
+    newest = sorted((tmp_path / "ckpt").glob("cp-*"))[-1] / "MANIFEST.json"
+    doc = json.loads(newest.read_text())
+    doc.pop("signature")
+    doc["positions"][0]["next_offset"] += 10
+    newest.write_bytes(mf.seal(doc, None))
+    rc, data = verify(tmp_path, env=key)
+    assert data["checkpoints"][-1]["reason"] == "UNSIGNED_WITH_KEY"
+    assert data["checkpoints"][-1]["verdict"] == INCONSISTENT
+    # a keyed re-seal with the wrong key is also caught
+    newest.write_bytes(mf.seal(doc, b"k-two"))
+    rc, data = verify(tmp_path, env=key)
+    assert data["checkpoints"][-1]["reason"] == "SIGNATURE_MISMATCH"
+    res = run(spec, env=key)
+    assert res.returncode == 0, res.stderr
+
+
+def test_second_run_on_the_same_directory_is_refused(tmp_path: Path) -> None:
+    from sealstream.checkpoint.store import LocalCheckpointStore
+
+    names = make_input(tmp_path)
+    spec = write_spec(tmp_path, names)
+    with LocalCheckpointStore(tmp_path / "ckpt").locked():
+        res = run(spec)
+    assert res.returncode == 1
+    assert "locked by another run" in res.stderr and "pid" in res.stderr
+    assert committed(tmp_path, "out") == []

@@ -262,8 +262,20 @@ def _positive(setting: str, value: object, *, zero_ok: bool = False) -> int:
     return value
 
 
+def _check_path(setting: str, value: object) -> None:
+    if isinstance(value, str) and "\x00" in value:
+        raise SpecError(f"{setting}: path {value!r} contains a NUL character")
+
+
 def validate(p: Pipeline) -> None:
     """Check a pipeline's settings; raise SpecError naming the first bad one."""
+    for i, path in enumerate(p.source.paths):
+        _check_path(f"source.paths[{i}]", path)
+    for section, out in (("sink", p.sink), ("late", p.late), ("errors", p.errors)):
+        if out is not None:
+            _check_path(f"{section}.path", out.path)
+    if p.checkpoint is not None:
+        _check_path("checkpoint.path", p.checkpoint.path)
     if not isinstance(p.name, str) or not p.name.strip():
         raise SpecError(f"pipeline.name: must be a non-empty string, got {p.name!r}")
     if p.source.kind not in ("jsonl", "csv", "parquet"):

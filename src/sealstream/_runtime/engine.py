@@ -221,7 +221,8 @@ class Job:
         ]
         batch = self.p.batch_size
         if self.p.checkpoint and self.p.checkpoint.every_events:
-            batch = max(1, min(batch, self.p.checkpoint.every_events))
+            per_partition = self.p.checkpoint.every_events // max(1, len(self.partitions))
+            batch = max(1, min(batch, per_partition))
         self.merger = PartitionMerger(readers, positions, self.plan, batch)
 
     def _committed_ids(self, newer_than: int | None) -> dict[str, pl.DataFrame]:
@@ -395,6 +396,8 @@ class Job:
         for q, lo in enumerate(batch.last_offsets):
             if lo is not None:
                 self.wm.last_offset[q] = lo
+            elif batch.empty_and_done[q]:
+                self.wm.exhausted[q] = True  # nothing (left) to read: W_q = +inf
         events = batch.events
         if events.height:
             events = events.with_columns(

@@ -73,6 +73,8 @@ class Batch:
     positions: list[SourcePosition]
     last_offsets: list[int | None]
     finished: bool
+    empty_and_done: list[bool]
+    """Partitions that reached their end without a record left to read."""
 
 
 class _Buffer:
@@ -172,6 +174,7 @@ class PartitionMerger:
             positions=[b.emitted for b in self.buffers],
             last_offsets=[b.last_offset if b.eof else None for b in self.buffers],
             finished=finished,
+            empty_and_done=[b.eof and b.last_offset is None for b in self.buffers],
         )
 
     def size_hint(self) -> tuple[int, int] | None:

@@ -125,6 +125,7 @@ def _verdict(
     if doc is not None and isinstance(doc.get("signature"), dict):
         sig = str(doc["signature"].get("value", ""))
     blob = json.dumps([ev.checkpoint_id, verdict, reason, sig]).encode()
+    message = " ".join(message.split())  # always one line
     return Verdict(
         ev.checkpoint_id, verdict, reason, message, doc, hashlib.sha256(blob).hexdigest()
     )
@@ -132,7 +133,25 @@ def _verdict(
 
 def judge(ev: Evidence, parent: Mapping[str, Any] | None, policy: Policy) -> Verdict:
     """Classify one checkpoint. ``parent`` is the parsed manifest of the
-    checkpoint it names as parent, when that one is still readable."""
+    checkpoint it names as parent, when that one is still readable.
+
+    Never raises: a manifest whose values have the wrong shape is rejected.
+    """
+    try:
+        return _judge(ev, parent, policy)
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
+        doc = None
+        try:
+            parsed = json.loads(ev.manifest or b"")
+            doc = parsed if isinstance(parsed, dict) else None
+        except ValueError:
+            pass
+        return _verdict(ev, INCONSISTENT, "MANIFEST_MALFORMED",
+                        f"checkpoint {ev.checkpoint_id}: manifest has a malformed value "
+                        f"({type(exc).__name__}: {exc})", doc)
+
+
+def _judge(ev: Evidence, parent: Mapping[str, Any] | None, policy: Policy) -> Verdict:
     cid = ev.checkpoint_id
     # ---------------------------------------------------------------- presence
     if ev.manifest is None:
@@ -158,7 +177,13 @@ def judge(ev: Evidence, parent: Mapping[str, Any] | None, policy: Policy) -> Ver
         return _verdict(ev, PARTIAL, "MANIFEST_INCOMPLETE",
                         f"checkpoint {cid}: manifest's file list is malformed", doc)
     for role, entry in sorted(files.items()):
-        if not isinstance(entry, dict) or "path" not in entry:
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("path"), str)
+            or not isinstance(entry.get("sha256"), str)
+            or isinstance(entry.get("bytes"), bool)
+            or not isinstance(entry.get("bytes"), int)
+        ):
             return _verdict(ev, PARTIAL, "MANIFEST_INCOMPLETE",
                             f"checkpoint {cid}: file entry {role!r} is malformed", doc)
         fact = ev.files.get(str(entry["path"]), FileFact(False))
@@ -200,10 +225,18 @@ def judge(ev: Evidence, parent: Mapping[str, Any] | None, policy: Policy) -> Ver
         return _verdict(ev, PARTIAL, "NO_RECEIPTS",
                         f"checkpoint {cid}: emission receipts cannot be read", doc)
     wm = doc["watermark"]
-    if ev.state_meta.get("watermark") != wm:
+    if doc["id"] != cid:
+        return _verdict(ev, INCONSISTENT, "ID_MISMATCH",
+                        f"checkpoint {cid}: its manifest says it is checkpoint {doc['id']} "
+                        "(a manifest copied from elsewhere)", doc)
+    state_wm = ev.state_meta.get("watermark")
+    if state_wm != wm:
+        def g(w: Any) -> Any:
+            return w.get("global_ms") if isinstance(w, dict) else w
+
         return _verdict(ev, INCONSISTENT, "WATERMARK_MISMATCH",
-                        f"checkpoint {cid}: manifest watermark {wm.get('global_ms')} differs from "
-                        f"the state's {ev.state_meta.get('watermark', {}).get('global_ms')}", doc)
+                        f"checkpoint {cid}: manifest watermark {g(wm)} differs from "
+                        f"the state's {g(state_wm)}", doc)
     if ev.receipts.get("summary") != doc["receipts"]:
         return _verdict(ev, INCONSISTENT, "RECEIPTS_MISMATCH",
                         f"checkpoint {cid}: receipts do not match the manifest's summary", doc)
@@ -239,14 +272,15 @@ def judge(ev: Evidence, parent: Mapping[str, Any] | None, policy: Policy) -> Ver
 
 def _regression(doc: Mapping[str, Any], parent: Mapping[str, Any]) -> tuple[str, str] | None:
     try:
-        w, pw = int(doc["watermark"]["global_ms"]), int(parent["watermark"]["global_ms"])
-        pos = {p["partition"]: int(p["next_offset"]) for p in doc["positions"]}
+        pw = int(parent["watermark"]["global_ms"])
         ppos = {p["partition"]: int(p["next_offset"]) for p in parent["positions"]}
-    except (KeyError, TypeError, ValueError):
-        return None  # an unreadable parent is judged on its own
+        pwm = [int(x) for x in parent["watermark"].get("partition_ms", [])]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None  # a malformed parent is judged on its own, not used as a yardstick
+    w = int(doc["watermark"]["global_ms"])
+    pos = {p["partition"]: int(p["next_offset"]) for p in doc["positions"]}
     if w < pw:
         return "WATERMARK_REGRESSION", f"watermark {w} is lower than its parent's {pw}"
-    pwm = parent["watermark"].get("partition_ms", [])
     for i, (a, b) in enumerate(zip(doc["watermark"].get("partition_ms", []), pwm, strict=False)):
         if int(a) < int(b):
             return "WATERMARK_REGRESSION", (

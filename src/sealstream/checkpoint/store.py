@@ -34,7 +34,7 @@ from sealstream.checkpoint.guard import Evidence, FileFact
 from sealstream.checkpoint.manifest import MANIFEST_NAME, RECEIPTS_NAME, STATE_NAME
 from sealstream.errors import CheckpointError, LockHeldError
 from sealstream.sinks._files import fsync_dir, fsync_file, os_reason
-from sealstream.state.codec import WATERMARK_META, decode_table
+from sealstream.state.codec import WATERMARK_META, read_metadata
 
 PREFIX = "cp-"
 LOCK_NAME = "LOCK"
@@ -142,10 +142,13 @@ class LocalCheckpointStore:
                 if data is None:
                     facts[rel] = FileFact(False)
                     continue
-                facts[rel] = FileFact(True, len(data), hashlib.sha256(data).hexdigest())
+                digest = hashlib.sha256(data).hexdigest()
+                facts[rel] = FileFact(True, len(data), digest)
+                if digest != entry.get("sha256"):
+                    continue  # the guard reports the mismatch; never parse unverified bytes
                 if role == "state":
                     try:
-                        _, meta = decode_table(data)
+                        meta = read_metadata(data)
                         state_meta = {"watermark": meta.get(WATERMARK_META.decode())}
                     except ValueError as exc:
                         state_error = str(exc)

@@ -37,7 +37,7 @@ def decode_table(data: bytes) -> tuple[pl.DataFrame, dict[str, Any]]:
     try:
         reader = ipc.open_stream(pa.BufferReader(data))
         table = reader.read_all()
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+    except (pa.ArrowException, OSError, ValueError) as exc:
         raise ValueError(f"not a readable Arrow IPC stream: {exc}") from None
     meta: dict[str, Any] = {}
     for k, v in (table.schema.metadata or {}).items():
@@ -48,6 +48,21 @@ def decode_table(data: bytes) -> tuple[pl.DataFrame, dict[str, Any]]:
     frame = pl.from_arrow(table.replace_schema_metadata(None))
     assert isinstance(frame, pl.DataFrame)
     return frame, meta
+
+
+def read_metadata(data: bytes) -> dict[str, Any]:
+    """Only the JSON metadata of a table written by :func:`encode_table` (no row data)."""
+    try:
+        schema = ipc.open_stream(pa.BufferReader(data)).schema
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise ValueError(f"not a readable Arrow IPC stream: {exc}") from None
+    meta: dict[str, Any] = {}
+    for k, v in (schema.metadata or {}).items():
+        try:
+            meta[k.decode()] = json.loads(v)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"state metadata {k!r} is not JSON: {exc}") from None
+    return meta
 
 
 def sha256_hex(data: bytes) -> str:

@@ -1,0 +1,650 @@
+"""Columnar typing shared by the file sources.
+
+Every source first *classifies* each needed field of each record into four
+columns (``j`` is the field's role index in :func:`roles`: 0 key, 1 time,
+then the value fields):
+
+========  =======  ===========================================================
+``k{j}``  Int8     kind: 0 missing/null, 1 integer, 2 other number, 3 string,
+                   4 boolean, 5 object/array (or anything else)
+``i{j}``  Int64    the value when the kind is 1
+``x{j}``  Float64  the value when the kind is 2
+``t{j}``  String   text: the decimal text (kind 1), the number as written or
+                   formatted (kind 2), the string itself (3), ``true``/
+                   ``false`` (4), JSON text (5); may be null where unused
+========  =======  ===========================================================
+
+plus ``__off`` (offset), ``__raw`` (the event's raw JSON text) and ``__braw``
+(the text a bad record shows). :class:`Typer` then turns those columns
+into the events and bad records of ``_base``; the rules live there once, for
+every format: they depend on each value only, never on the chunk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+import pyarrow as pa
+
+from ..errors import SourceChangedError, SourceError
+from ._base import (
+    BAD_SCHEMA,
+    KEY,
+    KEY_IS_INT,
+    OFFSET,
+    RAW,
+    TIME,
+    Chunk,
+    FieldPlan,
+    PartitionPosition,
+    float_col,
+    int_col,
+    json_col,
+)
+
+I64Array = npt.NDArray[np.int64]
+
+MISSING, INT, FLOAT, STRING, BOOL, OTHER = 0, 1, 2, 3, 4, 5
+
+ISO_RE = (
+    r"^(?P<y>[0-9]{4})-(?P<mo>[0-9]{2})-(?P<d>[0-9]{2})"
+    r"(?:[Tt ](?P<h>[0-9]{2}):(?P<mi>[0-9]{2})(?::(?P<s>[0-9]{2})(?:[.,](?P<fr>[0-9]+))?)?"
+    r"(?P<tz>[Zz]|[+-][0-9]{2}(?::?[0-9]{2})?)?)?$"
+)
+INT_RE = r"^-?[0-9]+$"
+_MS_PER_DAY = 86_400_000
+_I64_LIMIT = 9.2e18  # floats below this magnitude convert to Int64 exactly
+
+
+def roles(plan: FieldPlan) -> list[str]:
+    """The field behind each classified column set: key (0), time (1), then the
+    value fields in sorted order (2, 3, ...). A name may appear twice."""
+    return [plan.key, plan.time, *sorted(plan.fields)]
+
+
+def cls_schema(n_fields: int) -> dict[str, pl.DataType]:
+    schema: dict[str, pl.DataType] = {OFFSET: pl.Int64(), RAW: pl.String(), "__braw": pl.String()}
+    for j in range(n_fields):
+        schema[f"k{j}"] = pl.Int8()
+        schema[f"i{j}"] = pl.Int64()
+        schema[f"x{j}"] = pl.Float64()
+        schema[f"t{j}"] = pl.String()
+    return schema
+
+
+def empty_events(plan: FieldPlan) -> pl.DataFrame:
+    return pl.DataFrame(schema=plan.event_schema())
+
+
+def empty_bad() -> pl.DataFrame:
+    return pl.DataFrame(schema=BAD_SCHEMA)
+
+
+def bad_frame(
+    offsets: list[int], lines: list[int], reasons: list[str], raws: list[str]
+) -> pl.DataFrame:
+    return pl.DataFrame(
+        {"_offset": offsets, "_line": lines, "_reason": reasons, "_raw": raws}, schema=BAD_SCHEMA
+    )
+
+
+def json_str(expr: pl.Expr) -> pl.Expr:
+    """JSON-encode a String expression (quotes and escapes); null stays null."""
+    encoded = (
+        pl.struct(expr.alias("v"))
+        .struct.json_encode()
+        .str.strip_prefix('{"v":')
+        .str.strip_suffix("}")
+    )
+    return pl.when(expr.is_not_null()).then(encoded)
+
+
+def iso_ms(text: pl.Series) -> pl.Series:
+    """ISO-8601 date-times -> Int64 ms since the epoch; null where not ISO-8601.
+
+    ``YYYY-MM-DD`` optionally followed by ``T``/space and ``HH:MM[:SS[.frac]]``
+    and ``Z`` or ``+HH:MM``/``+HHMM``/``+HH``; no offset means UTC; the fraction
+    is truncated to ms. Month/day/hour/minute/second ranges are validated.
+    """
+    g = text.str.extract_groups(ISO_RE).struct.unnest()
+    c = pl.col
+    y, mo, d = c("y").cast(pl.Int64), c("mo").cast(pl.Int64), c("d").cast(pl.Int64)
+    h = c("h").cast(pl.Int64).fill_null(0)
+    mi = c("mi").cast(pl.Int64).fill_null(0)
+    s = c("s").cast(pl.Int64).fill_null(0)
+    fr = c("fr").str.slice(0, 3).str.pad_end(3, "0").cast(pl.Int64).fill_null(0)
+    tz = c("tz")
+    tz_sign = pl.when(tz.str.starts_with("-")).then(-1).otherwise(1)
+    tz_h = pl.when(tz.str.len_bytes() >= 3).then(tz.str.slice(1, 2).cast(pl.Int64)).otherwise(0)
+    tz_m = pl.when(tz.str.len_bytes() >= 5).then(tz.str.slice(-2, 2).cast(pl.Int64)).otherwise(0)
+    leap = ((y % 4 == 0) & (y % 100 != 0)) | (y % 400 == 0)
+    dim = (
+        pl.when(mo == 2)
+        .then(pl.when(leap).then(29).otherwise(28))
+        .when(mo.is_in([4, 6, 9, 11]))
+        .then(30)
+        .otherwise(31)
+    )
+    valid = (
+        (y >= 1)
+        & mo.is_between(1, 12)
+        & d.is_between(1, dim)
+        & (h <= 23)
+        & (mi <= 59)
+        & (s <= 59)
+        & (tz_h.fill_null(0) <= 23)
+        & (tz_m.fill_null(0) <= 59)
+    )
+    # days from civil (Howard Hinnant), valid for years >= 1
+    yy = y - (mo <= 2).cast(pl.Int64)
+    era = yy // 400
+    yoe = yy - era * 400
+    mp = (mo + 9) % 12
+    doy = (153 * mp + 2) // 5 + d - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    days = era * 146097 + doe - 719468
+    ms = (
+        days * _MS_PER_DAY
+        + h * 3_600_000
+        + mi * 60_000
+        + s * 1000
+        + fr
+        - tz_sign * (tz_h.fill_null(0) * 60 + tz_m.fill_null(0)) * 60_000
+    )
+    return g.select(pl.when(valid).then(ms).alias("iso")).to_series()
+
+
+def py_classify(value: Any) -> tuple[int, int | None, float | None, str | None]:
+    """Classify one decoded JSON value (the slow path for ambiguous rows)."""
+    if value is None:
+        return MISSING, None, None, None
+    if isinstance(value, bool):
+        return BOOL, None, None, "true" if value else "false"
+    if isinstance(value, int):
+        if -(2**63) <= value < 2**63:
+            return INT, value, None, str(value)
+        return FLOAT, None, float(value), str(value)
+    if isinstance(value, float):
+        return FLOAT, None, value, json.dumps(value)
+    if isinstance(value, str):
+        return STRING, None, None, value
+    return OTHER, None, None, json.dumps(value, ensure_ascii=False)
+
+
+def _json_repr(j: int) -> pl.Expr:
+    """The value of field ``j`` as JSON text, for messages."""
+    k, t = pl.col(f"k{j}"), pl.col(f"t{j}")
+    return (
+        pl.when(k == STRING)
+        .then(json_str(t))
+        .when(k == INT)
+        .then(pl.coalesce(t, pl.col(f"i{j}").cast(pl.String)))
+        .when(k == FLOAT)
+        .then(pl.coalesce(t, pl.col(f"x{j}").cast(pl.String)))
+        .otherwise(t)
+    )
+
+
+class Typer:
+    """Classified records -> (events, bad records), for one plan.
+
+    The polars expressions are built once per plan (building them costs more
+    than running them on a small block).
+    """
+
+    def __init__(self, plan: FieldPlan, line_delta: int) -> None:
+        self.plan = plan
+        self.line_delta = line_delta
+        jk, jt = 0, 1
+        value_j = {name: 2 + n for n, name in enumerate(sorted(plan.fields))}
+        kk, kt, xt = pl.col(f"k{jk}"), pl.col(f"k{jt}"), pl.col(f"x{jt}")
+        time_expr: Any = pl.when(kt == INT).then(pl.col(f"i{jt}"))
+        time_expr = time_expr.when(
+            (kt == FLOAT) & (xt == xt.floor()) & (xt.abs() < _I64_LIMIT)
+        ).then(xt.cast(pl.Int64, strict=False))
+        self._time = time_expr.otherwise(None).alias(TIME)
+        self._time_iso = (
+            time_expr.when(kt == STRING).then(pl.col("__iso")).otherwise(None).alias(TIME)
+        )
+        bad_mask = (kk == MISSING) | pl.col(TIME).is_null()
+        for name in sorted(plan.fields):
+            if plan.fields[name] == "numeric":
+                bad_mask = bad_mask | (pl.col(f"k{value_j[name]}") >= STRING)
+        self._bad_mask = bad_mask
+        self._events: list[pl.Expr] = [
+            pl.col(OFFSET),
+            pl.col(f"t{jk}").alias(KEY),
+            (kk == INT).alias(KEY_IS_INT),
+            pl.col(TIME),
+        ]
+        self._json_fields: dict[int, tuple[int, pl.Expr]] = {}
+        for name in sorted(plan.fields):
+            j = value_j[name]
+            k = pl.col(f"k{j}")
+            self._events.append(pl.when(k == INT).then(pl.col(f"i{j}")).alias(int_col(name)))
+            self._events.append(pl.when(k == FLOAT).then(pl.col(f"x{j}")).alias(float_col(name)))
+            if plan.fields[name] == "any":
+                s_expr: Any = pl.when(k >= BOOL).then(pl.col(f"t{j}"))
+                plain = s_expr.otherwise(None).cast(pl.String).alias(json_col(name))
+                with_str = (
+                    s_expr.when(k == STRING)
+                    .then(json_str(pl.col(f"t{j}")))
+                    .otherwise(None)
+                    .cast(pl.String)
+                    .alias(json_col(name))
+                )
+                self._json_fields[len(self._events)] = (j, with_str)
+                self._events.append(plain)
+        self._events.append(pl.col(RAW))
+        reason: Any = (
+            pl.when(kk == MISSING)
+            .then(pl.lit(f"missing key field {plan.key!r}"))
+            .when(kt == MISSING)
+            .then(pl.lit(f"missing time field {plan.time!r}"))
+            .when(pl.col(TIME).is_null())
+            .then(
+                pl.concat_str(
+                    pl.lit(f"time field {plan.time!r} is not an integer or ISO-8601 string: "),
+                    _json_repr(jt),
+                )
+            )
+        )
+        for name in sorted(plan.fields):
+            if plan.fields[name] == "numeric":
+                j = value_j[name]
+                reason = reason.when(pl.col(f"k{j}") >= STRING).then(
+                    pl.concat_str(pl.lit(f"non-numeric value in field {name!r}: "), _json_repr(j))
+                )
+        self._bad = [
+            pl.col(OFFSET).alias("_offset"),
+            (pl.col(OFFSET) + line_delta).alias("_line"),
+            reason.otherwise(pl.lit("bad record")).alias("_reason"),
+            pl.col("__braw").alias("_raw"),
+        ]
+
+    def __call__(self, cls: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """Events and bad records of ``cls``, both in its order."""
+        if cls.height and (cls["k1"] == STRING).any():
+            cls = cls.with_columns(iso_ms(cls["t1"]).alias("__iso"))
+            cls = cls.with_columns(self._time_iso)
+        else:
+            cls = cls.with_columns(self._time)
+        bad_mask = cls.select(self._bad_mask).to_series()
+        if bad_mask.any():
+            good, bad_rows = cls.filter(~bad_mask), cls.filter(bad_mask)
+        else:
+            good, bad_rows = cls, None
+        exprs = list(self._events)
+        for at, (j, with_str) in self._json_fields.items():
+            if good.height and (good[f"k{j}"] == STRING).any():
+                exprs[at] = with_str
+        events = good.select(exprs)
+        if bad_rows is None:
+            return events, pl.DataFrame(schema=BAD_SCHEMA)
+        return events, bad_rows.select(self._bad).cast(BAD_SCHEMA)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------
+# Line-oriented files (JSONL, CSV): blocks of bytes, chunks, positions.
+# ---------------------------------------------------------------------------
+
+DEFAULT_BLOCK_BYTES = 8 << 20
+TAIL_BYTES = 4096
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def changed_error(name: str, position: PartitionPosition, what: str) -> SourceChangedError:
+    return SourceChangedError(
+        f"partition {name!r} changed since its checkpoint at offset {position.offset} "
+        f"(byte {position.byte_offset}): {what}; resuming would skip or repeat records - "
+        "replay from an earlier position into an isolated destination instead"
+    )
+
+
+@dataclass
+class ParsedBlock:
+    """A block of whole lines, parsed and typed; chunks are slices of it."""
+
+    events: pl.DataFrame
+    bad: pl.DataFrame
+    rec_off: I64Array
+    """Offsets of the records (good and bad), ascending."""
+    rec_end: I64Array
+    """Absolute byte position just after each record's line (its newline included)."""
+    end_line: int
+    """Offset of the first line after the block's consumable lines."""
+    end_byte: int
+    """Absolute byte position of that line (a trailing partial blank line is left)."""
+    newlines: int
+    """Newline bytes in the block (physical lines it completes)."""
+    buf: bytes
+    start_byte: int
+    prev_tail: bytes
+    cursor: int = 0
+    ev_off: I64Array = field(init=False)
+    bad_off: I64Array = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ev_off = self.events[OFFSET].to_numpy().astype(np.int64, copy=False)
+        self.bad_off = self.bad["_offset"].to_numpy().astype(np.int64, copy=False)
+
+    def tail_before(self, byte: int) -> bytes:
+        r = byte - self.start_byte
+        if r >= TAIL_BYTES:
+            return self.buf[r - TAIL_BYTES : r]
+        return (self.prev_tail + self.buf[:r])[-TAIL_BYTES:]
+
+
+def line_spans(a: npt.NDArray[np.uint8]) -> tuple[I64Array, I64Array, int, bool]:
+    """Line starts and stops (stop = after the newline) of a block, complete
+    line count, and whether a final line lacks its newline."""
+    nl = np.flatnonzero(a == 10).astype(np.int64)
+    starts = np.empty(len(nl) + 1, np.int64)
+    starts[0] = 0
+    starts[1:] = nl + 1
+    partial = len(a) > int(starts[-1])
+    if partial:
+        stops = np.append(nl + 1, np.int64(len(a)))
+    else:
+        starts = starts[:-1]
+        stops = nl + 1
+    return starts, stops, len(nl), partial
+
+
+def nonblank_mask(
+    a: npt.NDArray[np.uint8], starts: I64Array, stops: I64Array
+) -> npt.NDArray[np.bool_]:
+    """True for lines holding a byte other than space, tab, CR or LF."""
+    n = len(starts)
+    if n == 0:
+        return np.zeros(0, np.bool_)
+    has = stops > starts
+    first = np.zeros(n, np.uint8)
+    first[has] = a[starts[has]]
+    ws_first = (first == 32) | (first == 9) | (first == 13) | (first == 10)
+    out: npt.NDArray[np.bool_] = has & ~ws_first
+    cand = has & ws_first
+    if cand.any():
+        ws = (a == 32) | (a == 9) | (a == 13) | (a == 10)
+        cs = np.zeros(len(a) + 1, np.int64)
+        np.cumsum(~ws, out=cs[1:])
+        out[cand] = (cs[stops[cand]] - cs[starts[cand]]) > 0
+    return out
+
+
+def string_views(
+    buf: bytes, a: npt.NDArray[np.uint8], starts: I64Array, lens: I64Array
+) -> pl.Series:
+    """A String Series of ``buf[starts[i] : starts[i] + lens[i]]``, zero-copy.
+
+    Builds Arrow string-view structs with numpy (16 bytes each: length, then
+    the bytes inline when at most 12, else a 4-byte prefix, buffer 0, offset).
+    ``buf`` must be valid UTF-8.
+    """
+    n = len(starts)
+    v = np.zeros((n, 4), np.int32)
+    v[:, 0] = lens
+    if n:
+        # prefix (or inline bytes) from byte gathers; reading past a string's end
+        # is harmless for long strings and masked for short ones
+        last = len(a) - 1
+        prefix = np.zeros(n, np.uint32)
+        for b in range(4):
+            prefix |= a[np.minimum(starts + b, last)].astype(np.uint32) << np.uint32(8 * b)
+        v[:, 1] = prefix.view(np.int32)
+        v[:, 3] = starts
+        short = np.flatnonzero(lens <= 12)
+        if len(short):
+            pos = starts[short][:, None] + np.arange(12)
+            g = a[np.minimum(pos, last)]
+            g[np.arange(12)[None, :] >= lens[short][:, None]] = 0
+            v.view(np.uint8)[short, 4:16] = g
+    arr = pa.Array.from_buffers(pa.string_view(), n, [None, pa.py_buffer(v), pa.py_buffer(buf)])
+    # through the Arrow C interface: polars' pyarrow path would import pyarrow.compute
+    return pl.Series(_ArrowCapsule(arr))
+
+
+class _ArrowCapsule:
+    """Exposes only ``__arrow_c_array__`` of a pyarrow array."""
+
+    def __init__(self, arr: pa.Array) -> None:
+        self._arr = arr
+
+    def __arrow_c_array__(self, requested_schema: object | None = None) -> tuple[object, object]:
+        return self._arr.__arrow_c_array__(requested_schema)  # type: ignore[no-any-return]
+
+
+def first_bytes(s: pl.Series) -> npt.NDArray[np.uint8]:
+    """The first byte of each string of a String Series (0 for empty or null)."""
+    arr = s.rechunk().to_arrow(compat_level=pl.CompatLevel.newest())
+    if not pa.types.is_string_view(arr.type):
+        arr = arr.cast(pa.string_view())
+    views = np.frombuffer(arr.buffers()[1], np.uint8).reshape(-1, 16)[
+        arr.offset : arr.offset + len(arr)
+    ]
+    out = np.where(views[:, :4].view(np.int32)[:, 0] > 0, views[:, 4], 0).astype(np.uint8)
+    if arr.null_count:
+        out[np.asarray(arr.is_null(), dtype=np.bool_)] = 0
+    return out
+
+
+class LineFileReader:
+    """Reads a text file in blocks of whole lines and serves chunks of records.
+
+    Subclasses implement :meth:`_parse_block` (and may override :meth:`_cut`,
+    :meth:`_start`). Offsets count lines from the start of the file (from
+    ``position.offset`` when resuming); a chunk holds at most ``max_records``
+    records (blank lines between them do not count).
+    """
+
+    line_delta = 1
+
+    def __init__(
+        self,
+        name: str,
+        path: Path,
+        plan: FieldPlan,
+        position: PartitionPosition | None = None,
+        block_bytes: int = DEFAULT_BLOCK_BYTES,
+    ) -> None:
+        self.name = name
+        self._path = path
+        self._plan = plan
+        self._roles = roles(plan)
+        self._typer = Typer(plan, self.line_delta)
+        self._block_bytes = max(1, block_bytes)
+        try:
+            self._f = open(path, "rb")  # noqa: SIM115 - closed by close()
+            self._size = os.fstat(self._f.fileno()).st_size
+        except OSError as e:
+            raise SourceError(f"cannot read {str(path)!r}: {e.strerror or e}") from e
+        self._queue: deque[ParsedBlock] = deque()
+        self._last_block: ParsedBlock | None = None
+        self._finished = False
+        self._pending = b""
+        self._skip_partial = False
+        try:
+            self._head = self._pread(0, TAIL_BYTES)
+            line, byte = self._start(position)
+        except BaseException:
+            self._f.close()
+            raise
+        self._start_line, self._start_byte = line, byte
+        self._tail = self._pread(max(0, byte - TAIL_BYTES), min(TAIL_BYTES, byte))
+        self._start_tail = self._tail
+        self._raw_line, self._raw_byte, self._read_pos = line, byte, byte
+        self._consumed = byte
+        self._f.seek(byte)
+
+    # -- hooks -------------------------------------------------------------
+    def _start(self, position: PartitionPosition | None) -> tuple[int, int]:
+        """Verify ``position`` and return ``(line offset, byte)`` to read from."""
+        if position is None or (position.byte_offset == 0 and not position.identity):
+            return (position.offset if position else 0), 0
+        self.verify(position)
+        bo = position.byte_offset
+        if bo > 0 and self._pread(bo - 1, 1) != b"\n":
+            self._skip_partial = True  # the rest of that line belongs to a consumed record
+        return position.offset, bo
+
+    def _cut(self, data: bytes, prefix: bytes) -> int:
+        """Length of the longest prefix of ``data`` that ends a record (0 if none);
+        ``prefix`` (starting at a record boundary) comes right before ``data``."""
+        return data.rfind(b"\n") + 1
+
+    def _parse_block(
+        self, buf: bytes, start_byte: int, first_line: int, final: bool, prev_tail: bytes
+    ) -> ParsedBlock:
+        raise NotImplementedError
+
+    # -- identity ----------------------------------------------------------
+    def _pread(self, at: int, n: int) -> bytes:
+        if n <= 0:
+            return b""
+        try:
+            return os.pread(self._f.fileno(), n, at)
+        except OSError as e:
+            raise SourceError(f"cannot read {str(self._path)!r}: {e.strerror or e}") from e
+
+    def identity(self, byte: int, tail: bytes) -> dict[str, Any]:
+        return {
+            "prefix_bytes": byte,
+            "head_sha256": _sha(self._head[: min(TAIL_BYTES, byte)]),
+            "tail_sha256": _sha(tail),
+        }
+
+    def verify(self, position: PartitionPosition) -> None:
+        """Raise :class:`SourceChangedError` unless the consumed prefix is intact."""
+        bo = position.byte_offset
+        if bo > self._size:
+            raise changed_error(
+                self.name, position, f"the file is now {self._size} bytes, shorter than that"
+            )
+        if not position.identity:
+            return
+        tail = self._pread(max(0, bo - TAIL_BYTES), min(TAIL_BYTES, bo))
+        now = self.identity(bo, tail)
+        got = position.identity
+        if got.get("prefix_bytes") != bo:
+            raise changed_error(self.name, position, "the checkpoint's identity does not match it")
+        if got.get("head_sha256") != now["head_sha256"]:
+            raise changed_error(
+                self.name, position, "the file's first bytes differ (replaced or rotated)"
+            )
+        if got.get("tail_sha256") != now["tail_sha256"]:
+            raise changed_error(self.name, position, "the bytes before that position differ")
+
+    # -- reading -----------------------------------------------------------
+    def _next_raw(self) -> bool:
+        """Read and parse the next block into the queue; False at end of file."""
+        while True:
+            if self._read_pos >= self._size:
+                if not self._pending:
+                    return False
+                buf, self._pending = self._pending, b""
+                self._push(buf, final=True)
+                return True
+            want = max(self._block_bytes - len(self._pending), len(self._pending), 1)
+            want = min(want, self._size - self._read_pos)
+            try:
+                data = self._f.read(want)
+            except OSError as e:
+                raise SourceError(f"cannot read {str(self._path)!r}: {e.strerror or e}") from e
+            if not data:
+                self._size = self._read_pos  # the file shrank while reading: stop here
+                continue
+            self._read_pos += len(data)
+            if self._skip_partial:
+                nl = data.find(b"\n")
+                skipped = data if nl < 0 else data[: nl + 1]
+                data = b"" if nl < 0 else data[nl + 1 :]
+                self._skip_partial = nl < 0
+                self._raw_byte += len(skipped)
+                self._tail = (self._tail + skipped)[-TAIL_BYTES:]
+            if len(self._pending) + len(data) < self._block_bytes and self._read_pos < self._size:
+                self._pending += data
+                continue
+            cut = self._cut(data, self._pending)
+            if cut == 0:  # no record ends in this data: read on
+                self._pending += data
+                continue
+            buf = b"".join((self._pending, memoryview(data)[:cut]))
+            self._pending = data[cut:]
+            self._push(buf, final=False)
+            return True
+
+    def _push(self, buf: bytes, final: bool) -> None:
+        start, line, tail = self._raw_byte, self._raw_line, self._tail
+        blk = self._parse_block(buf, start, line, final, tail)
+        self._raw_byte += len(buf)
+        self._raw_line += blk.newlines
+        self._tail = buf[-TAIL_BYTES:] if len(buf) >= TAIL_BYTES else (tail + buf)[-TAIL_BYTES:]
+        self._last_block = blk
+        self._queue.append(blk)
+
+    def _front(self) -> ParsedBlock | None:
+        """The first block with records not yet served, reading on as needed."""
+        while True:
+            while self._queue and self._queue[0].cursor >= len(self._queue[0].rec_off):
+                self._queue.popleft()
+            if self._queue:
+                return self._queue[0]
+            if not self._next_raw():
+                return None
+
+    def _end_position(self) -> PartitionPosition:
+        blk = self._last_block
+        if blk is None:
+            byte, line, tail = self._start_byte, self._start_line, self._start_tail
+        else:
+            byte, line, tail = blk.end_byte, blk.end_line, blk.tail_before(blk.end_byte)
+        return PartitionPosition(line, byte, self.identity(byte, tail))
+
+    def next_chunk(self, max_records: int) -> Chunk | None:
+        if max_records < 1:
+            raise ValueError(f"max_records must be at least 1, got {max_records}")
+        if self._finished:
+            return None
+        blk = self._front()
+        if blk is None:
+            self._finished = True
+            pos = self._end_position()
+            self._consumed = pos.byte_offset
+            return Chunk(empty_events(self._plan), empty_bad(), None, pos, eof=True)
+        c = blk.cursor
+        k = min(max_records, len(blk.rec_off) - c)
+        lo, hi = int(blk.rec_off[c]), int(blk.rec_off[c + k - 1])
+        e0 = int(np.searchsorted(blk.ev_off, lo, side="left"))
+        e1 = int(np.searchsorted(blk.ev_off, hi, side="right"))
+        b0 = int(np.searchsorted(blk.bad_off, lo, side="left"))
+        b1 = int(np.searchsorted(blk.bad_off, hi, side="right"))
+        events = blk.events.slice(e0, e1 - e0)
+        bad = blk.bad.slice(b0, b1 - b0)
+        blk.cursor = c + k
+        end = int(blk.rec_end[c + k - 1])
+        pos = PartitionPosition(hi + 1, end, self.identity(end, blk.tail_before(end)))
+        eof = False
+        if blk.cursor >= len(blk.rec_off) and self._front() is None:
+            eof = True
+            self._finished = True
+            pos = self._end_position()
+        self._consumed = pos.byte_offset
+        return Chunk(events, bad, hi, pos, eof)
+
+    def size_hint(self) -> tuple[int, int] | None:
+        return self._consumed, self._size
+
+    def close(self) -> None:
+        self._f.close()

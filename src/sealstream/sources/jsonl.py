@@ -1,0 +1,468 @@
+"""JSON Lines partitions: one JSON object per line.
+
+The good path is columnar: a block of whole lines is decoded by
+``polars.read_ndjson`` with a schema holding only the fields the plan reads,
+newlines and blank lines are found with numpy, and ``__raw`` is built from the
+block's bytes without a per-line loop. Polars' decoder forgets the difference
+between ``2`` and ``2.0`` (Float64 columns) and between ``"12"`` and ``12``
+(String columns), so exactly the rows where that matters are checked against
+the token as written (a regex on ``__raw``); rows the regex cannot settle (the
+field name appears more than once in the line) are decoded with ``json``.
+
+A block that polars cannot decode (invalid JSON, a line that is not an object,
+invalid UTF-8) is split into groups of lines; groups that still fail are
+checked line by line with ``json.loads`` to find the bad lines, and the rest
+is decoded columnar again. Duplicate names in one object: polars keeps the
+first occurrence.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from ._base import OFFSET, RAW, FieldPlan, PartitionPosition
+from ._parse import (
+    BOOL,
+    DEFAULT_BLOCK_BYTES,
+    FLOAT,
+    INT,
+    INT_RE,
+    MISSING,
+    OTHER,
+    STRING,
+    I64Array,
+    LineFileReader,
+    ParsedBlock,
+    bad_frame,
+    cls_schema,
+    empty_bad,
+    empty_events,
+    first_bytes,
+    line_spans,
+    nonblank_mask,
+    py_classify,
+    string_views,
+)
+
+_GROUP_LINES = 1024
+_TOKEN = r'"|-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|true|false|null|\{|\['
+_NUMLIKE = r"^-?[0-9]+(?:\.[0-9]+)?$"
+_WS = "[ \t\r\n]*"
+_AMBIGUOUS_FIRST = np.frombuffer(b"-0123456789tf{[", np.uint8)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+@functools.lru_cache(maxsize=256)
+def _token_expr(name: str) -> pl.Expr:
+    key = '"' + pl.escape_regex(json.dumps(name, ensure_ascii=False)[1:-1]) + '"' + _WS + ":"
+    r = pl.col("r")
+    return pl.when(r.str.count_matches(key) == 1).then(r.str.extract(f"{key}{_WS}({_TOKEN})", 1))
+
+
+def _tokens(raw: pl.Series, name: str) -> pl.Series:
+    """The first character(s) of field ``name``'s token in each raw line: ``"``
+    for a string, the number as written, ``true``..., ``{`` or ``[``; null
+    where the name does not occur exactly once."""
+    return pl.DataFrame({"r": raw}).select(_token_expr(name)).to_series()
+
+
+_TK = pl.col("tok")
+_TOK_FIRST = [
+    pl.when(_TK.str.contains(INT_RE)).then(_TK.cast(pl.Int64, strict=False)).alias("ai"),
+    _TK.str.head(1).alias("c"),
+]
+_TOK_KIND = (
+    pl.when(pl.col("c") == '"')
+    .then(STRING)
+    .when(pl.col("c").is_in(["t", "f"]))
+    .then(BOOL)
+    .when(pl.col("c").is_in(["{", "["]))
+    .then(OTHER)
+    .when(pl.col("c").is_in(list("-0123456789")) & pl.col("ai").is_not_null())
+    .then(INT)
+    .when(pl.col("c").is_in(list("-0123456789")))
+    .then(FLOAT)
+    .otherwise(None)  # no token, or "null" where polars saw a value: json settles it
+    .cast(pl.Int8)
+    .alias("k")
+)
+_K = pl.col("k")
+_TOK_OUT = [
+    _K,
+    pl.when(_K == INT).then(pl.col("ai")).alias("i"),
+    pl.when(_K == FLOAT).then(_TK.cast(pl.Float64, strict=False)).alias("x"),
+    pl.when(_K == INT)
+    .then(pl.col("ai").cast(pl.String))
+    .when(_K == FLOAT)
+    .then(_TK)
+    .otherwise(pl.col("v"))
+    .alias("t"),
+]
+_SUB_SCHEMA: dict[str, pl.DataType] = {
+    "k": pl.Int8(),
+    "i": pl.Int64(),
+    "x": pl.Float64(),
+    "t": pl.String(),
+}
+_V = pl.col("v")
+_AMBIGUOUS = (
+    _V.str.contains(_NUMLIKE)
+    | _V.is_in(["true", "false"])
+    | _V.str.starts_with("{")
+    | _V.str.starts_with("[")
+)
+
+
+def _classify_tokens(values: pl.Series, tok: pl.Series) -> pl.DataFrame:
+    """Classify rows from their raw token (and polars' decoded text ``values``,
+    a String column, all null when the column is numeric)."""
+    df = pl.DataFrame({"v": values.cast(pl.String), "tok": tok})
+    return df.with_columns(_TOK_FIRST).with_columns(_TOK_KIND).select(_TOK_OUT)
+
+
+Cols = dict[str, "pl.Series | None"]
+
+
+def _classify_column(v: pl.Series, raw: pl.Series, name: str, need_text: bool) -> Cols:
+    """The k/i/x/t columns of one decoded column (None: all null)."""
+    n = v.len()
+    nulls = v.is_null().to_numpy() if v.null_count() else np.zeros(n, np.bool_)
+    if v.dtype == pl.Int64:
+        return {
+            "k": pl.Series(np.where(nulls, MISSING, INT).astype(np.int8)),
+            "i": v,
+            "x": None,
+            "t": v.cast(pl.String) if need_text else None,
+        }
+    if v.dtype == pl.Float64:
+        xs = v.to_numpy()
+        k = np.where(nulls, MISSING, FLOAT).astype(np.int8)
+        with np.errstate(invalid="ignore"):
+            check = ~nulls if need_text else ~nulls & (np.floor(xs) == xs)
+        rows = np.flatnonzero(check)
+        cols: Cols = {"i": None, "x": v, "t": None}
+        values = pl.Series(dtype=pl.String).extend_constant(None, len(rows))
+    else:
+        v = v.cast(pl.String)
+        k = np.where(nulls, MISSING, STRING).astype(np.int8)
+        cols = {"i": None, "x": None, "t": v}
+        # polars writes numbers as digits, booleans as true/false, objects as {...}
+        cand = np.flatnonzero(np.isin(first_bytes(v), _AMBIGUOUS_FIRST))
+        values = v.gather(pl.Series(cand, dtype=pl.UInt32))
+        ambiguous = pl.DataFrame({"v": values}).select(_AMBIGUOUS).to_series()
+        rows = cand[ambiguous.to_numpy()]
+        values = values.filter(ambiguous)
+    if len(rows) == 0:
+        cols["k"] = pl.Series(k)
+        return cols
+    sel = pl.Series(rows, dtype=pl.UInt32)
+    sub = _classify_tokens(values, _tokens(raw.gather(sel), name))
+    unsettled = sub["k"].is_null().arg_true()
+    if unsettled.len():
+        lines = raw.gather(sel.gather(unsettled)).to_list()
+        recs = pl.DataFrame(
+            [py_classify(json.loads(line).get(name)) for line in lines],
+            schema=_SUB_SCHEMA,
+            orient="row",
+        )
+        sub = sub.with_columns(sub[c].scatter(unsettled, recs[c]) for c in ("k", "i", "x", "t"))
+    k[rows] = sub["k"].to_numpy()
+    cols["k"] = pl.Series(k)
+    for c, dtype in (("i", pl.Int64), ("x", pl.Float64), ("t", pl.String)):
+        if sub[c].null_count() == len(rows):
+            continue
+        full = cols[c]
+        if full is None:
+            full = pl.Series(dtype=dtype).extend_constant(None, n)
+        elif c == "x":
+            full = full.clone()
+        cols[c] = full.scatter(sel, sub[c])
+    return cols
+
+
+class JsonlReader(LineFileReader):
+    """A JSONL file as a partition. See the module docstring."""
+
+    line_delta = 1
+
+    def __init__(
+        self,
+        name: str,
+        path: Path,
+        plan: FieldPlan,
+        position: PartitionPosition | None = None,
+        block_bytes: int = DEFAULT_BLOCK_BYTES,
+    ) -> None:
+        self._dtypes: dict[str, pl.DataType] | None = None
+        super().__init__(name, path, plan, position, block_bytes)
+        self._schema = cls_schema(len(self._roles))
+
+    # -- decoding ------------------------------------------------------------
+    def _guess(self, lines: list[bytes]) -> dict[str, pl.DataType]:
+        kinds: dict[str, set[int]] = {name: set() for name in self._roles}
+        for line in lines[:50]:
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                for name in kinds:
+                    kinds[name].add(py_classify(obj.get(name))[0])
+        return {name: self._dtype_for(name, ks) for name, ks in kinds.items()}
+
+    def _dtype_for(self, name: str, kinds: set[int]) -> pl.DataType:
+        kinds = kinds - {MISSING}
+        if not kinds:
+            if name == self._plan.key:
+                return pl.String()
+            if name == self._plan.time:
+                return pl.Int64()
+            return pl.Float64()
+        if kinds <= {INT}:
+            return pl.Int64()
+        if kinds <= {INT, FLOAT}:
+            return pl.Float64()
+        return pl.String()
+
+    def _decode(self, buf: bytes) -> tuple[pl.DataFrame, bool] | None:
+        """Decode whole lines; ``(frame, relearn)`` or None when polars fails."""
+        assert self._dtypes is not None
+        try:
+            return pl.read_ndjson(buf, schema=self._dtypes), False
+        except Exception as e:  # polars raises ComputeError, or a panic
+            if "cannot parse" not in str(e):
+                return None
+        except BaseException as e:  # pyo3 PanicException derives from BaseException
+            if type(e).__name__ != "PanicException":
+                raise
+            return None
+        try:
+            return pl.read_ndjson(buf, schema=dict.fromkeys(self._dtypes, pl.String())), True
+        except BaseException as e:
+            if isinstance(e, Exception) or type(e).__name__ == "PanicException":
+                return None
+            raise
+
+    def _classify(
+        self, df: pl.DataFrame, raw: pl.Series, off: I64Array, relearn: bool
+    ) -> pl.DataFrame:
+        """Decoded fields -> the classified columns of ``_parse`` (per role)."""
+        cols: dict[str, pl.Series] = {
+            OFFSET: pl.Series(OFFSET, off, dtype=pl.Int64),
+            RAW: raw.rename(RAW),
+            "__braw": raw.rename("__braw"),
+        }
+        all_null: list[pl.Expr] = []
+        learned: dict[str, set[int]] = {}
+        for j, name in enumerate(self._roles):
+            c = _classify_column(df[name], raw, name, need_text=j == 0)
+            for part in "kixt":
+                series = c.get(part)
+                if series is None:
+                    all_null.append(
+                        pl.lit(None, dtype=self._schema[f"{part}{j}"]).alias(f"{part}{j}")
+                    )
+                else:
+                    cols[f"{part}{j}"] = series.rename(f"{part}{j}")
+            if relearn:
+                learned.setdefault(name, set()).update(cols[f"k{j}"].unique().to_list())
+        if self._dtypes is not None:
+            for name, kinds in learned.items():
+                if kinds - {MISSING}:
+                    self._dtypes[name] = self._dtype_for(name, kinds)
+        return pl.DataFrame(cols).with_columns(all_null).select(self._schema.keys())
+
+    # -- blocks --------------------------------------------------------------
+    def _parse_block(
+        self, buf: bytes, start_byte: int, first_line: int, final: bool, prev_tail: bytes
+    ) -> ParsedBlock:
+        a = np.frombuffer(buf, np.uint8)
+        starts, stops, n_complete, partial = line_spans(a)
+        nonblank = nonblank_mask(a, starts, stops)
+        rec_idx = np.flatnonzero(nonblank).astype(np.int64)
+        rec_off = first_line + rec_idx
+        rec_end = start_byte + stops[rec_idx]
+        if partial and nonblank[-1]:
+            end_line, end_byte = first_line + len(starts), start_byte + len(buf)
+        else:
+            end_line = first_line + n_complete
+            end_byte = start_byte + (int(stops[n_complete - 1]) if n_complete else 0)
+        if len(rec_idx) == 0:
+            events, bad = empty_events(self._plan), empty_bad()
+        else:
+            events, bad = self._type_block(buf, a, starts, stops, rec_idx, rec_off)
+        return ParsedBlock(
+            events,
+            bad,
+            rec_off,
+            rec_end,
+            end_line,
+            end_byte,
+            n_complete,
+            buf,
+            start_byte,
+            prev_tail,
+        )
+
+    def _type_block(
+        self,
+        buf: bytes,
+        a: np.ndarray[Any, np.dtype[np.uint8]],
+        starts: I64Array,
+        stops: I64Array,
+        rec_idx: I64Array,
+        rec_off: I64Array,
+    ) -> tuple[pl.DataFrame, pl.DataFrame]:
+        if self._dtypes is None:
+            self._dtypes = self._guess([buf[starts[r] : stops[r]] for r in rec_idx[:50]])
+        utf8_ok = True
+        if a.max() >= 0x80:
+            try:
+                buf.decode("utf-8")
+            except UnicodeDecodeError:
+                utf8_ok = False
+        if utf8_ok:
+            lens = stops[rec_idx] - starts[rec_idx]
+            lens -= a[stops[rec_idx] - 1] == 10
+            lens -= (lens > 0) & (a[np.maximum(starts[rec_idx] + lens - 1, 0)] == 13)
+            raw = string_views(buf, a, starts[rec_idx], lens)
+            decoded = self._decode(buf)
+            if decoded is not None and decoded[0].height == len(rec_idx):
+                cls = self._classify(decoded[0], raw, rec_off, decoded[1])
+                return self._typer(cls)
+        else:
+            raw = pl.Series(
+                [_strip_eol(buf[starts[r] : stops[r]]).decode("utf-8", "replace") for r in rec_idx],
+                dtype=pl.String,
+            )
+        return self._slow_block(buf, starts, stops, rec_idx, rec_off, raw, utf8_ok)
+
+    def _slow_block(
+        self,
+        buf: bytes,
+        starts: I64Array,
+        stops: I64Array,
+        rec_idx: I64Array,
+        rec_off: I64Array,
+        raw: pl.Series,
+        utf8_ok: bool,
+    ) -> tuple[pl.DataFrame, pl.DataFrame]:
+        parts: list[pl.DataFrame] = []
+        bad_off: list[int] = []
+        bad_reason: list[str] = []
+        bad_raw: list[str] = []
+        n = len(rec_idx)
+        for g0 in range(0, n, _GROUP_LINES):
+            g1 = min(n, g0 + _GROUP_LINES)
+            if utf8_ok:
+                span = buf[starts[rec_idx[g0]] : stops[rec_idx[g1 - 1]]]
+                decoded = self._decode(span)
+                if decoded is not None and decoded[0].height == g1 - g0:
+                    parts.append(
+                        self._classify(
+                            decoded[0], raw.slice(g0, g1 - g0), rec_off[g0:g1], decoded[1]
+                        )
+                    )
+                    continue
+            good: list[int] = []
+            for r in range(g0, g1):
+                line = _strip_eol(buf[starts[rec_idx[r]] : stops[rec_idx[r]]])
+                reason = _line_problem(line)
+                if reason is None:
+                    good.append(r)
+                else:
+                    bad_off.append(int(rec_off[r]))
+                    bad_reason.append(reason)
+                    bad_raw.append(line.decode("utf-8", "replace"))
+            if good:
+                parts.extend(
+                    self._decode_lines(
+                        buf,
+                        starts,
+                        stops,
+                        rec_idx,
+                        rec_off,
+                        raw,
+                        good,
+                        bad_off,
+                        bad_reason,
+                        bad_raw,
+                    )
+                )
+        if parts:
+            cls = pl.concat(parts, how="vertical_relaxed").sort(OFFSET)
+        else:
+            cls = pl.DataFrame(schema=self._schema)
+        events, bad = self._typer(cls)
+        if bad_off:
+            lines = [o + self.line_delta for o in bad_off]
+            bad = pl.concat([bad, bad_frame(bad_off, lines, bad_reason, bad_raw)]).sort("_offset")
+        return events, bad
+
+    def _decode_lines(
+        self,
+        buf: bytes,
+        starts: I64Array,
+        stops: I64Array,
+        rec_idx: I64Array,
+        rec_off: I64Array,
+        raw: pl.Series,
+        rows: list[int],
+        bad_off: list[int],
+        bad_reason: list[str],
+        bad_raw: list[str],
+    ) -> list[pl.DataFrame]:
+        """Decode lines that ``json`` accepts; lines polars still refuses are bad."""
+        joined = b"\n".join(_strip_eol(buf[starts[rec_idx[r]] : stops[rec_idx[r]]]) for r in rows)
+        decoded = self._decode(joined)
+        sel = pl.Series(rows, dtype=pl.Int64)
+        if decoded is not None and decoded[0].height == len(rows):
+            return [self._classify(decoded[0], raw.gather(sel), rec_off[rows], decoded[1])]
+        if len(rows) == 1:
+            r = rows[0]
+            bad_off.append(int(rec_off[r]))
+            bad_reason.append("record cannot be decoded as a JSON object")
+            bad_raw.append(raw[r])
+            return []
+        mid = len(rows) // 2
+        return self._decode_lines(
+            buf, starts, stops, rec_idx, rec_off, raw, rows[:mid], bad_off, bad_reason, bad_raw
+        ) + self._decode_lines(
+            buf, starts, stops, rec_idx, rec_off, raw, rows[mid:], bad_off, bad_reason, bad_raw
+        )
+
+
+def _line_problem(line: bytes) -> str | None:
+    """Why one line is not a JSON object, or None when it is one."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"invalid UTF-8 at byte {e.start + 1} of the line"
+    try:
+        obj = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as e:
+        return f"invalid JSON: {e.msg} at column {e.colno}"
+    except (ValueError, RecursionError) as e:
+        return f"invalid JSON: {e}"
+    if not isinstance(obj, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+            type(obj), "a number"
+        )
+        return f"record is not a JSON object (it is {kind})"
+    return None
+
+
+def _strip_eol(line: bytes) -> bytes:
+    """A line without its newline and one carriage return before it."""
+    if line.endswith(b"\n"):
+        line = line[:-1]
+    return line[:-1] if line.endswith(b"\r") else line

@@ -1,0 +1,246 @@
+"""Parquet partitions: one record per row.
+
+Rows are read in batches with ``pyarrow.parquet.ParquetFile.iter_batches``
+(resuming starts at the row group holding the position and skips the rows
+before it). Offsets and ``byte_offset`` are row indices; ``_line`` is the
+1-based row. Values are typed by column type: integer columns are integers
+(a key from one has ``__kint`` True), float and decimal columns floats,
+string columns strings (a time from one must be ISO-8601), booleans and
+nested values "other"; a time column may also be a timestamp or date (converted
+to ms since the epoch; naive timestamps are taken as UTC). ``__raw`` is the row
+encoded as JSON. The file must have the key and time columns (else
+:class:`SourceError`); a value column it lacks is null in every row.
+
+The identity of a position is the file's size and a hash of its footer
+(metadata): a Parquet file is rewritten, not appended to, so any change
+invalidates a checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import SourceError
+from ._base import OFFSET, RAW, Chunk, FieldPlan, PartitionPosition
+from ._parse import (
+    BOOL,
+    FLOAT,
+    INT,
+    MISSING,
+    OTHER,
+    STRING,
+    I64Array,
+    Typer,
+    changed_error,
+    cls_schema,
+    empty_bad,
+    empty_events,
+    json_str,
+    roles,
+)
+
+DEFAULT_BATCH_ROWS = 65_536
+
+
+def _classify(col: pl.Expr, dtype: pl.DataType, is_time: bool) -> tuple[pl.Expr, ...]:
+    """(k, i, x, t) expressions for one column of the given type."""
+    null_i, null_x = pl.lit(None, dtype=pl.Int64), pl.lit(None, dtype=pl.Float64)
+    null_t = pl.lit(None, dtype=pl.String)
+    present = col.is_not_null()
+    if dtype == pl.Null:
+        return pl.lit(MISSING, dtype=pl.Int8), null_i, null_x, null_t
+    if dtype.is_integer():
+        i = col.cast(pl.Int64, strict=False)
+        k = pl.when(~present).then(MISSING).when(i.is_not_null()).then(INT).otherwise(FLOAT)
+        return k, i, col.cast(pl.Float64), col.cast(pl.String)
+    if dtype.is_float() or dtype.is_decimal():
+        x = col.cast(pl.Float64)
+        return pl.when(present).then(FLOAT).otherwise(MISSING), null_i, x, x.cast(pl.String)
+    if is_time and dtype.is_temporal() and isinstance(dtype, (pl.Datetime, pl.Date)):
+        i = col.dt.epoch("ms")
+        return pl.when(present).then(INT).otherwise(MISSING), i, null_x, i.cast(pl.String)
+    if dtype == pl.String or isinstance(dtype, (pl.Categorical, pl.Enum)) or dtype.is_temporal():
+        t = col.cast(pl.String)
+        return pl.when(present).then(STRING).otherwise(MISSING), null_i, null_x, t
+    if dtype == pl.Boolean:
+        t = pl.when(col).then(pl.lit("true")).otherwise(pl.lit("false"))
+        return pl.when(present).then(BOOL).otherwise(MISSING), null_i, null_x, t
+    if dtype == pl.Binary:
+        t = json_str(col.bin.encode("hex"))
+    else:
+        t = (
+            pl.struct(col.alias("v"))
+            .struct.json_encode()
+            .str.strip_prefix('{"v":')
+            .str.strip_suffix("}")
+        )
+    return pl.when(present).then(OTHER).otherwise(MISSING), null_i, null_x, t
+
+
+def _row_json(frame: pl.DataFrame) -> pl.Expr:
+    cols = [
+        pl.col(name).bin.encode("hex") if dtype == pl.Binary else pl.col(name)
+        for name, dtype in frame.schema.items()
+    ]
+    return pl.struct(cols).struct.json_encode()
+
+
+class ParquetReader:
+    """A Parquet file as a partition. See the module docstring."""
+
+    def __init__(
+        self,
+        name: str,
+        path: Path,
+        plan: FieldPlan,
+        position: PartitionPosition | None = None,
+        batch_rows: int = DEFAULT_BATCH_ROWS,
+    ) -> None:
+        self.name = name
+        self._path = path
+        self._plan = plan
+        self._roles = roles(plan)
+        self._typer = Typer(plan, 1)
+        try:
+            self._size = os.path.getsize(path)
+            self._file = pq.ParquetFile(path)
+            footer = self._footer()
+        except OSError as e:
+            raise SourceError(f"cannot read {str(path)!r}: {e.strerror or e}") from e
+        except (pa.ArrowException, ValueError) as e:
+            raise SourceError(f"cannot read {str(path)!r} as Parquet: {e}") from e
+        self._identity = {"file_size": self._size, "footer_sha256": footer}
+        self._rows = self._file.metadata.num_rows
+        try:
+            start = self._check(position)
+        except BaseException:
+            self._file.close()
+            raise
+        self._next_row = start
+        self._consumed = start
+        self._batch_rows = max(1, batch_rows)
+        self._batches = self._iter_from(start)
+        self._events = empty_events(plan)
+        self._bad = empty_bad()
+        self._ev_off: I64Array = np.zeros(0, np.int64)
+        self._bad_off: I64Array = np.zeros(0, np.int64)
+        self._buffered_end = start  # rows [self._next_row, self._buffered_end) are typed
+        self._finished = False
+
+    def _check(self, position: PartitionPosition | None) -> int:
+        """Check the columns and ``position``; the row to start from."""
+        columns = set(self._file.schema_arrow.names)
+        for role, column in (("key", self._plan.key), ("time", self._plan.time)):
+            if column not in columns:
+                raise SourceError(
+                    f"Parquet file {str(self._path)!r} has no {role} column {column!r}"
+                )
+        if position is None or not (position.byte_offset or position.identity):
+            return 0
+        if position.identity and position.identity != self._identity:
+            raise changed_error(self.name, position, "the file was rewritten or replaced")
+        if position.byte_offset > self._rows:
+            raise changed_error(self.name, position, f"the file now has only {self._rows} rows")
+        return position.byte_offset
+
+    def _footer(self) -> str:
+        with open(self._path, "rb") as f:
+            f.seek(max(0, self._size - 8))
+            tail = f.read(8)
+            n = int.from_bytes(tail[:4], "little") if len(tail) == 8 else 0
+            f.seek(max(0, self._size - 8 - n))
+            return hashlib.sha256(f.read(n + 8)).hexdigest()
+
+    def _iter_from(self, row: int) -> Iterator[tuple[int, pa.RecordBatch]]:
+        md = self._file.metadata
+        first, group_start = 0, 0
+        while first < md.num_row_groups and group_start + md.row_group(first).num_rows <= row:
+            group_start += md.row_group(first).num_rows
+            first += 1
+        at = group_start
+        groups = list(range(first, md.num_row_groups))
+        if not groups:
+            return
+        try:
+            for batch in self._file.iter_batches(batch_size=self._batch_rows, row_groups=groups):
+                skip = min(max(0, row - at), batch.num_rows)
+                if skip < batch.num_rows:
+                    yield at + skip, batch.slice(skip)
+                at += batch.num_rows
+        except (OSError, pa.ArrowException) as e:
+            raise SourceError(f"cannot read {str(self._path)!r}: {e}") from e
+
+    def _type(self, first_row: int, batch: pa.RecordBatch) -> None:
+        frame = pl.from_arrow(batch)
+        assert isinstance(frame, pl.DataFrame)
+        exprs: list[pl.Expr] = [
+            pl.int_range(first_row, first_row + frame.height, dtype=pl.Int64).alias(OFFSET),
+            _row_json(frame).alias(RAW),
+        ]
+        for j, field in enumerate(self._roles):
+            if field in frame.columns:
+                k, i, x, t = _classify(pl.col(field), frame.schema[field], is_time=j == 1)
+            else:
+                k, i, x, t = _classify(pl.lit(None), pl.Null(), is_time=j == 1)
+            exprs += [
+                k.cast(pl.Int8).alias(f"k{j}"),
+                i.cast(pl.Int64).alias(f"i{j}"),
+                x.cast(pl.Float64).alias(f"x{j}"),
+                t.cast(pl.String).alias(f"t{j}"),
+            ]
+        cls = (
+            frame.select(exprs)
+            if frame.height
+            else pl.DataFrame(schema=cls_schema(len(self._roles)))
+        )
+        cls = cls.with_columns(pl.col(RAW).alias("__braw"))
+        self._events, self._bad = self._typer(cls)
+        self._ev_off = self._events[OFFSET].to_numpy().astype(np.int64, copy=False)
+        self._bad_off = self._bad["_offset"].to_numpy().astype(np.int64, copy=False)
+        self._next_row = first_row
+        self._buffered_end = first_row + frame.height
+
+    def next_chunk(self, max_records: int) -> Chunk | None:
+        if max_records < 1:
+            raise ValueError(f"max_records must be at least 1, got {max_records}")
+        if self._finished:
+            return None
+        if self._next_row >= self._buffered_end:
+            item = next(self._batches, None)
+            if item is None:
+                self._finished = True
+                pos = PartitionPosition(self._next_row, self._next_row, dict(self._identity))
+                return Chunk(empty_events(self._plan), empty_bad(), None, pos, eof=True)
+            self._type(*item)
+        lo = self._next_row
+        hi = min(self._buffered_end, lo + max_records) - 1
+        e0, e1 = np.searchsorted(self._ev_off, [lo, hi + 1])
+        b0, b1 = np.searchsorted(self._bad_off, [lo, hi + 1])
+        events = self._events.slice(int(e0), int(e1 - e0))
+        bad = self._bad.slice(int(b0), int(b1 - b0))
+        self._next_row = hi + 1
+        self._consumed = hi + 1
+        eof = hi + 1 >= self._rows
+        self._finished = eof
+        pos = PartitionPosition(hi + 1, hi + 1, dict(self._identity))
+        return Chunk(events, bad, hi, pos, eof)
+
+    def size_hint(self) -> tuple[int, int] | None:
+        if self._rows == 0:
+            return self._size, self._size
+        return int(self._size * self._consumed / self._rows), self._size
+
+    def close(self) -> None:
+        self._file.close()
+
+    def identity(self) -> dict[str, Any]:
+        return dict(self._identity)

@@ -16,6 +16,8 @@ demo: $(STAMP)
 	$(PY) -m sealstream.demo
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -W error -q -p no:cacheprovider
 
 bench: $(STAMP)

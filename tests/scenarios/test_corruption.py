@@ -11,8 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from sealstream.checkpoint import manifest as mf
 from _story import (
     assert_same_output,
     committed,
@@ -21,6 +19,8 @@ from _story import (
     run,
     write_spec,
 )
+
+from sealstream.checkpoint import manifest as mf
 
 PARTIAL = "PARTIAL_CHECKPOINT_REJECT"
 INCONSISTENT = "INCONSISTENT_STATE"
@@ -150,10 +150,10 @@ def test_watermark_and_positions_never_regress_across_restarts(tmp_path: Path) -
     docs = [json.loads((cp / "MANIFEST.json").read_text())
             for cp in sorted((tmp_path / "ckpt").glob("cp-*"))]
     assert len(docs) > 5
-    for a, b in zip(docs, docs[1:]):
+    for a, b in zip(docs, docs[1:], strict=False):
         assert b["parent"] == a["id"]
         assert b["watermark"]["global_ms"] >= a["watermark"]["global_ms"]
-        for pa, pb in zip(a["positions"], b["positions"]):
+        for pa, pb in zip(a["positions"], b["positions"], strict=True):
             assert pb["next_offset"] >= pa["next_offset"]
 
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from sealstream._runtime.crash import POINTS
 from _story import (
     assert_same_output,
     committed,
@@ -16,6 +14,8 @@ from _story import (
     run,
     write_spec,
 )
+
+from sealstream._runtime.crash import POINTS
 
 STORY = {"errors": True, "bad_every": 97}
 

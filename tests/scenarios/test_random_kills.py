@@ -7,7 +7,6 @@ import random
 from pathlib import Path
 
 import pytest
-
 from _story import (
     assert_same_output,
     make_input,

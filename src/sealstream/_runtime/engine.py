@@ -50,6 +50,9 @@ from typing import Any
 
 import polars as pl
 
+from sealstream import sources
+from sealstream._runtime.crash import CrashPoints
+from sealstream._runtime.merge import Batch, PartitionMerger, SourcePosition
 from sealstream.checkpoint import guard
 from sealstream.checkpoint.manifest import (
     FORMAT_VERSION,
@@ -64,14 +67,11 @@ from sealstream.errors import BadRecordError, NoValidCheckpointError
 from sealstream.pipeline import Pipeline
 from sealstream.sinks import open_sink
 from sealstream.sinks._base import JSON_LINE, Sink
-from sealstream import sources
-from sealstream.sources._base import KEY, KEY_IS_INT, OFFSET, PARTITION, RAW
+from sealstream.sources._base import OFFSET, PARTITION, RAW
 from sealstream.state.codec import WATERMARK_META, decode_table, encode_table, sha256_hex
 from sealstream.watermark import POS_INF, WatermarkState, assign_watermarks
 from sealstream.windows.aggregates import SEQ
 from sealstream.windows.operator import WindowOperator
-from sealstream._runtime.crash import CrashPoints
-from sealstream._runtime.merge import Batch, PartitionMerger, SourcePosition
 
 ROLES = ("results", "late", "errors")
 
@@ -266,7 +266,9 @@ class Job:
             self.operator = WindowOperator(self.p)
             positions = [SourcePosition.start() for _ in self.partitions]
             self.parent: int | None = None
-            self.receipts_total = {"results": 0, "late": 0, "errors": 0, "digest": ""}
+            self.receipts_total: dict[str, Any] = {
+                "results": 0, "late": 0, "errors": 0, "digest": ""
+            }
         else:
             cid, doc = resume
             positions = self._restore(store, cid, doc)
@@ -376,7 +378,10 @@ class Job:
                 continue
             due = batch.finished or (
                 (cfg.every_events is not None and since_events >= cfg.every_events)
-                or (cfg.every_ms is not None and (time.monotonic() - last_ck) * 1000 >= cfg.every_ms)
+                or (
+                    cfg.every_ms is not None
+                    and (time.monotonic() - last_ck) * 1000 >= cfg.every_ms
+                )
             )
             if due and dirty:
                 self._checkpoint(checkpoint)
@@ -496,9 +501,9 @@ class Job:
                 [pl.col("key"), pl.col("__kint").cast(pl.String), pl.col("window_start")
                  .cast(pl.String), pl.col("window_end").cast(pl.String)], separator="|"
             )
-            end = frame["window_end"].max()
+            end = int(frame.select(pl.col("window_end").max()).item())
             prev = rec.get("max_window_end")
-            rec["max_window_end"] = end if prev is None else max(prev, end)  # type: ignore[type-var]
+            rec["max_window_end"] = end if prev is None else max(prev, end)
         else:
             ids = pl.concat_str([pl.col("_partition"), pl.col("_offset").cast(pl.String)],
                                 separator="|")

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from sealstream.checkpoint.guard import Evidence, FileFact
-from sealstream.checkpoint.manifest import MANIFEST_NAME, RECEIPTS_NAME, STATE_NAME
+from sealstream.checkpoint.manifest import MANIFEST_NAME, RECEIPTS_NAME
 from sealstream.errors import CheckpointError, LockHeldError
 from sealstream.sinks._files import fsync_dir, fsync_file, os_reason
 from sealstream.state.codec import WATERMARK_META, read_metadata

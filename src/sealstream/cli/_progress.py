@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 from rich.console import Console
-from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, TaskID, TextColumn, TimeRemainingColumn
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
@@ -37,7 +37,7 @@ class Progress:
     def __init__(self, tty: bool) -> None:
         self.tty = tty
         self.bar: RichProgress | None = None
-        self.task = None
+        self.task: TaskID | None = None
         self.last_ck = 0
         self.last_draw = 0.0
 
@@ -63,7 +63,9 @@ class Progress:
         self.last_draw = now
         if self.bar is None:
             self.bar = RichProgress(
-                TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                TextColumn("{task.fields[info]}"),
                 TimeRemainingColumn(), console=Console(stderr=True), transient=True,
             )
             self.bar.start()

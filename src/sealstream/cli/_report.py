@@ -31,7 +31,11 @@ def list_checkpoints(store: LocalCheckpointStore) -> dict[str, Any]:
     out = []
     for cid in store.ids():
         doc = store.read_manifest(cid)
-        entry: dict[str, Any] = {"id": cid, "files": store.files_of(cid), "complete": doc is not None}
+        entry: dict[str, Any] = {
+            "id": cid,
+            "files": store.files_of(cid),
+            "complete": doc is not None,
+        }
         if doc is not None:
             entry.update(
                 parent=doc.get("parent"),

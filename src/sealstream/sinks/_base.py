@@ -87,5 +87,5 @@ class Sink(ABC):
     def read_ids(self, files: list[CommittedFile]) -> pl.DataFrame:
         """The identity columns (see :func:`id_columns`) of the rows in ``files``."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release resources; staged data stays for ``recover``."""

@@ -98,6 +98,7 @@ class CsvReader(LineFileReader):
         block_bytes: int = DEFAULT_BLOCK_BYTES,
     ) -> None:
         self._header: list[str] = []
+        self._cls_exprs: list[pl.Expr] | None = None
         super().__init__(name, path, plan, position, block_bytes)
 
     # -- header and start ----------------------------------------------------
@@ -301,6 +302,13 @@ class CsvReader(LineFileReader):
 
     def _classify(self, frame: pl.DataFrame, names: list[str]) -> pl.DataFrame:
         """Text columns -> the k/i/x/t columns of ``_parse`` (per role)."""
+        if frame.height == 0:
+            return pl.DataFrame(schema=cls_schema(len(self._roles)))
+        if self._cls_exprs is None:
+            self._cls_exprs = self._classify_exprs(names)
+        return frame.select(self._cls_exprs)
+
+    def _classify_exprs(self, names: list[str]) -> list[pl.Expr]:
         header_names = _unique(self._header)
         raw = pl.struct(
             [pl.col(c).fill_null("").alias(h) for c, h in zip(names, header_names, strict=True)]
@@ -348,6 +356,4 @@ class CsvReader(LineFileReader):
                 x.alias(f"x{j}"),
                 text.alias(f"t{j}"),
             ]
-        if frame.height == 0:
-            return pl.DataFrame(schema=cls_schema(len(self._roles)))
-        return frame.select(exprs)
+        return exprs

@@ -199,7 +199,7 @@ class WindowOperator:
         if bad_groups.height:
             slow = rows.join(bad_groups.select("__g"), on="__g", how="semi")
             fast = rows.join(bad_groups.select("__g"), on="__g", how="anti")
-            base = int(rows["__g"].max() or 0) + 1
+            base = int(rows.select(pl.col("__g").max()).item() or 0) + 1
             rows = pl.concat([fast, _sequential_sessions(slow, gap, lat, base)], how="vertical")
 
         ev_lab = rows.filter(~pl.col("__st")).select("__row", LABEL, "__late")
@@ -292,6 +292,6 @@ def _sequential_sessions(rows: pl.DataFrame, gap: int, lat: int, base: int) -> p
         late.append(False)
     resolved = [find(x) if x >= 0 else -1 for x in labels]
     return rows.with_columns(
-        pl.Series(LABEL, resolved, dtype=pl.Int64),  # type: ignore[arg-type]
+        pl.Series(LABEL, resolved, dtype=pl.Int64),
         pl.Series("__late", late, dtype=pl.Boolean),
     )

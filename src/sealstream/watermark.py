@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from sealstream.sources._base import OFFSET, PARTITION, TIME
@@ -99,39 +100,72 @@ def assign_watermarks(
 ) -> pl.DataFrame:
     """Add column ``__w`` (global watermark before each event) and advance ``state``.
 
-    ``events`` must be sorted by (``__off``, ``__p``). ``batch_end`` is the
-    read-order position ``(offset, partition)`` of the last record (good or
-    bad) covered by this batch; partitions whose last record is at or before
-    it are exhausted afterwards. ``state.last_offset`` must already hold the
-    last offsets of partitions whose reader reached the end.
+    ``events`` holds the events grouped by partition, in partition order, each
+    partition's events in offset order (not interleaved).
+    ``batch_end`` is the read-order position ``(offset, partition)`` of the
+    last record (good or bad) covered by this batch; partitions whose last
+    record is at or before it are exhausted afterwards. ``state.last_offset``
+    must already hold the last offsets of partitions whose reader reached the
+    end.
+
+    For event ``e`` of partition ``p`` at offset ``o`` and each partition
+    ``q``, the events of q before e in read order are those with offset
+    ``< o`` (``<= o`` when ``q < p``); their running maximum is found with a
+    binary search over q's offsets, so no interleaved sort is needed.
     """
     n_parts = len(state.max_time)
     delay = state.max_delay_ms
-    per_partition: list[pl.Expr] = []
-    for q in range(n_parts):
-        if state.exhausted[q]:
-            per_partition.append(pl.lit(POS_INF, dtype=pl.Int64))
-            continue
-        mine = pl.col(PARTITION) == q
-        running = pl.when(mine).then(pl.col(TIME)).otherwise(None).cum_max().forward_fill()
-        before = running.shift(1)
-        prev = state.max_time[q]
-        if prev is not None:
-            before = pl.max_horizontal(before, pl.lit(prev, dtype=pl.Int64))
-        wq = (before - delay).fill_null(NEG_INF).clip(NEG_INF, POS_INF)
-        lo = state.last_offset[q]
-        if lo is not None:
-            after_last = (pl.col(OFFSET) > lo) | ((pl.col(OFFSET) == lo) & (pl.col(PARTITION) > q))
-            wq = pl.when(after_last).then(pl.lit(POS_INF, dtype=pl.Int64)).otherwise(wq)
-        per_partition.append(wq)
-    if per_partition:
-        glob = pl.max_horizontal(pl.min_horizontal(per_partition), pl.lit(state.global_ms))
+    n = events.height
+    if n == 0:
+        out = events.with_columns(pl.lit(None, dtype=pl.Int64).alias(WATERMARK))
     else:
-        glob = pl.lit(POS_INF, dtype=pl.Int64)
-    out = events.with_columns(glob.cast(pl.Int64).alias(WATERMARK))
+        part = events[PARTITION].to_numpy()
+        if part.size > 1 and bool((part[1:] < part[:-1]).any()):
+            raise ValueError("events must be grouped by partition, in partition order")
+        off = events[OFFSET].to_numpy()
+        times = events[TIME].to_numpy()
+        bounds = np.searchsorted(part, np.arange(n_parts + 1), side="left")
+        base_off = int(off.min())
+        span = int(off.max()) - base_off + 1
+        rel = off - base_off
+        w = np.full(n, POS_INF, dtype=np.int64)
+        for q in range(n_parts):
+            if state.exhausted[q]:
+                continue
+            qs, qe = bounds[q], bounds[q + 1]
+            prev = state.max_time[q]
+            running = np.maximum.accumulate(times[qs:qe]) if qe > qs else times[qs:qe]
+            if prev is not None and running.size:
+                np.maximum(running, prev, out=running)
+            base = NEG_INF if prev is None else clamp(prev - delay)
+            # upto[k] = number of q's events with offset <= base_off + k - 1 (upto[0] = 0)
+            marks = np.zeros(span + 1, dtype=np.int64)
+            marks[rel[qs:qe] + 1] = 1
+            upto = np.cumsum(marks)
+            # W_q as seen by the events of each partition p, slice by slice
+            for p in range(n_parts):
+                ps, pe = bounds[p], bounds[p + 1]
+                if pe == ps:
+                    continue
+                if p == q:
+                    idx = np.arange(pe - ps)  # own earlier events only
+                else:
+                    # q's events before e: offset <= o when q < p, offset < o otherwise
+                    idx = upto[rel[ps:pe] + (1 if q < p else 0)]
+                wq = np.full(pe - ps, base, dtype=np.int64)
+                has = idx > 0
+                if running.size and has.any():
+                    wq[has] = np.clip(running[idx[has] - 1] - delay, NEG_INF, POS_INF)
+                lo = state.last_offset[q]
+                if lo is not None:
+                    o = off[ps:pe]
+                    wq[(o > lo) | ((o == lo) & (p > q))] = POS_INF
+                np.minimum(w[ps:pe], wq, out=w[ps:pe])
+        np.maximum(w, state.global_ms, out=w)
+        out = events.with_columns(pl.Series(WATERMARK, w, dtype=pl.Int64))
 
     # advance the state past this batch
-    if events.height:
+    if n:
         maxes = events.group_by(PARTITION).agg(pl.col(TIME).max()).rows()
         for q, mt in maxes:
             cur = state.max_time[q]

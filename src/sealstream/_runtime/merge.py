@@ -61,7 +61,9 @@ class SourcePosition:
 class Batch:
     """A prefix of the remaining read order.
 
-    ``events`` are sorted by (``__off``, ``__p``); ``bad`` holds bad records with
+    ``events`` hold each partition's events in offset order, partition after
+    partition (the read order is ``(__off, __p)``; :mod:`sealstream.watermark`
+    works from that without an interleaving sort); ``bad`` holds bad records with
     ``_p`` (partition index) and the bad-record columns. ``end`` is the last
     read-order position covered, ``positions`` where each partition resumes
     after this batch.
@@ -153,7 +155,7 @@ class PartitionMerger:
         schema = dict(self.schema)
         schema[PARTITION] = pl.Int32()
         events = (
-            pl.concat(ev_parts, how="vertical").sort([OFFSET, PARTITION])
+            pl.concat(ev_parts, how="vertical", rechunk=False)
             if ev_parts
             else pl.DataFrame(schema=schema)
         )

@@ -141,10 +141,9 @@ class CsvReader(LineFileReader):
         header_end, header_newlines = self._read_header()
         if position is None or (position.byte_offset == 0 and not position.identity):
             return header_newlines - 1, header_end
-        self.verify(position)
-        if position.byte_offset < header_end:
-            raise changed_error(self.name, position, "that position lies inside the header")
         line, byte = super()._start(position)
+        if byte < header_end:
+            raise changed_error(self.name, position, "that position lies inside the header")
         return line, byte
 
     def _cut(self, data: bytes, prefix: bytes) -> int:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,19 @@ _GROUP_LINES = 1024
 _TOKEN = r'"|-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|true|false|null|\{|\['
 _NUMLIKE = r"^-?[0-9]+(?:\.[0-9]+)?$"
 _WS = "[ \t\r\n]*"
+# polars raises ComputeError & co; a Rust panic surfaces as PanicException (a BaseException)
+_POLARS_ERRORS = (Exception, pl.exceptions.PanicException)
 _AMBIGUOUS_FIRST = np.frombuffer(b"-0123456789tf{[", np.uint8)
+
+
+_EXECUTOR: ThreadPoolExecutor | None = None
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _EXECUTOR
+    if _EXECUTOR is None:
+        _EXECUTOR = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sealstream-jsonl")
+    return _EXECUTOR
 
 
 def _reject_constant(name: str) -> Any:
@@ -209,7 +222,7 @@ class JsonlReader(LineFileReader):
     # -- decoding ------------------------------------------------------------
     def _guess(self, lines: list[bytes]) -> dict[str, pl.DataType]:
         kinds: dict[str, set[int]] = {name: set() for name in self._roles}
-        for line in lines[:50]:
+        for line in lines:
             try:
                 obj = json.loads(line)
             except ValueError:
@@ -234,23 +247,24 @@ class JsonlReader(LineFileReader):
         return pl.String()
 
     def _decode(self, buf: bytes) -> tuple[pl.DataFrame, bool] | None:
-        """Decode whole lines; ``(frame, relearn)`` or None when polars fails."""
+        """Decode whole lines with the learned types; ``(frame, relearn)``, or
+        None when polars refuses the lines (invalid JSON, not an object...).
+
+        A value that does not fit its learned type makes polars fail with
+        "cannot parse ...": the lines are then decoded with every field as
+        String (always exact after :func:`_classify_column`) and the types are
+        learned again from what they hold.
+        """
         assert self._dtypes is not None
         try:
             return pl.read_ndjson(buf, schema=self._dtypes), False
-        except Exception as e:  # polars raises ComputeError, or a panic
-            if "cannot parse" not in str(e):
+        except _POLARS_ERRORS as e:
+            if "cannot parse" not in str(e) or all(d == pl.String for d in self._dtypes.values()):
                 return None
-        except BaseException as e:  # pyo3 PanicException derives from BaseException
-            if type(e).__name__ != "PanicException":
-                raise
-            return None
         try:
             return pl.read_ndjson(buf, schema=dict.fromkeys(self._dtypes, pl.String())), True
-        except BaseException as e:
-            if isinstance(e, Exception) or type(e).__name__ == "PanicException":
-                return None
-            raise
+        except _POLARS_ERRORS:
+            return None
 
     def _classify(
         self, df: pl.DataFrame, raw: pl.Series, off: I64Array, relearn: bool
@@ -285,6 +299,10 @@ class JsonlReader(LineFileReader):
     def _parse_block(
         self, buf: bytes, start_byte: int, first_line: int, final: bool, prev_tail: bytes
     ) -> ParsedBlock:
+        if self._dtypes is None:
+            self._dtypes = self._guess(buf[: 1 << 16].split(b"\n")[:100])
+        # polars decodes in the background (it releases the GIL) while numpy finds the lines
+        decoding = _executor().submit(self._decode, buf)
         a = np.frombuffer(buf, np.uint8)
         starts, stops, n_complete, partial = line_spans(a)
         nonblank = nonblank_mask(a, starts, stops)
@@ -297,9 +315,10 @@ class JsonlReader(LineFileReader):
             end_line = first_line + n_complete
             end_byte = start_byte + (int(stops[n_complete - 1]) if n_complete else 0)
         if len(rec_idx) == 0:
+            decoding.result()
             events, bad = empty_events(self._plan), empty_bad()
         else:
-            events, bad = self._type_block(buf, a, starts, stops, rec_idx, rec_off)
+            events, bad = self._type_block(buf, a, starts, stops, rec_idx, rec_off, decoding)
         return ParsedBlock(
             events,
             bad,
@@ -321,9 +340,8 @@ class JsonlReader(LineFileReader):
         stops: I64Array,
         rec_idx: I64Array,
         rec_off: I64Array,
+        decoding: Future[tuple[pl.DataFrame, bool] | None],
     ) -> tuple[pl.DataFrame, pl.DataFrame]:
-        if self._dtypes is None:
-            self._dtypes = self._guess([buf[starts[r] : stops[r]] for r in rec_idx[:50]])
         utf8_ok = True
         if a.max() >= 0x80:
             try:
@@ -331,15 +349,20 @@ class JsonlReader(LineFileReader):
             except UnicodeDecodeError:
                 utf8_ok = False
         if utf8_ok:
-            lens = stops[rec_idx] - starts[rec_idx]
-            lens -= a[stops[rec_idx] - 1] == 10
-            lens -= (lens > 0) & (a[np.maximum(starts[rec_idx] + lens - 1, 0)] == 13)
-            raw = string_views(buf, a, starts[rec_idx], lens)
-            decoded = self._decode(buf)
+            if len(rec_idx) == len(starts):  # no blank line: spare the gathers
+                rec_starts, rec_stops = starts, stops
+            else:
+                rec_starts, rec_stops = starts[rec_idx], stops[rec_idx]
+            lens = rec_stops - rec_starts
+            lens -= a[rec_stops - 1] == 10
+            lens -= (lens > 0) & (a[np.maximum(rec_starts + lens - 1, 0)] == 13)
+            raw = string_views(buf, a, rec_starts, lens)
+            decoded = decoding.result()
             if decoded is not None and decoded[0].height == len(rec_idx):
                 cls = self._classify(decoded[0], raw, rec_off, decoded[1])
                 return self._typer(cls)
         else:
+            decoding.result()
             raw = pl.Series(
                 [_strip_eol(buf[starts[r] : stops[r]]).decode("utf-8", "replace") for r in rec_idx],
                 dtype=pl.String,

@@ -1,4 +1,4 @@
-"""Columnar typing shared by the file sources.
+"""Columnar typing, and block reading for text files, shared by the file sources.
 
 Every source first *classifies* each needed field of each record into four
 columns (``j`` is the field's role index in :func:`roles`: 0 key, 1 time,
@@ -111,9 +111,11 @@ def json_str(expr: pl.Expr) -> pl.Expr:
 def iso_ms(text: pl.Series) -> pl.Series:
     """ISO-8601 date-times -> Int64 ms since the epoch; null where not ISO-8601.
 
-    ``YYYY-MM-DD`` optionally followed by ``T``/space and ``HH:MM[:SS[.frac]]``
-    and ``Z`` or ``+HH:MM``/``+HHMM``/``+HH``; no offset means UTC; the fraction
-    is truncated to ms. Month/day/hour/minute/second ranges are validated.
+    ``YYYY-MM-DD`` optionally followed by ``T`` (or ``t``, or a space) and
+    ``HH:MM[:SS[.frac]]`` (``,`` also separates the fraction) and ``Z`` (``z``)
+    or ``+HH:MM``/``+HHMM``/``+HH``; no offset means UTC; the fraction is
+    truncated to ms; a date alone is midnight UTC. Years 0001-9999; month, day
+    (leap years included), hour, minute, second and offset ranges are checked.
     """
     g = text.str.extract_groups(ISO_RE).struct.unnest()
     c = pl.col

@@ -9,11 +9,21 @@ between ``2`` and ``2.0`` (Float64 columns) and between ``"12"`` and ``12``
 the token as written (a regex on ``__raw``); rows the regex cannot settle (the
 field name appears more than once in the line) are decoded with ``json``.
 
+Each field is decoded as Int64, Float64 or String, learned from the first
+lines and widened when a block holds a value that does not fit (that block is
+then decoded as String); results never depend on that choice. Polars decodes a
+block in a background thread while numpy scans its lines.
+
 A block that polars cannot decode (invalid JSON, a line that is not an object,
 invalid UTF-8) is split into groups of lines; groups that still fail are
 checked line by line with ``json.loads`` to find the bad lines, and the rest
-is decoded columnar again. Duplicate names in one object: polars keeps the
-first occurrence.
+is decoded columnar again.
+
+Known limits: an object that repeats a name may count either occurrence; the
+JSON text of objects/arrays in ``__s:`` columns (and of an object used as a
+key) is polars' re-serialisation (``{"a": 1}``), not the text as written;
+integers outside the Int64 range are treated as floats; only space, tab and
+CR make a line blank (other whitespace makes it invalid JSON).
 """
 
 from __future__ import annotations

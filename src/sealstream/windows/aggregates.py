@@ -79,6 +79,13 @@ class Accumulators:
         """True when first/last need events sorted by (time, sequence)."""
         return any(a.func in ("first", "last") for a in self.aggregates)
 
+    def input_columns(self) -> list[str]:
+        """The event columns the partial aggregations read."""
+        cols: list[str] = []
+        for f in sorted({a.field for a in self.aggregates if a.field}):
+            cols += self._value_cols(f)
+        return cols
+
     def schema(self) -> dict[str, pl.DataType]:
         s: dict[str, pl.DataType] = {COUNT: pl.Int64()}
         for f in self._fields("sum", "mean"):

@@ -99,32 +99,36 @@ class WindowOperator:
         w = self.window
         lat = self.lateness
         t = pl.col(TIME)
+        needed = [KEY, KEY_IS_INT, TIME, SEQ, WATERMARK, *self.acc.input_columns()]
+        slide = w.size_ms if isinstance(w, Tumbling) else w.slide_ms
+        base = (t // slide) * slide
+        # an event is late when even its newest window is closed
+        late_event = (base + w.size_ms + lat) <= pl.col(WATERMARK)
+        late = events.filter(late_event)
+        live = events.lazy().select(needed).filter(~late_event).with_columns(base.alias("__base"))
         if isinstance(w, Tumbling):
-            start = (t // w.size_ms) * w.size_ms
-            pairs = events.with_columns(start.alias(WSTART), (start + w.size_ms).alias(WEND))
-            is_late = (pl.col(WEND) + lat) <= pl.col(WATERMARK)
-            late = pairs.filter(is_late).drop([WSTART, WEND])
-            pairs = pairs.filter(~is_late)
+            pairs = live.rename({"__base": WSTART})
         else:
             assert isinstance(w, Sliding)
-            base = (t // w.slide_ms) * w.slide_ms
-            newest_end = base + w.size_ms
-            late_event = (newest_end + lat) <= pl.col(WATERMARK)
-            late = events.filter(late_event)
-            live = events.filter(~late_event).with_columns(base.alias("__base"))
             copies = -(-w.size_ms // w.slide_ms)
             frames = []
             for k in range(copies):
                 s = pl.col("__base") - k * w.slide_ms
                 frames.append(
-                    live.with_columns(s.alias(WSTART), (s + w.size_ms).alias(WEND)).filter(
-                        (pl.col(WEND) > t) & ((pl.col(WEND) + lat) > pl.col(WATERMARK))
+                    live.with_columns(s.alias(WSTART)).filter(
+                        ((pl.col(WSTART) + w.size_ms) > t)
+                        & ((pl.col(WSTART) + (w.size_ms + lat)) > pl.col(WATERMARK))
                     )
                 )
             pairs = pl.concat(frames, how="vertical").drop("__base")
         if self.acc.needs_order():
             pairs = pairs.sort([TIME, SEQ])
-        partial = pairs.group_by(GROUP).agg(self.acc.partial())
+        partial = (
+            pairs.group_by([KEY, KEY_IS_INT, WSTART])
+            .agg(self.acc.partial())
+            .with_columns((pl.col(WSTART) + w.size_ms).alias(WEND))
+            .collect()
+        )
         self._merge(partial, GROUP)
         return late
 

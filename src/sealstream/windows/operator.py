@@ -97,6 +97,7 @@ class WindowOperator:
         if not events.height:
             return events
         w = self.window
+        assert isinstance(w, Tumbling | Sliding)
         lat = self.lateness
         t = pl.col(TIME)
         needed = [KEY, KEY_IS_INT, TIME, SEQ, WATERMARK, *self.acc.input_columns()]

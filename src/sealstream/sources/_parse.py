@@ -442,6 +442,14 @@ def first_bytes(s: pl.Series) -> npt.NDArray[np.uint8]:
     return out
 
 
+@dataclass
+class _RawBlock:
+    buf: bytes
+    start: int
+    final: bool
+    prev_tail: bytes
+
+
 class LineFileReader:
     """Reads a text file in blocks of whole lines and serves chunks of records.
 
@@ -473,6 +481,8 @@ class LineFileReader:
         except OSError as e:
             raise SourceError(f"cannot read {str(path)!r}: {e.strerror or e}") from e
         self._queue: deque[ParsedBlock] = deque()
+        self._ahead: deque[tuple[_RawBlock, Any]] = deque()
+        self._raw_done = False
         self._last_block: ParsedBlock | None = None
         self._finished = False
         self._pending = b""
@@ -506,8 +516,19 @@ class LineFileReader:
         ``prefix`` (starting at a record boundary) comes right before ``data``."""
         return data.rfind(b"\n") + 1
 
+    def _prepare(self, buf: bytes) -> Any:
+        """Start work on a block as soon as it is cut (before earlier blocks are
+        parsed); the result is passed to :meth:`_parse_block`."""
+        return None
+
     def _parse_block(
-        self, buf: bytes, start_byte: int, first_line: int, final: bool, prev_tail: bytes
+        self,
+        buf: bytes,
+        start_byte: int,
+        first_line: int,
+        final: bool,
+        prev_tail: bytes,
+        prepared: Any,
     ) -> ParsedBlock:
         raise NotImplementedError
 
@@ -550,14 +571,36 @@ class LineFileReader:
 
     # -- reading -----------------------------------------------------------
     def _next_raw(self) -> bool:
-        """Read and parse the next block into the queue; False at end of file."""
+        """Parse the next block into the queue; False at end of file.
+
+        One block is cut ahead and handed to :meth:`_prepare` (JSONL starts
+        decoding it in the background) while the current one is parsed.
+        """
+        while len(self._ahead) < 2 and not self._raw_done:
+            raw = self._cut_block()
+            if raw is None:
+                self._raw_done = True
+            else:
+                self._ahead.append((raw, self._prepare(raw.buf)))
+        if not self._ahead:
+            return False
+        raw, prepared = self._ahead.popleft()
+        blk = self._parse_block(
+            raw.buf, raw.start, self._raw_line, raw.final, raw.prev_tail, prepared
+        )
+        self._raw_line += blk.newlines
+        self._last_block = blk
+        self._queue.append(blk)
+        return True
+
+    def _cut_block(self) -> _RawBlock | None:
+        """Read on to the next block of whole records, or None at end of file."""
         while True:
             if self._read_pos >= self._size:
                 if not self._pending:
-                    return False
+                    return None
                 buf, self._pending = self._pending, b""
-                self._push(buf, final=True)
-                return True
+                return self._raw(buf, final=True)
             want = max(self._block_bytes - len(self._pending), len(self._pending), 1)
             want = min(want, self._size - self._read_pos)
             try:
@@ -584,17 +627,14 @@ class LineFileReader:
                 continue
             buf = b"".join((self._pending, memoryview(data)[:cut]))
             self._pending = data[cut:]
-            self._push(buf, final=False)
-            return True
+            return self._raw(buf, final=False)
 
-    def _push(self, buf: bytes, final: bool) -> None:
-        start, line, tail = self._raw_byte, self._raw_line, self._tail
-        blk = self._parse_block(buf, start, line, final, tail)
+    def _raw(self, buf: bytes, final: bool) -> _RawBlock:
+        raw = _RawBlock(buf, self._raw_byte, final, self._tail)
         self._raw_byte += len(buf)
-        self._raw_line += blk.newlines
+        tail = self._tail
         self._tail = buf[-TAIL_BYTES:] if len(buf) >= TAIL_BYTES else (tail + buf)[-TAIL_BYTES:]
-        self._last_block = blk
-        self._queue.append(blk)
+        return raw
 
     def _front(self) -> ParsedBlock | None:
         """The first block with records not yet served, reading on as needed."""

@@ -152,7 +152,13 @@ class CsvReader(LineFileReader):
 
     # -- blocks --------------------------------------------------------------
     def _parse_block(
-        self, buf: bytes, start_byte: int, first_line: int, final: bool, prev_tail: bytes
+        self,
+        buf: bytes,
+        start_byte: int,
+        first_line: int,
+        final: bool,
+        prev_tail: bytes,
+        prepared: Any,
     ) -> ParsedBlock:
         a = np.frombuffer(buf, np.uint8)
         nl, term = _terminators(a)

@@ -256,7 +256,9 @@ class JsonlReader(LineFileReader):
             return pl.Float64()
         return pl.String()
 
-    def _decode(self, buf: bytes) -> tuple[pl.DataFrame, bool] | None:
+    def _decode(
+        self, buf: bytes, dtypes: dict[str, pl.DataType] | None = None
+    ) -> tuple[pl.DataFrame, bool] | None:
         """Decode whole lines with the learned types; ``(frame, relearn)``, or
         None when polars refuses the lines (invalid JSON, not an object...).
 
@@ -265,14 +267,16 @@ class JsonlReader(LineFileReader):
         String (always exact after :func:`_classify_column`) and the types are
         learned again from what they hold.
         """
-        assert self._dtypes is not None
+        if dtypes is None:
+            assert self._dtypes is not None
+            dtypes = dict(self._dtypes)
         try:
-            return pl.read_ndjson(buf, schema=self._dtypes), False
+            return pl.read_ndjson(buf, schema=dtypes), False
         except _POLARS_ERRORS as e:
-            if "cannot parse" not in str(e) or all(d == pl.String for d in self._dtypes.values()):
+            if "cannot parse" not in str(e) or all(d == pl.String for d in dtypes.values()):
                 return None
         try:
-            return pl.read_ndjson(buf, schema=dict.fromkeys(self._dtypes, pl.String())), True
+            return pl.read_ndjson(buf, schema=dict.fromkeys(dtypes, pl.String())), True
         except _POLARS_ERRORS:
             return None
 
@@ -306,13 +310,23 @@ class JsonlReader(LineFileReader):
         return pl.DataFrame(cols).with_columns(all_null).select(self._schema.keys())
 
     # -- blocks --------------------------------------------------------------
-    def _parse_block(
-        self, buf: bytes, start_byte: int, first_line: int, final: bool, prev_tail: bytes
-    ) -> ParsedBlock:
+    def _prepare(self, buf: bytes) -> Future[tuple[pl.DataFrame, bool] | None]:
+        # polars decodes in the background (it releases the GIL) while the
+        # blocks before this one are typed and numpy finds this one's lines
         if self._dtypes is None:
             self._dtypes = self._guess(buf[: 1 << 16].split(b"\n")[:100])
-        # polars decodes in the background (it releases the GIL) while numpy finds the lines
-        decoding = _executor().submit(self._decode, buf)
+        return _executor().submit(self._decode, buf, dict(self._dtypes))
+
+    def _parse_block(
+        self,
+        buf: bytes,
+        start_byte: int,
+        first_line: int,
+        final: bool,
+        prev_tail: bytes,
+        prepared: Any,
+    ) -> ParsedBlock:
+        decoding: Future[tuple[pl.DataFrame, bool] | None] = prepared
         a = np.frombuffer(buf, np.uint8)
         starts, stops, n_complete, partial = line_spans(a)
         nonblank = nonblank_mask(a, starts, stops)

@@ -21,6 +21,9 @@ WATERMARK_META = b"sealstream.watermark"
 
 def encode_table(frame: pl.DataFrame, metadata: dict[str, Any] | None = None) -> bytes:
     """Serialise a frame to compressed Arrow IPC, with JSON metadata values."""
+    wide = [c for c, t in frame.schema.items() if t == pl.Int128]
+    if wide:  # Arrow IPC has no 128-bit integer: store exact decimals
+        frame = frame.with_columns(pl.col(wide).cast(pl.Decimal(38, 0)))
     table = frame.to_arrow()
     if metadata:
         meta = {k.encode(): json.dumps(v, sort_keys=True).encode() for k, v in metadata.items()}

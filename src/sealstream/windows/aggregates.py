@@ -89,7 +89,7 @@ class Accumulators:
     def schema(self) -> dict[str, pl.DataType]:
         s: dict[str, pl.DataType] = {COUNT: pl.Int64()}
         for f in self._fields("sum", "mean"):
-            s[f"#si:{f}"] = pl.Int64()
+            s[f"#si:{f}"] = pl.Int128()  # exact: int64 values can sum past int64
             s[f"#sf:{f}"] = pl.Float64()
             s[f"#ni:{f}"] = pl.Int64()
             s[f"#nf:{f}"] = pl.Int64()
@@ -125,7 +125,7 @@ class Accumulators:
         for f in self._fields("sum", "mean"):
             i, fl = pl.col(int_col(f)), pl.col(float_col(f))
             out += [
-                i.sum().cast(pl.Int64).alias(f"#si:{f}"),
+                i.cast(pl.Int128).sum().alias(f"#si:{f}"),
                 fl.sum().cast(pl.Float64).alias(f"#sf:{f}"),
                 i.count().cast(pl.Int64).alias(f"#ni:{f}"),
                 fl.count().cast(pl.Int64).alias(f"#nf:{f}"),
@@ -277,5 +277,11 @@ class Accumulators:
                 .otherwise(None)
             )
         else:
-            value = pl.when(is_int).then(vi).otherwise(None).cast(pl.Int64)
+            ints = pl.when(is_int).then(vi).otherwise(None)
+            in_range = fired.select(
+                ints.is_between(-(2**63), 2**63 - 1).or_(ints.is_null()).all()
+            ).item() if fired.height else True
+            # an exact integer beyond int64 stays exact in the JSON line; the typed
+            # column (for columnar sinks) falls back to Float64
+            value = ints.cast(pl.Int64) if in_range else ints.cast(pl.Float64)
         return value, frag

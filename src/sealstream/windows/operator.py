@@ -63,10 +63,12 @@ class WindowOperator:
         }
         if state is None:
             state = pl.DataFrame(schema=self.schema)
-        elif dict(state.schema) != self.schema:
-            raise ValueError(
-                f"window state columns {list(state.schema)} do not match {list(self.schema)}"
-            )
+        else:
+            if list(state.schema) != list(self.schema):
+                raise ValueError(
+                    f"window state columns {list(state.schema)} do not match {list(self.schema)}"
+                )
+            state = state.cast(self.schema)  # type: ignore[arg-type]  # Decimal -> Int128
         self.state = state
 
     def snapshot(self) -> pl.DataFrame:

@@ -1,0 +1,695 @@
+"""Read-only views of checkpoints: what ``sealstream checkpoints inspect|diff|export|prune``
+compute. Nothing here writes to the checkpoint directory.
+
+Every function takes a :class:`~sealstream.checkpoint.store.LocalCheckpointStore`
+and reads through it. Verdicts come from the guard (:func:`guard.judge`) with the
+parent manifest read from the store, exactly like ``checkpoints verify``.
+
+Bytes are parsed only after they were checked against the SHA-256 the manifest
+records for them (the guard's rule): an inspection of a corrupt checkpoint
+reports what the manifest says and which files do not match, but never decodes
+a file whose hash differs. Decoding parses JSON and Arrow only.
+
+* :func:`inspect_checkpoint` — one checkpoint, as much as can be read, plus its verdict;
+  never raises on a partial or corrupt checkpoint.
+* :func:`diff_checkpoints` — what advanced from checkpoint A to B (raises
+  :class:`~sealstream.errors.CheckpointError` when a state file cannot be verified).
+* :func:`open_windows_table` — the open window state with each aggregate's current
+  partial value, as the result rows would show it if the windows fired now.
+* :func:`plan_prune` — which checkpoints a ``prune --keep N`` keeps, deletes and moves
+  aside (applied by ``sealstream.cli._prune``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any
+
+import polars as pl
+
+from sealstream.checkpoint import guard
+from sealstream.checkpoint.manifest import (
+    ALG_HMAC,
+    ALG_PLAIN,
+    MANIFEST_NAME,
+    checkpoint_key,
+    signature_ok,
+)
+from sealstream.checkpoint.store import PREFIX, LocalCheckpointStore, checkpoint_dirname
+from sealstream.errors import CheckpointError, SpecError
+from sealstream.pipeline import NUMERIC_FUNCTIONS, Aggregate, parse_aggregate
+from sealstream.sources._base import KEY, KEY_IS_INT, FieldKind, FieldPlan
+from sealstream.state.codec import decode_table, sha256_hex
+from sealstream.watermark import NEG_INF, POS_INF
+from sealstream.windows.aggregates import WEND, WSTART, Accumulators
+
+__all__ = [
+    "PrunePlan",
+    "diff_checkpoints",
+    "inspect_checkpoint",
+    "judge_checkpoint",
+    "open_windows_table",
+    "plan_prune",
+    "resolve_id",
+    "wm_json",
+    "wm_iso",
+]
+
+WINDOW_ID = [KEY, KEY_IS_INT, WSTART, WEND]
+
+
+# --------------------------------------------------------------------------- small helpers
+def wm_json(value: Any) -> Any:
+    """A watermark or time as JSON: an integer, "-inf"/"+inf" for the sentinels, or None."""
+    v = _int(value)
+    if v is None:
+        return None
+    if v <= NEG_INF:
+        return "-inf"
+    if v >= POS_INF:
+        return "+inf"
+    return v
+
+
+def wm_iso(value: Any) -> str | None:
+    """A millisecond time as ISO 8601 UTC (``2023-11-14T22:13:20.000Z``), "-inf"/"+inf"."""
+    v = _int(value)
+    if v is None:
+        return None
+    if v <= NEG_INF:
+        return "-inf"
+    if v >= POS_INF:
+        return "+inf"
+    try:
+        t = _dt.datetime.fromtimestamp(v / 1000, tz=_dt.UTC)
+    except (OverflowError, ValueError, OSError):
+        return None
+    return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        return int(value)
+    except (OverflowError, ValueError):
+        return None
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _delta(a: Any, b: Any) -> int | None:
+    """``b - a`` for two finite integers, else None."""
+    ia, ib = _int(a), _int(b)
+    if ia is None or ib is None:
+        return None
+    if ia <= NEG_INF or ib <= NEG_INF or ia >= POS_INF or ib >= POS_INF:
+        return None
+    return ib - ia
+
+
+def _safe_rel(rel: str) -> bool:
+    p = PurePosixPath(rel)
+    return bool(rel) and not p.is_absolute() and ".." not in p.parts
+
+
+def resolve_id(store: LocalCheckpointStore, ident: str | None) -> int:
+    """The checkpoint id named by ``ident`` (``7`` or ``cp-000000000007``), or the newest
+    when None. Raises SpecError (exit 2) when there is no such checkpoint."""
+    ids = store.ids()
+    if ident is None:
+        if not ids:
+            raise SpecError(f"no checkpoints in {store.root}")
+        return ids[-1]
+    text = ident.strip()
+    if text.startswith(PREFIX):
+        text = text[len(PREFIX):]
+    cid = int(text) if text.isdigit() else None
+    if cid is None or cid not in ids:
+        present = ", ".join(str(i) for i in ids) if ids else "none"
+        raise SpecError(
+            f"checkpoint {ident!r} not found in {store.root} (checkpoints present: {present})"
+        )
+    return cid
+
+
+def judge_checkpoint(
+    store: LocalCheckpointStore, cid: int, key: bytes | None
+) -> guard.Verdict:
+    """The guard's verdict on ``cid``, with its parent's manifest as the yardstick."""
+    doc = store.read_manifest(cid)
+    parent = None
+    if doc is not None and isinstance(doc.get("parent"), int):
+        parent = store.read_manifest(int(doc["parent"]))
+    return guard.judge(store.evidence(cid), parent, guard.Policy(key=key))
+
+
+def _signer(doc: Mapping[str, Any] | None, key: bytes | None) -> dict[str, Any]:
+    sig = _dict(doc.get("signature")) if doc is not None else {}
+    alg = sig.get("alg")
+    if alg == ALG_HMAC:
+        text = "hmac-sha256 (keyed)"
+    elif alg == ALG_PLAIN:
+        text = "sha256 (unkeyed: detects corruption, not tampering)"
+    elif alg is None:
+        text = "none"
+    else:
+        text = f"unknown ({alg})"
+    return {
+        "alg": alg if isinstance(alg, str) else None,
+        "keyed": alg == ALG_HMAC,
+        "description": text,
+        "key_set": key is not None,
+    }
+
+
+# --------------------------------------------------------------------------- reading files
+@dataclass
+class _Loaded:
+    """What could be read of one checkpoint, verified against its manifest."""
+
+    cid: int
+    doc: dict[str, Any] | None
+    manifest_error: str | None = None
+    state: pl.DataFrame | None = None
+    state_error: str | None = None
+    state_bytes: int | None = None
+    receipts: dict[str, Any] | None = None
+    receipts_error: str | None = None
+    files: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _read_verified(
+    store: LocalCheckpointStore, entry: Any
+) -> tuple[bytes | None, str | None, dict[str, Any]]:
+    """Read a manifest file entry; bytes only when size and SHA-256 match."""
+    e = _dict(entry)
+    rel = e.get("path")
+    fact: dict[str, Any] = {
+        "path": rel,
+        "recorded_bytes": _int(e.get("bytes")),
+        "bytes": None,
+        "sha256_ok": None,
+    }
+    if not isinstance(rel, str) or not _safe_rel(rel):
+        return None, f"file entry has no usable path ({rel!r})", fact
+    try:
+        data = store.read(rel)
+    except FileNotFoundError:
+        return None, f"{rel} is missing", fact
+    except OSError as exc:
+        return None, f"{rel} cannot be read ({exc.strerror or exc})", fact
+    fact["bytes"] = len(data)
+    ok = sha256_hex(data) == e.get("sha256") and len(data) == _int(e.get("bytes"))
+    fact["sha256_ok"] = ok
+    if not ok:
+        if len(data) < (_int(e.get("bytes")) or 0):
+            return None, f"{rel} is truncated ({len(data)} of {e.get('bytes')} bytes)", fact
+        return None, f"{rel} does not match its SHA-256 in the manifest", fact
+    return data, None, fact
+
+
+def _load(store: LocalCheckpointStore, cid: int) -> _Loaded:
+    d = store.path_of(cid)
+    doc: dict[str, Any] | None = None
+    error: str | None = None
+    try:
+        raw = (d / MANIFEST_NAME).read_bytes()
+    except FileNotFoundError:
+        error = "no manifest (its writer stopped before publishing it)"
+    except OSError as exc:
+        error = f"manifest cannot be read ({exc.strerror or exc})"
+    else:
+        try:
+            parsed = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            error = "manifest is truncated or not JSON"
+        else:
+            if isinstance(parsed, dict):
+                doc = parsed
+            else:
+                error = "manifest is not a JSON object"
+    out = _Loaded(cid, doc, error)
+    recorded: set[str] = set()
+    files = _dict(doc.get("files")) if doc is not None else {}
+    for role, entry in sorted(files.items()):
+        data, problem, fact = _read_verified(store, entry)
+        fact["role"] = role
+        out.files.append(fact)
+        if isinstance(fact["path"], str):
+            recorded.add(fact["path"])
+        if role == "state":
+            out.state_bytes = fact["bytes"]
+            if data is None:
+                out.state_error = problem
+            else:
+                try:
+                    frame, _meta = decode_table(data)
+                    missing = [c for c in WINDOW_ID if c not in frame.columns]
+                    if missing:
+                        raise ValueError(f"state lacks columns {missing}")
+                    out.state = frame
+                except ValueError as exc:
+                    out.state_error = f"state cannot be decoded ({exc})"
+        elif role == "receipts":
+            if data is None:
+                out.receipts_error = problem
+            else:
+                try:
+                    rec = json.loads(data)
+                    out.receipts = rec if isinstance(rec, dict) else None
+                    if out.receipts is None:
+                        out.receipts_error = "receipts are not a JSON object"
+                except (ValueError, UnicodeDecodeError):
+                    out.receipts_error = "receipts are not JSON"
+    if doc is not None and "state" not in files:
+        out.state_error = "the manifest names no state file"
+    # files on disk that the manifest does not name (or every file, without a manifest)
+    if d.is_dir():
+        try:
+            entries = sorted(d.iterdir())
+        except OSError:
+            entries = []
+        for f in entries:
+            rel = f"{d.name}/{f.name}"
+            if rel in recorded or f.name == MANIFEST_NAME or not f.is_file():
+                continue
+            try:
+                size: int | None = f.stat().st_size
+            except OSError:
+                size = None
+            role = "staging" if f.name.startswith(".") else "unrecorded"
+            out.files.append({"role": role, "path": rel, "recorded_bytes": None,
+                              "bytes": size, "sha256_ok": None})
+            if doc is None and f.name == "state.arrow":
+                out.state_bytes = size
+    if doc is None and out.state_error is None:
+        out.state_error = "not read: no usable manifest to verify it against"
+    return out
+
+
+# --------------------------------------------------------------------------- inspect
+def _partitions(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    positions = _list(doc.get("positions"))
+    wm = _dict(doc.get("watermark"))
+    pwm, max_time, exhausted = (_list(wm.get(k)) for k in ("partition_ms", "max_time",
+                                                            "exhausted"))
+    names = [p.get("partition") for p in positions if isinstance(p, dict)]
+    if not names:
+        names = _list(_dict(_dict(doc.get("definition")).get("source")).get("partitions"))
+    n = max(len(names), len(pwm))
+    out = []
+    for i in range(n):
+        pos = _dict(positions[i]) if i < len(positions) else {}
+        resume = _dict(pos.get("resume"))
+        w = pwm[i] if i < len(pwm) else None
+        out.append({
+            "partition": names[i] if i < len(names) else None,
+            "next_offset": _int(pos.get("next_offset")),
+            "byte_offset": _int(resume.get("byte_offset")),
+            "watermark_ms": wm_json(w),
+            "watermark_iso": wm_iso(w),
+            "max_time_ms": _int(max_time[i]) if i < len(max_time) else None,
+            "exhausted": exhausted[i] if i < len(exhausted) else None,
+        })
+    return out
+
+
+def _windows(loaded: _Loaded) -> dict[str, Any]:
+    doc = loaded.doc or {}
+    window = _dict(_dict(doc.get("definition")).get("window"))
+    recorded = _int(_dict(doc.get("state")).get("open_windows"))
+    out: dict[str, Any] = {
+        "kind": window.get("kind"),
+        "window": window or None,
+        "open": recorded,
+        "open_recorded": recorded,
+        "keys": None,
+        "oldest_start_ms": None,
+        "oldest_start_iso": None,
+        "newest_end_ms": None,
+        "newest_end_iso": None,
+        "read": loaded.state is not None,
+    }
+    st = loaded.state
+    if st is not None:
+        out["open"] = st.height
+        if st.height:
+            oldest = st.get_column(WSTART).min()
+            newest = st.get_column(WEND).max()
+            out.update(
+                keys=st.select(pl.struct(KEY, KEY_IS_INT).n_unique()).item(),
+                oldest_start_ms=wm_json(oldest), oldest_start_iso=wm_iso(oldest),
+                newest_end_ms=wm_json(newest), newest_end_iso=wm_iso(newest),
+            )
+        else:
+            out["keys"] = 0
+    return out
+
+
+def _receipts(loaded: _Loaded) -> dict[str, Any]:
+    doc = loaded.doc or {}
+    total = _dict(doc.get("receipts"))
+    out: dict[str, Any] = {
+        "totals": {k: _int(total.get(k)) for k in ("results", "late", "errors")},
+        "last_epoch": None,
+        "digest": total.get("digest"),
+    }
+    if total.get("last_epoch") is not None:
+        out["totals"]["last_epoch"] = _int(total.get("last_epoch"))
+    epochs = _list((loaded.receipts or {}).get("epochs"))
+    if epochs and isinstance(epochs[-1], dict):
+        last = epochs[-1]
+        entry: dict[str, Any] = {"epoch": _int(last.get("epoch"))}
+        for role in ("results", "late", "errors"):
+            entry[role] = _int(_dict(last.get(role)).get("count"))
+        mwe = _dict(last.get("results")).get("max_window_end")
+        if mwe is not None:
+            entry["max_window_end_ms"] = wm_json(mwe)
+        out["last_epoch"] = entry
+    if loaded.receipts_error:
+        out["error"] = loaded.receipts_error
+    return out
+
+
+def inspect_checkpoint(
+    store: LocalCheckpointStore, cid: int, *, key: bytes | None = None,
+    now_ms: int | None = None, use_env_key: bool = True,
+) -> dict[str, Any]:
+    """Everything that can be read about checkpoint ``cid``, with the guard's verdict.
+
+    ``key`` defaults to ``SEALSTREAM_CHECKPOINT_KEY`` when ``use_env_key``. Never raises
+    for a partial or corrupt checkpoint: what cannot be read is None and explained in
+    ``problems``.
+    """
+    if key is None and use_env_key:
+        key = checkpoint_key()
+    if now_ms is None:
+        now_ms = int(_dt.datetime.now(tz=_dt.UTC).timestamp() * 1000)
+    verdict = judge_checkpoint(store, cid, key)
+    loaded = _load(store, cid)
+    doc = loaded.doc or {}
+    wm = _dict(doc.get("watermark"))
+    definition = _dict(doc.get("definition"))
+    created = _int(doc.get("created_ms"))
+    problems = [p for p in (loaded.manifest_error, loaded.state_error, loaded.receipts_error)
+                if p]
+    if loaded.doc is not None:
+        ok, code = signature_ok(loaded.doc, key)
+        if not ok:
+            problems.insert(0, f"signature: {code}")
+    g = wm.get("global_ms")
+    return {
+        "directory": str(store.root),
+        "id": cid,
+        "path": checkpoint_dirname(cid),
+        "complete": loaded.doc is not None,
+        "verdict": verdict.verdict,
+        "reason": verdict.reason,
+        "message": verdict.message,
+        "format": _int(doc.get("format")),
+        "state_format": _int(definition.get("format")),
+        "pipeline": doc.get("pipeline"),
+        "fingerprint": doc.get("fingerprint"),
+        "parent": doc.get("parent"),
+        "epoch": _int(doc.get("epoch")),
+        "created_ms": created,
+        "created_iso": wm_iso(created),
+        "age_ms": None if created is None else now_ms - created,
+        "signer": _signer(loaded.doc, key),
+        "watermark": {
+            "global_ms": wm_json(g),
+            "global_iso": wm_iso(g),
+            "max_delay_ms": _int(wm.get("max_delay_ms")),
+            "lateness_ms": _int(doc.get("lateness_ms")),
+        },
+        "partitions": _partitions(doc),
+        "windows": _windows(loaded),
+        "state": {
+            "bytes": loaded.state_bytes,
+            "recorded_bytes": _int(_dict(_dict(doc.get("files")).get("state")).get("bytes")),
+            "sha256": _dict(doc.get("state")).get("sha256"),
+            "read": loaded.state is not None,
+            "error": loaded.state_error,
+        },
+        "receipts": _receipts(loaded),
+        "counters": _dict(doc.get("counters")) or None,
+        "aggregates": _dict(definition.get("aggregates")) or None,
+        "files": loaded.files,
+        "problems": problems,
+    }
+
+
+# --------------------------------------------------------------------------- diff
+def _verified(store: LocalCheckpointStore, cid: int, key: bytes | None) -> _Loaded:
+    loaded = _load(store, cid)
+    if loaded.doc is None:
+        raise CheckpointError(f"cannot diff: checkpoint {cid}: {loaded.manifest_error}")
+    ok, code = signature_ok(loaded.doc, key)
+    if not ok:
+        raise CheckpointError(
+            f"cannot diff: checkpoint {cid}'s manifest does not verify ({code}); "
+            "its state cannot be trusted (is SEALSTREAM_CHECKPOINT_KEY right?)"
+        )
+    if loaded.state is None:
+        raise CheckpointError(f"cannot diff: checkpoint {cid}: {loaded.state_error}")
+    return loaded
+
+
+def _ids(frame: pl.DataFrame) -> pl.DataFrame:
+    return frame.select(WINDOW_ID).unique()
+
+
+def _partition_deltas(da: Mapping[str, Any], db: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per partition (matched by name): offsets and watermarks of A and B, and deltas."""
+    rows_a, rows_b = _partitions(da), _partitions(db)
+    raw_a = _list(_dict(da.get("watermark")).get("partition_ms"))
+    raw_b = _list(_dict(db.get("watermark")).get("partition_ms"))
+    index_a = {r["partition"]: i for i, r in enumerate(rows_a)}
+    index_b = {r["partition"]: i for i, r in enumerate(rows_b)}
+    out = []
+    for name in list(index_a) + [n for n in index_b if n not in index_a]:
+        i, j = index_a.get(name), index_b.get(name)
+        x = rows_a[i] if i is not None else {}
+        y = rows_b[j] if j is not None else {}
+        wa = raw_a[i] if i is not None and i < len(raw_a) else None
+        wb = raw_b[j] if j is not None and j < len(raw_b) else None
+        out.append({
+            "partition": name,
+            "next_offset": [x.get("next_offset"), y.get("next_offset")],
+            "delta": _delta(x.get("next_offset"), y.get("next_offset")),
+            "watermark_ms": [x.get("watermark_ms"), y.get("watermark_ms")],
+            "watermark_delta_ms": _delta(wa, wb),
+        })
+    return out
+
+
+def diff_checkpoints(
+    store: LocalCheckpointStore, a: int, b: int, *, key: bytes | None = None,
+    use_env_key: bool = True,
+) -> dict[str, Any]:
+    """What advanced from checkpoint ``a`` to ``b``.
+
+    Windows are compared by identity ``(key, window_start, window_end)``: open in A and
+    not in B = closed (fired, or dropped), open in B and not in A = opened. A session
+    in B that grew from (covers) sessions of A is counted as ``extended``, not as a
+    close plus an open. Emitted outputs come from the receipts' totals.
+    Raises CheckpointError when either manifest or state file cannot be verified.
+    """
+    if key is None and use_env_key:
+        key = checkpoint_key()
+    la, lb = _verified(store, a, key), _verified(store, b, key)
+    va, vb = judge_checkpoint(store, a, key), judge_checkpoint(store, b, key)
+    da, db = la.doc or {}, lb.doc or {}
+    assert la.state is not None and lb.state is not None
+    ia, ib = _ids(la.state), _ids(lb.state)
+    only_a = ia.join(ib, on=WINDOW_ID, how="anti")
+    only_b = ib.join(ia, on=WINDOW_ID, how="anti")
+    both = ia.join(ib, on=WINDOW_ID, how="semi").height
+    pairs = only_a.join(only_b, on=[KEY, KEY_IS_INT], how="inner", suffix="_b").filter(
+        (pl.col(f"{WSTART}_b") <= pl.col(WSTART)) & (pl.col(f"{WEND}_b") >= pl.col(WEND))
+    )
+    absorbed = pairs.select(WINDOW_ID).unique().height
+    extended = pairs.select(KEY, KEY_IS_INT, f"{WSTART}_b", f"{WEND}_b").unique().height
+
+    parts = _partition_deltas(da, db)
+    ga = _dict(da.get("watermark")).get("global_ms")
+    gb = _dict(db.get("watermark")).get("global_ms")
+    ra, rb = _dict(da.get("receipts")), _dict(db.get("receipts"))
+    ca, cb = _dict(da.get("counters")), _dict(db.get("counters"))
+    counters = {
+        k: {"a": _int(ca.get(k)), "b": _int(cb.get(k)), "delta": _delta(ca.get(k), cb.get(k))}
+        for k in sorted(set(ca) | set(cb))
+    }
+    return {
+        "directory": str(store.root),
+        "a": {"id": a, "verdict": va.verdict, "reason": va.reason, "epoch": _int(da.get("epoch")),
+              "created_ms": _int(da.get("created_ms"))},
+        "b": {"id": b, "verdict": vb.verdict, "reason": vb.reason, "epoch": _int(db.get("epoch")),
+              "created_ms": _int(db.get("created_ms"))},
+        "same_pipeline": da.get("fingerprint") == db.get("fingerprint"),
+        "watermark": {
+            "global_ms": [wm_json(ga), wm_json(gb)],
+            "global_iso": [wm_iso(ga), wm_iso(gb)],
+            "delta_ms": _delta(ga, gb),
+        },
+        "partitions": parts,
+        "windows": {
+            "open": [la.state.height, lb.state.height],
+            "opened": only_b.height - extended,
+            "closed": only_a.height - absorbed,
+            "extended": extended,
+            "still_open": both,
+        },
+        "emitted": {role: _delta(ra.get(role), rb.get(role))
+                    for role in ("results", "late", "errors")},
+        "state_bytes": {"a": la.state_bytes, "b": lb.state_bytes,
+                        "delta": _delta(la.state_bytes, lb.state_bytes)},
+        "counters": counters,
+    }
+
+
+# --------------------------------------------------------------------------- export
+def _accumulators(definition: Mapping[str, Any]) -> Accumulators:
+    aggs_def = _dict(definition.get("aggregates"))
+    source = _dict(definition.get("source"))
+    if not aggs_def or not isinstance(source.get("key"), str) or not isinstance(
+        source.get("time"), str
+    ):
+        raise CheckpointError("the manifest's pipeline definition lacks aggregates or source")
+    try:
+        aggs: list[Aggregate] = [parse_aggregate(n, e) for n, e in aggs_def.items()]
+    except SpecError as exc:
+        raise CheckpointError(f"the manifest's aggregates cannot be read: {exc}") from None
+    kinds: dict[str, FieldKind] = {}
+    for agg in aggs:
+        if agg.field is None:
+            continue
+        numeric = agg.func in NUMERIC_FUNCTIONS
+        if numeric or agg.field not in kinds:
+            kinds[agg.field] = "numeric" if numeric else "any"
+    plan = FieldPlan(key=source["key"], time=source["time"], fields=kinds)
+    return Accumulators(tuple(aggs), plan)
+
+
+def open_windows_table(
+    store: LocalCheckpointStore, cid: int, *, force: bool = False, key: bytes | None = None,
+    use_env_key: bool = True,
+) -> tuple[pl.DataFrame, guard.Verdict]:
+    """The open windows of ``cid`` with each aggregate's current partial value.
+
+    Columns as :meth:`Accumulators.finalize` gives them: ``key``, ``__kint``,
+    ``window_start``, ``window_end``, one typed column per aggregate (in the
+    manifest's order) and ``__json`` (the row as a result line, with per-row types).
+    Refuses (CheckpointError) unless the checkpoint is ``ATOMIC_CHECKPOINT`` or
+    ``force``; even forced, the state must match its recorded SHA-256.
+    """
+    if key is None and use_env_key:
+        key = checkpoint_key()
+    verdict = judge_checkpoint(store, cid, key)
+    if not verdict.ok and not force:
+        raise CheckpointError(
+            f"checkpoint {cid} is {verdict.verdict} ({verdict.reason}): {verdict.message}; "
+            "only an ATOMIC_CHECKPOINT is exported (use --force to export it anyway)"
+        )
+    loaded = _load(store, cid)
+    if loaded.doc is None:
+        raise CheckpointError(f"checkpoint {cid}: {loaded.manifest_error}")
+    if loaded.state is None:
+        raise CheckpointError(f"checkpoint {cid}: {loaded.state_error}")
+    acc = _accumulators(_dict(loaded.doc.get("definition")))
+    expected = {KEY: pl.String(), KEY_IS_INT: pl.Boolean(), WSTART: pl.Int64(),
+                WEND: pl.Int64(), **acc.schema()}
+    if dict(loaded.state.schema) != expected:
+        raise CheckpointError(
+            f"checkpoint {cid}: state columns {list(loaded.state.schema)} do not match the "
+            f"manifest's aggregates (expected {list(expected)})"
+        )
+    return acc.finalize(loaded.state), verdict
+
+
+def typed_for_parquet(table: pl.DataFrame) -> pl.DataFrame:
+    """Drop ``__json``/``__kint``; ``key`` is Int64 when every key is an integer."""
+    kint = table.get_column(KEY_IS_INT).fill_null(False)
+    out = table.drop("__json", KEY_IS_INT)
+    if table.height and bool(kint.all()):
+        try:
+            return out.with_columns(pl.col("key").cast(pl.Int64, strict=True))
+        except pl.exceptions.PolarsError:
+            return out
+    return out
+
+
+# --------------------------------------------------------------------------- prune
+@dataclass
+class PrunePlan:
+    """What ``prune --keep N`` does; ids newest first."""
+
+    keep: list[int] = field(default_factory=list)
+    delete: list[int] = field(default_factory=list)
+    move: list[tuple[int, str, str]] = field(default_factory=list)  # (id, verdict, reason)
+    untouched: list[tuple[int, str]] = field(default_factory=list)  # (id, why)
+    newest_atomic: int | None = None
+    seen: list[int] = field(default_factory=list)
+
+
+def plan_prune(
+    store: LocalCheckpointStore, keep: int, *, job_running: bool, key: bytes | None = None,
+    use_env_key: bool = True,
+) -> PrunePlan:
+    """Keep the ``keep`` newest ATOMIC checkpoints; delete older ATOMIC ones; move the
+    non-ATOMIC ones older than the newest ATOMIC one aside (and, when no job runs,
+    the newer ones too, as recovery would). Nothing is planned when no checkpoint is
+    ATOMIC. While a job runs, nothing at or above the newest ATOMIC one is touched.
+    Checkpoints holding a file that a kept (or untouched) checkpoint references are
+    not removed."""
+    if keep < 1:
+        raise SpecError(f"--keep: must be >= 1, got {keep}")
+    if key is None and use_env_key:
+        key = checkpoint_key()
+    ids = sorted(store.ids(), reverse=True)
+    plan = PrunePlan(seen=ids)
+    verdicts = {cid: judge_checkpoint(store, cid, key) for cid in ids}
+    atomic = [cid for cid in ids if verdicts[cid].ok]
+    if not atomic:
+        plan.untouched = [(cid, "no checkpoint is ATOMIC_CHECKPOINT") for cid in ids]
+        return plan
+    newest = atomic[0]
+    plan.newest_atomic = newest
+    plan.keep = atomic[:keep]
+    candidates: list[int] = []
+    for cid in ids:
+        if cid in plan.keep:
+            continue
+        if cid > newest and job_running:
+            plan.untouched.append((cid, "newer than the newest ATOMIC checkpoint while a job "
+                                        "runs (it may be being written)"))
+            continue
+        candidates.append(cid)
+    protected: dict[str, int] = {}
+    for cid in plan.keep + [c for c, _ in plan.untouched]:
+        for rel in store.files_of(cid):
+            protected.setdefault(rel, cid)
+    for cid in candidates:
+        prefix = f"{checkpoint_dirname(cid)}/"
+        holder = next((owner for rel, owner in protected.items() if rel.startswith(prefix)),
+                      None)
+        if holder is not None:
+            plan.untouched.append((cid, f"holds files that checkpoint {holder} references"))
+            continue
+        v = verdicts[cid]
+        if v.ok:
+            plan.delete.append(cid)
+        else:
+            plan.move.append((cid, v.verdict, v.reason))
+    return plan

@@ -610,12 +610,21 @@ def open_windows_table(
     acc = _accumulators(_dict(loaded.doc.get("definition")))
     expected = {KEY: pl.String(), KEY_IS_INT: pl.Boolean(), WSTART: pl.Int64(),
                 WEND: pl.Int64(), **acc.schema()}
-    if dict(loaded.state.schema) != expected:
+    problem = f"checkpoint {cid}: state columns {list(loaded.state.schema)} do not match " \
+        f"the manifest's aggregates (expected {list(expected)})"
+    if list(loaded.state.schema) != list(expected):
+        raise CheckpointError(problem)
+    try:  # as the window operator restores it (exact decimals back to Int128 sums)
+        state = loaded.state.cast(expected)  # type: ignore[arg-type]
+    except pl.exceptions.PolarsError:
+        raise CheckpointError(problem) from None
+    try:
+        return acc.finalize(state), verdict
+    except pl.exceptions.PolarsError as exc:
         raise CheckpointError(
-            f"checkpoint {cid}: state columns {list(loaded.state.schema)} do not match the "
-            f"manifest's aggregates (expected {list(expected)})"
-        )
-    return acc.finalize(loaded.state), verdict
+            f"checkpoint {cid}: open windows cannot be evaluated ({type(exc).__name__}: "
+            f"{' '.join(str(exc).split())[:200]})"
+        ) from None
 
 
 def typed_for_parquet(table: pl.DataFrame) -> pl.DataFrame:
@@ -650,7 +659,8 @@ def plan_prune(
     """Keep the ``keep`` newest ATOMIC checkpoints; delete older ATOMIC ones; move the
     non-ATOMIC ones older than the newest ATOMIC one aside (and, when no job runs,
     the newer ones too, as recovery would). Nothing is planned when no checkpoint is
-    ATOMIC. While a job runs, nothing at or above the newest ATOMIC one is touched.
+    ATOMIC. While a job runs, nothing at or above the newest ATOMIC one is touched, nor
+    a PARTIAL one (files missing: the job's retention may be deleting it this instant).
     Checkpoints holding a file that a kept (or untouched) checkpoint references are
     not removed."""
     if keep < 1:
@@ -690,6 +700,10 @@ def plan_prune(
         v = verdicts[cid]
         if v.ok:
             plan.delete.append(cid)
+        elif job_running and v.verdict == guard.PARTIAL:
+            # files missing: possibly the running job's retention deleting it right now
+            plan.untouched.append((cid, f"{v.verdict} ({v.reason}) while a job runs: it may "
+                                        "be being removed by the job's own retention"))
         else:
             plan.move.append((cid, v.verdict, v.reason))
     return plan

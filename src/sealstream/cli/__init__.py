@@ -79,7 +79,7 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
 
 @cli.group()
 def checkpoints() -> None:
-    """Look inside checkpoint directories."""
+    """Look inside checkpoint directories, export open windows, prune old checkpoints."""
 
 
 def _store(directory: Path) -> Any:
@@ -133,6 +133,110 @@ def verify_cmd(directory: Path, as_json: bool, spec: Path | None) -> None:
     else:
         render_verify(data, directory)
     if any(c["verdict"] != "ATOMIC_CHECKPOINT" for c in data["checkpoints"]):
+        raise _Exit(1)
+
+
+def _emit(data: dict[str, Any], as_json: bool, render: Any) -> None:
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+    else:
+        render(data)
+
+
+@checkpoints.command("inspect")
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.argument("checkpoint_id", metavar="[ID]", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def inspect_cmd(directory: Path, checkpoint_id: str | None, as_json: bool) -> None:
+    """Show what checkpoint ID (default: the newest) in DIRECTORY holds, and its verdict.
+
+    Positions and watermarks per partition, open windows, state size, receipts, age,
+    signer, pipeline and fingerprint. Works on partial or corrupt checkpoints too.
+    The verdict uses SEALSTREAM_CHECKPOINT_KEY from the environment.
+    """
+    from sealstream.checkpoint.inspect import inspect_checkpoint, resolve_id
+    from sealstream.cli._inspect import render_inspect
+
+    store = _store(directory)
+    try:
+        cid = resolve_id(store, checkpoint_id)
+        data = inspect_checkpoint(store, cid)
+    except SealstreamError as err:
+        _fail(err)
+        return
+    _emit(data, as_json, render_inspect)
+
+
+@checkpoints.command("diff")
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.argument("a")
+@click.argument("b")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def diff_cmd(directory: Path, a: str, b: str, as_json: bool) -> None:
+    """Show what advanced from checkpoint A to checkpoint B in DIRECTORY.
+
+    Positions and watermarks per partition, windows opened/closed, outputs emitted,
+    state size and counters. Exit 1 when a state file cannot be read or verified.
+    """
+    from sealstream.checkpoint.inspect import diff_checkpoints, resolve_id
+    from sealstream.cli._inspect import render_diff
+
+    store = _store(directory)
+    try:
+        data = diff_checkpoints(store, resolve_id(store, a), resolve_id(store, b))
+    except SealstreamError as err:
+        _fail(err)
+        return
+    _emit(data, as_json, render_diff)
+
+
+@checkpoints.command("export")
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.argument("checkpoint_id", metavar="[ID]", required=False)
+@click.option("--to", "to", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Output file: FILE.parquet or FILE.jsonl (replaced if it exists).")
+@click.option("--force", is_flag=True,
+              help="Export even if the checkpoint is not ATOMIC_CHECKPOINT.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def export_cmd(directory: Path, checkpoint_id: str | None, to: Path, force: bool,
+               as_json: bool) -> None:
+    """Export the open windows of checkpoint ID (default: the newest) with the current
+    partial value of every aggregate. Only an ATOMIC_CHECKPOINT, unless --force."""
+    from sealstream.checkpoint.inspect import resolve_id
+    from sealstream.cli._inspect import export, render_export
+
+    store = _store(directory)
+    try:
+        data = export(store, resolve_id(store, checkpoint_id), to, force=force)
+    except SealstreamError as err:
+        _fail(err)
+        return
+    _emit(data, as_json, render_export)
+
+
+@checkpoints.command("prune")
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--keep", required=True, type=click.IntRange(min=1),
+              help="How many of the newest ATOMIC checkpoints to keep (>= 1).")
+@click.option("--dry-run", is_flag=True, help="Only print what would be done.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def prune_cmd(directory: Path, keep: int, dry_run: bool, as_json: bool) -> None:
+    """Keep the KEEP newest ATOMIC checkpoints in DIRECTORY: delete older ATOMIC ones and
+    move invalid ones to rejected/ (never deleted). Safe while a job runs. Exit 1 when
+    checkpoints exist but none is ATOMIC (nothing is touched)."""
+    from sealstream.cli._inspect import render_prune
+    from sealstream.cli._prune import prune
+
+    store = _store(directory)
+    try:
+        data = prune(store, keep, dry_run=dry_run)
+    except SealstreamError as err:
+        _fail(err)
+        return
+    _emit(data, as_json, render_prune)
+    if data["newest_atomic"] is None and data["untouched"]:
+        click.echo(f"sealstream: error: no checkpoint in {directory} is ATOMIC_CHECKPOINT; "
+                   "nothing was pruned (see `sealstream checkpoints verify`)", err=True)
         raise _Exit(1)
 
 

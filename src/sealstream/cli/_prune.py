@@ -32,9 +32,9 @@ HIDDEN = ".pruning-"
 def prune(store: LocalCheckpointStore, keep: int, *, dry_run: bool) -> dict[str, Any]:
     """Prune ``store`` to ``keep`` ATOMIC checkpoints; return what was (or would be) done."""
     if dry_run:
-        holder = store.is_locked()
-        plan = plan_prune(store, keep, job_running=holder is not None)
-        return _report(store, plan, keep, dry_run=True, holder=holder)
+        running = store.is_locked()
+        plan = plan_prune(store, keep, job_running=running is not None)
+        return _report(store, plan, keep, dry_run=True, holder=running)
     with contextlib.ExitStack() as stack:
         holder: str | None = None
         try:

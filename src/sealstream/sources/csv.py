@@ -231,7 +231,7 @@ class CsvReader(LineFileReader):
                     empty_string_is_null=False,
                     raise_if_empty=False,
                 )
-            except Exception:
+            except (Exception, pl.exceptions.PanicException):  # e.g. a stray quote
                 frame = None
             if frame is not None and frame.height != int(good.sum()):
                 frame = None

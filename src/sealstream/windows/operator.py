@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import polars as pl
 
 from sealstream.pipeline import Pipeline, Session, Sliding, Tumbling
@@ -152,76 +153,34 @@ class WindowOperator:
         in_batch = self.state.join(keys, on=[KEY, KEY_IS_INT], how="semi")
         untouched = self.state.join(keys, on=[KEY, KEY_IS_INT], how="anti")
         st = in_batch.with_row_index("__row")
-
-        rows = pl.concat(
-            [
-                ev.select(
-                    KEY,
-                    KEY_IS_INT,
-                    pl.col(TIME).alias("__s"),
-                    (pl.col(TIME) + gap).alias("__e"),
-                    pl.col(SEQ),
-                    pl.col(WATERMARK),
-                    pl.lit(False).alias("__st"),
-                    pl.col("__row"),
-                ),
-                st.select(
-                    KEY,
-                    KEY_IS_INT,
-                    pl.col(WSTART).alias("__s"),
-                    pl.col(WEND).alias("__e"),
-                    pl.lit(-1, dtype=pl.Int64).alias(SEQ),
-                    pl.lit(None, dtype=pl.Int64).alias(WATERMARK),
-                    pl.lit(True).alias("__st"),
-                    pl.col("__row"),
-                ),
-            ],
-            how="vertical",
-        )
-        # order-independent merge: connected components of touching intervals per key
-        rows = rows.sort([KEY, KEY_IS_INT, "__s", SEQ])
-        prev_end = pl.col("__e").cum_max().shift(1).over([KEY, KEY_IS_INT])
-        rows = rows.with_columns(
-            (prev_end.is_null() | (pl.col("__s") > prev_end))
-            .cum_sum()
-            .cast(pl.Int64)
-            .alias("__g")
-        )
-        # was the arrival order irrelevant? check each group in arrival order
-        rows = rows.sort(["__g", SEQ])
-        pmin = pl.col("__s").cum_min().shift(1).over("__g")
-        pmax = pl.col("__e").cum_max().shift(1).over("__g")
-        first_ok = (pl.col("__e") + lat) > pl.col(WATERMARK)
-        later_ok = (
-            (pl.col("__s") <= pmax)
-            & (pl.col("__e") >= pmin)
-            & (pl.col(WATERMARK) < pmax + lat)
-        )
-        ok = pl.col("__st") | pl.when(pmax.is_null()).then(first_ok).otherwise(later_ok)
-        rows = rows.with_columns(ok.alias("__ok"))
-        bad_groups = rows.group_by("__g").agg(
-            (pl.col("__ok").all() & (pl.col("__st").sum() <= 1)).alias("__gok")
-        ).filter(~pl.col("__gok"))
+        rows = _session_groups(ev, st, gap, lat)
+        bad = rows.filter(~pl.col("__gok"))
         rows = rows.with_columns(pl.col("__g").alias(LABEL), pl.lit(False).alias("__late"))
-        if bad_groups.height:
-            slow = rows.join(bad_groups.select("__g"), on="__g", how="semi")
-            fast = rows.join(bad_groups.select("__g"), on="__g", how="anti")
+        if bad.height:
+            fast = rows.filter(pl.col("__gok"))
+            slow = rows.filter(~pl.col("__gok"))
             base = int(rows.select(pl.col("__g").max()).item() or 0) + 1
             rows = pl.concat([fast, _sequential_sessions(slow, gap, lat, base)], how="vertical")
+        rows = rows.drop("__gok")
 
-        ev_lab = rows.filter(~pl.col("__st")).select("__row", LABEL, "__late")
-        st_lab = rows.filter(pl.col("__st")).select("__row", LABEL)
-        ev = ev.join(ev_lab, on="__row", how="left")
-        late = ev.filter(pl.col("__late")).sort("__row").drop("__row", LABEL, "__late")
-        live = ev.filter(~pl.col("__late"))
+        # scatter labels back by row number (rows are 0..n-1 per side)
+        rows = rows.sort(["__st", "__row"])
+        n_ev = ev.height
+        ev = ev.with_columns(rows[LABEL][:n_ev], rows["__late"][:n_ev])
+        st_labels = rows[LABEL][n_ev:]
+        late = ev.filter(pl.col("__late")).drop("__row", LABEL, "__late")
+        needed = [LABEL, KEY, KEY_IS_INT, TIME, SEQ, *self.acc.input_columns()]
+        live = ev.lazy().filter(~pl.col("__late")).select(needed)
         if self.acc.needs_order():
             live = live.sort([TIME, SEQ])
-        partial = live.group_by([LABEL, KEY, KEY_IS_INT]).agg(
+        partial = live.group_by(LABEL).agg(
+            pl.col(KEY).first(),
+            pl.col(KEY_IS_INT).first(),
             pl.col(TIME).min().alias(WSTART),
             (pl.col(TIME).max() + gap).alias(WEND),
             *self.acc.partial(),
-        )
-        labelled_state = st.join(st_lab, on="__row").drop("__row")
+        ).collect()
+        labelled_state = st.drop("__row").with_columns(st_labels)
         cols = [LABEL, *self.schema]
         both = pl.concat(
             [
@@ -241,6 +200,108 @@ class WindowOperator:
             [untouched, merged.select(list(self.schema))], how="vertical"
         )
         return late
+
+
+def _segmented_running(values: np.ndarray, starts: np.ndarray, fn: str) -> np.ndarray:
+    """For each element, the running max (or min) of the *earlier* elements of
+    its segment; segments begin where ``starts`` is True. The value at a
+    segment's first element is meaningless: callers mask it.
+
+    Computed with one global accumulate by lifting each segment above the
+    previous ones, so it is a handful of vector operations.
+    """
+    seg = np.cumsum(starts) - 1
+    if fn == "min":
+        values = -values
+    lo = int(values.min())
+    span = int(values.max()) - lo + 1
+    if span * (int(seg[-1]) + 1) < 2**62:
+        lifted = (values - lo) + seg * span
+        run = np.maximum.accumulate(lifted) - seg * span + lo
+    else:  # would overflow: fall back to per-segment accumulation
+        run = np.empty_like(values)
+        bounds = np.flatnonzero(starts).tolist() + [values.size]
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+            run[a:b] = np.maximum.accumulate(values[a:b])
+    prev = np.empty_like(run)
+    prev[1:] = run[:-1]
+    prev[0] = 0
+    out: np.ndarray = -prev if fn == "min" else prev
+    return out
+
+
+def _order_by(major: np.ndarray, minor: np.ndarray) -> np.ndarray:
+    """Stable permutation sorting by (major, minor) int64 columns."""
+    lo = int(minor.min())
+    span = int(minor.max()) - lo + 1
+    top = int(major.max()) + 1
+    if int(major.min()) >= 0 and span * top < 2**62:
+        return np.argsort(major * span + (minor - lo), kind="stable")
+    return np.lexsort((minor, major))
+
+
+def _session_groups(ev: pl.DataFrame, st: pl.DataFrame, gap: int, lat: int) -> pl.DataFrame:
+    """Merge events and the key's open sessions into groups of touching intervals,
+    and flag the groups whose outcome could depend on the arrival order.
+
+    Returns one row per event (``__st`` False) and per state session (True)
+    with ``__row``, group ``__g`` and ``__gok`` (the column-wise merge equals
+    Flink's sequential rules for this group).
+    """
+    both = pl.concat(
+        [ev.select(KEY, KEY_IS_INT), st.select(KEY, KEY_IS_INT)], how="vertical"
+    )
+    code = both.select(
+        pl.col(KEY).cast(pl.Categorical).to_physical().cast(pl.Int64) * 2
+        + pl.col(KEY_IS_INT).cast(pl.Int64)
+    ).to_series().to_numpy()
+    n_ev = ev.height
+    t = ev[TIME].to_numpy()
+    s = np.concatenate([t, st[WSTART].to_numpy()])
+    e = np.concatenate([t + gap, st[WEND].to_numpy()])
+    seq = np.concatenate([ev[SEQ].to_numpy(), np.full(st.height, -1, dtype=np.int64)])
+    wm = np.concatenate([ev[WATERMARK].to_numpy(), np.zeros(st.height, dtype=np.int64)])
+    is_state = np.concatenate([np.zeros(n_ev, bool), np.ones(st.height, bool)])
+    row = np.concatenate([np.arange(n_ev), np.arange(st.height)])
+
+    # 1. connected components of touching intervals per key (order-independent)
+    order = _order_by(code, s)
+    c, so, eo = code[order], s[order], e[order]
+    key_start = np.ones(c.size, bool)
+    key_start[1:] = c[1:] != c[:-1]
+    prev_end = _segmented_running(eo, key_start, "max")
+    new_group = key_start | (so > prev_end)
+    g_sorted = np.cumsum(new_group) - 1
+    g = np.empty_like(g_sorted)
+    g[order] = g_sorted
+
+    # 2. replay each group in arrival order: did every event touch the group's
+    #    earlier span while that span was still open?
+    order2 = _order_by(g, seq)
+    g2, s2, e2, w2, st2 = g[order2], s[order2], e[order2], wm[order2], is_state[order2]
+    first = np.ones(g2.size, bool)
+    first[1:] = g2[1:] != g2[:-1]
+    pmin = _segmented_running(s2, first, "min")
+    pmax = _segmented_running(e2, first, "max")
+    ok_first = (e2 + lat) > w2
+    ok_later = (s2 <= pmax) & (e2 >= pmin) & (w2 < pmax + lat)
+    ok = st2 | np.where(first, ok_first, ok_later)
+    n_groups = int(g.max()) + 1
+    bad = np.zeros(n_groups, bool)
+    bad[g2[~ok]] = True
+    bad |= np.bincount(g, weights=is_state, minlength=n_groups) > 1
+    return pl.DataFrame(
+        {
+            "__row": row.astype(np.uint32),
+            "__st": is_state,
+            "__g": g.astype(np.int64),
+            "__gok": ~bad[g],
+            "__s": s,
+            "__e": e,
+            SEQ: seq,
+            WATERMARK: wm,
+        }
+    )
 
 
 def _sequential_sessions(rows: pl.DataFrame, gap: int, lat: int, base: int) -> pl.DataFrame:

@@ -695,7 +695,7 @@ garbage_policy = st.builds(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(manifest=st.binary(max_size=300), policy=garbage_policy)
 def test_random_bytes_as_manifest(manifest: bytes, policy: Policy) -> None:
     c = Ckpt()
@@ -704,7 +704,7 @@ def test_random_bytes_as_manifest(manifest: bytes, policy: Policy) -> None:
     assert_well_formed(v)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(doc=garbage_docs, policy=garbage_policy, parent=st.none() | garbage_docs)
 def test_random_json_objects_as_manifest(
     doc: dict[str, Any], policy: Policy, parent: dict[str, Any] | None
@@ -715,7 +715,7 @@ def test_random_json_objects_as_manifest(
     assert_well_formed(v)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(fields=st.dictionaries(st.sampled_from(sorted(Ckpt().body())), json_values,
                               min_size=1, max_size=3),
        key=st.sampled_from([None, KEY]))
@@ -742,7 +742,7 @@ _SIGNED_GARBAGE_BUG = (
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @example(fields={"watermark": []}, key=None)
 @given(fields=st.dictionaries(st.sampled_from(sorted(Ckpt().body())), json_values,
                               min_size=1, max_size=3),
@@ -755,7 +755,7 @@ def test_signed_garbage_fields_never_raise(fields: dict[str, Any], key: bytes | 
     assert_well_formed(v)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @example(state_meta={"watermark": None}, epochs=[])
 @given(state_meta=st.none() | st.dictionaries(st.just("watermark") | st.text(max_size=4),
                                               json_values, max_size=2),
@@ -767,7 +767,7 @@ def test_garbage_evidence_never_raises(state_meta: dict[str, Any] | None, epochs
     assert_well_formed(v)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(parent=garbage_docs)
 def test_garbage_parent_never_raises(parent: dict[str, Any]) -> None:
     c = Ckpt()
@@ -775,7 +775,7 @@ def test_garbage_parent_never_raises(parent: dict[str, Any]) -> None:
     assert_well_formed(v)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
     parent_wm=st.dictionaries(st.sampled_from(["global_ms", "partition_ms"]), json_values),
     parent_pos=json_values,

@@ -187,7 +187,7 @@ def csv_text(draw: st.DrawFn) -> str:
     return text
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(text=csv_text(), chunk=st.integers(1, 6), block=st.integers(1, 200))
 def test_chunking_never_changes_csv_results(text: str, chunk: int, block: int) -> None:
     with tempfile.TemporaryDirectory() as d:

@@ -521,7 +521,7 @@ def frames_to_rows(events: pl.DataFrame, plan: FieldPlan) -> dict[int, Any]:
     return out
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(
     lines=jsonl_lines(),
     chunk=st.integers(1, 7),

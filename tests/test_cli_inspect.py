@@ -489,7 +489,7 @@ def test_prune_corrupt_newest(job: Path, capsys: pytest.CaptureFixture[str]) -> 
 def test_prune_while_a_job_holds_the_lock(job: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     flip_byte(cp(job, 4) / "state.arrow")  # newer than the newest ATOMIC: maybe being written
-    (cp(job, 1) / "receipts.json").unlink()  # files missing: maybe being deleted by the job
+    (cp(job, 2) / "receipts.json").unlink()  # files missing: maybe being deleted by the job
     store = LocalCheckpointStore(job / "ckpt")
     with store.locked():
         plan = cli_json(capsys, "prune", str(job / "ckpt"), "--keep", "1", "--dry-run")
@@ -500,15 +500,16 @@ def test_prune_while_a_job_holds_the_lock(job: Path,
     assert "a job holds the directory" in out
     assert done["job_running"] is not None and "pid" in done["job_running"]
     assert done["kept"] == [3] and done["newest_atomic"] == 3
-    assert done["deleted"] == [2] and done["moved"] == []
-    assert [u["id"] for u in done["untouched"]] == [1, 4]
-    assert "NO_RECEIPTS" in done["untouched"][0]["why"]
-    assert ids_on_disk(job) == [1, 3, 4]
-    assert plan["deleted"] == done["deleted"] and plan["untouched"] == done["untouched"]
-    # once the job is gone, the invalid ones go to rejected/ (evidence)
+    assert done["deleted"] == [] and done["moved"] == []
+    why = {u["id"]: u["why"] for u in done["untouched"]}
+    assert sorted(why) == [1, 2, 4]
+    assert "oldest" in why[1] and "NO_RECEIPTS" in why[2] and "newer" in why[4]
+    assert ids_on_disk(job) == [1, 2, 3, 4]
+    assert plan["untouched"] == done["untouched"]
+    # once the job is gone: older ATOMIC ones are deleted, invalid ones go to rejected/
     done = cli_json(capsys, "prune", str(job / "ckpt"), "--keep", "1")
-    assert done["job_running"] is None and done["deleted"] == []
-    assert [(m["id"], m["reason"]) for m in done["moved"]] == [(1, "NO_RECEIPTS"),
+    assert done["job_running"] is None and done["deleted"] == [1]
+    assert [(m["id"], m["reason"]) for m in done["moved"]] == [(2, "NO_RECEIPTS"),
                                                                (4, "HASH_MISMATCH")]
     assert ids_on_disk(job) == [3]
     assert len(list((job / "ckpt" / "rejected").iterdir())) == 2
@@ -521,13 +522,14 @@ def test_prune_tolerates_concurrent_removal(job: Path) -> None:
     store = LocalCheckpointStore(job / "ckpt")
     flip_byte(cp(job, 3) / "state.arrow")
     plan = plan_prune(store, 1, job_running=True)
-    assert plan.delete == [2, 1] and [m[0] for m in plan.move] == [3]
-    # the job's own retention removes 1 and moves 3 aside in between
-    shutil.rmtree(cp(job, 1))
+    assert plan.keep == [4] and plan.delete == [2] and [m[0] for m in plan.move] == [3]
+    assert [u[0] for u in plan.untouched] == [1]  # the oldest: the job removes it next
+    # the job's own retention removes 2 and moves 3 aside in between
+    shutil.rmtree(cp(job, 2))
     store.move_aside(3, "superseded-invalid")
     done = _apply(store, plan, 1, holder="job")
-    assert done["deleted"] == [2] and done["moved"] == [] and done["vanished"] == [1, 3]
-    assert ids_on_disk(job) == [4]
+    assert done["deleted"] == [] and done["moved"] == [] and done["vanished"] == [2, 3]
+    assert ids_on_disk(job) == [1, 4]
 
 
 def test_prune_keeps_referenced_files(job: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -195,3 +195,31 @@ def test_second_run_on_the_same_directory_is_refused(tmp_path: Path) -> None:
     assert res.returncode == 1
     assert "locked by another run" in res.stderr and "pid" in res.stderr
     assert committed(tmp_path, "out") == []
+
+
+def test_a_tampered_parent_does_not_condemn_its_intact_child(
+    tmp_path: Path, crashed: Path, expected: Path
+) -> None:
+    d = _copy(crashed, tmp_path / "job")
+    cps = sorted((d / "ckpt").glob("cp-*"))
+    parent = cps[-2] / "MANIFEST.json"
+    doc = json.loads(parent.read_text())
+    doc["positions"][0]["next_offset"] = 10**9  # would make the child look regressed
+    parent.write_text(json.dumps(doc))
+    rc, data = verify(d)
+    verdicts = [c["verdict"] for c in data["checkpoints"]]
+    assert verdicts[-2] == INCONSISTENT and verdicts[-1] == ATOMIC
+    assert data["resume_from"] == data["checkpoints"][-1]["id"]
+    assert run(d / "spec.toml").returncode == 0
+    assert_same_output(d, expected)
+
+
+def test_start_over_moves_valid_checkpoints_aside_too(
+    tmp_path: Path, crashed: Path, expected: Path
+) -> None:
+    d = _copy(crashed, tmp_path / "job")
+    n = len(list((d / "ckpt").glob("cp-*")))
+    res = run(d / "spec.toml", "--start-over")
+    assert res.returncode == 0, res.stderr
+    assert len(list((d / "ckpt" / "rejected").glob("*-start-over-*"))) == n
+    assert_same_output(d, expected)

@@ -70,3 +70,20 @@ def test_crash_without_checkpoints_leaves_nothing_half_committed(
     assert_same_output(tmp_path, expected)
     assert run(spec).returncode == 0  # a rerun suppresses what is committed
     assert_same_output(tmp_path, expected)
+
+
+@pytest.mark.parametrize(
+    "point", ["after_sink_prepare", "after_write_state", "before_manifest_publish"]
+)
+def test_kill_while_writing_the_very_first_checkpoint(
+    tmp_path: Path, expected: Path, point: str
+) -> None:
+    """No checkpoint was ever published: the next run clears the crashed writer's
+    directory away (as evidence) and starts from the beginning."""
+    spec = _story(tmp_path)
+    assert run(spec, crash_at=f"{point}:1").returncode == -9
+    resumed = run(spec)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_output(tmp_path, expected)
+    moved = list((tmp_path / "ckpt" / "rejected").glob("cp-000000000001-NO_MANIFEST-*"))
+    assert len(moved) == (0 if point == "after_sink_prepare" else 1)

@@ -278,8 +278,15 @@ class Job:
         self._loop(checkpoint=store)
 
     def _recover(self, store: LocalCheckpointStore) -> tuple[int, dict[str, Any]] | None:
+        store.clear_trash()
         ids = store.ids()
         if not ids:
+            return None
+        if self.start_over:
+            for cid in ids:
+                store.move_aside(cid, "start-over")
+                self.rejected.append({"id": cid, "verdict": "MOVED_ASIDE", "reason": "START_OVER",
+                                      "message": "--start-over"})
             return None
         policy = guard.Policy(key=self.key, pipeline=self.p.name, fingerprint=self.fingerprint)
         verdicts: list[guard.Verdict] = []
@@ -293,9 +300,11 @@ class Job:
                     self.rejected.append(bad.to_json())
                 self.resumed_from = cid
                 return cid, dict(v.manifest)
-        if self.start_over:
+        if all(v.reason == "NO_MANIFEST" for v in verdicts):
+            # only directories of writers that crashed before publishing their first
+            # manifest: no checkpoint was written, and none of their output was committed
             for v in verdicts:
-                store.move_aside(v.checkpoint_id, "start-over")
+                store.move_aside(v.checkpoint_id, v.reason)
                 self.rejected.append(v.to_json())
             return None
         found = "; ".join(f"{v.checkpoint_id}: {v.verdict} ({v.reason})" for v in verdicts[:5])
@@ -307,11 +316,7 @@ class Job:
 
     @staticmethod
     def _judge(store: LocalCheckpointStore, cid: int, policy: guard.Policy) -> guard.Verdict:
-        doc = store.read_manifest(cid)
-        parent = None
-        if doc is not None and isinstance(doc.get("parent"), int):
-            parent = store.read_manifest(int(doc["parent"]))
-        return guard.judge(store.evidence(cid), parent, policy)
+        return guard.judge(store.evidence(cid), store.verified_parent(cid, policy.key), policy)
 
     def _restore(
         self, store: LocalCheckpointStore, cid: int, doc: dict[str, Any]

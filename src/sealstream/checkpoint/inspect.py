@@ -660,7 +660,9 @@ def plan_prune(
     non-ATOMIC ones older than the newest ATOMIC one aside (and, when no job runs,
     the newer ones too, as recovery would). Nothing is planned when no checkpoint is
     ATOMIC. While a job runs, nothing at or above the newest ATOMIC one is touched, nor
-    a PARTIAL one (files missing: the job's retention may be deleting it this instant).
+    a PARTIAL one (files missing: the job's retention may be deleting it this instant),
+    nor the oldest one (the one the job's retention removes next), so that prune and the
+    job's retention rarely reach for the same checkpoint at the same instant.
     Checkpoints holding a file that a kept (or untouched) checkpoint references are
     not removed."""
     if keep < 1:
@@ -678,12 +680,18 @@ def plan_prune(
     plan.newest_atomic = newest
     plan.keep = atomic[:keep]
     candidates: list[int] = []
+    oldest = ids[-1]
     for cid in ids:
         if cid in plan.keep:
             continue
         if cid > newest and job_running:
             plan.untouched.append((cid, "newer than the newest ATOMIC checkpoint while a job "
                                         "runs (it may be being written)"))
+            continue
+        if cid == oldest and job_running:
+            # what the job's retention removes next: leave it to the job rather than race it
+            plan.untouched.append((cid, "the oldest checkpoint while a job runs (the job's own "
+                                        "retention removes it next)"))
             continue
         candidates.append(cid)
     protected: dict[str, int] = {}

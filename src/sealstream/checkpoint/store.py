@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from sealstream.checkpoint.guard import Evidence, FileFact
-from sealstream.checkpoint.manifest import MANIFEST_NAME, RECEIPTS_NAME
+from sealstream.checkpoint.manifest import MANIFEST_NAME, RECEIPTS_NAME, signature_ok
 from sealstream.errors import CheckpointError, LockHeldError
 from sealstream.sinks._files import fsync_dir, fsync_file, os_reason
 from sealstream.state.codec import WATERMARK_META, read_metadata
@@ -39,6 +39,7 @@ from sealstream.state.codec import WATERMARK_META, read_metadata
 PREFIX = "cp-"
 LOCK_NAME = "LOCK"
 REJECTED = "rejected"
+TRASH = ".deleting-"
 
 
 def checkpoint_dirname(cid: int) -> str:
@@ -95,6 +96,21 @@ class LocalCheckpointStore:
         except (OSError, ValueError):
             return None
         return doc if isinstance(doc, dict) else None
+
+    def verified_parent(self, cid: int, key: bytes | None) -> dict[str, Any] | None:
+        """The manifest of ``cid``'s parent when its signature verifies, else None.
+
+        A parent is only a yardstick for coherence (watermark and positions must
+        not go back) when it is itself authentic; a tampered parent must not make
+        an intact child look inconsistent.
+        """
+        doc = self.read_manifest(cid)
+        if doc is None or not isinstance(doc.get("parent"), int):
+            return None
+        parent = self.read_manifest(int(doc["parent"]))
+        if parent is None or not signature_ok(parent, key)[0]:
+            return None
+        return parent
 
     def read(self, relpath: str) -> bytes:
         return (self.root / relpath).read_bytes()
@@ -229,9 +245,22 @@ class LocalCheckpointStore:
         return dest
 
     def delete(self, cid: int) -> None:
-        """Remove a verified-and-superseded checkpoint (retention only)."""
-        shutil.rmtree(self.path_of(cid))
+        """Remove a verified-and-superseded checkpoint (retention only).
+
+        The directory is first renamed out of the ``cp-*`` namespace in one atomic
+        step, so a crash mid-deletion never leaves a half-deleted checkpoint.
+        """
+        trash = self.root / f"{TRASH}{checkpoint_dirname(cid)}"
+        os.rename(self.path_of(cid), trash)
         fsync_dir(self.root)
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def clear_trash(self) -> None:
+        """Finish deletions a crash interrupted."""
+        if self.root.is_dir():
+            for entry in self.root.iterdir():
+                if entry.name.startswith(TRASH) and entry.is_dir():
+                    shutil.rmtree(entry, ignore_errors=True)
 
     # ------------------------------------------------------------ lock
     @contextlib.contextmanager

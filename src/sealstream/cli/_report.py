@@ -59,11 +59,7 @@ def verify_checkpoints(store: LocalCheckpointStore, pipeline: Pipeline | None) -
     results = []
     resume = None
     for cid in store.ids():
-        doc = store.read_manifest(cid)
-        parent = None
-        if doc is not None and isinstance(doc.get("parent"), int):
-            parent = store.read_manifest(int(doc["parent"]))
-        v = guard.judge(store.evidence(cid), parent, policy)
+        v = guard.judge(store.evidence(cid), store.verified_parent(cid, policy.key), policy)
         entry = v.to_json()
         entry["signer"] = v.signer
         entry["watermark_ms"] = _wm(v.watermark_ms)

@@ -8,6 +8,7 @@ needs it, damaged the way a disk or a crash damages it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -538,8 +539,6 @@ def test_prune_keeps_referenced_files(job: Path, capsys: pytest.CaptureFixture[s
     body = json.loads(m.read_text())
     body.pop("signature")
     shared = cp(job, 1) / "state.arrow"
-    import hashlib
-
     body["files"]["suppress"] = {"path": "cp-000000000001/state.arrow",
                                  "sha256": hashlib.sha256(shared.read_bytes()).hexdigest(),
                                  "bytes": shared.stat().st_size}

@@ -55,6 +55,7 @@ __all__ = [
     "open_windows_table",
     "plan_prune",
     "resolve_id",
+    "typed_for_parquet",
     "wm_json",
     "wm_iso",
 ]

@@ -239,7 +239,10 @@ class LocalCheckpointStore:
         while dest.exists():
             n += 1
             dest = rej / f"{checkpoint_dirname(cid)}-{reason}-{stamp}-{n}"
-        os.rename(self.path_of(cid), dest)
+        try:
+            os.rename(self.path_of(cid), dest)
+        except FileNotFoundError:
+            return dest  # gone already (a concurrent prune moved or deleted it)
         fsync_dir(rej)
         fsync_dir(self.root)
         return dest
@@ -251,7 +254,10 @@ class LocalCheckpointStore:
         step, so a crash mid-deletion never leaves a half-deleted checkpoint.
         """
         trash = self.root / f"{TRASH}{checkpoint_dirname(cid)}"
-        os.rename(self.path_of(cid), trash)
+        try:
+            os.rename(self.path_of(cid), trash)
+        except FileNotFoundError:
+            return  # already removed (e.g. by a concurrent `checkpoints prune`)
         fsync_dir(self.root)
         shutil.rmtree(trash, ignore_errors=True)
 

@@ -62,6 +62,7 @@ from ._parse import (
 )
 
 _GROUP_LINES = 1024
+_LEAF_LINES = 16  # below this, a span with a bad line is checked line by line
 _TOKEN = r'"|-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|true|false|null|\{|\['
 _NUMLIKE = r"^-?[0-9]+(?:\.[0-9]+)?$"
 _WS = "[ \t\r\n]*"
@@ -408,18 +409,28 @@ class JsonlReader(LineFileReader):
         bad_reason: list[str] = []
         bad_raw: list[str] = []
         n = len(rec_idx)
-        for g0 in range(0, n, _GROUP_LINES):
-            g1 = min(n, g0 + _GROUP_LINES)
+
+        def settle(g0: int, g1: int) -> None:
+            """Decode records g0..g1 column-wise, bisecting around bad lines: a span
+            that fails is halved until it is small, then checked line by line."""
             if utf8_ok:
                 span = buf[starts[rec_idx[g0]] : stops[rec_idx[g1 - 1]]]
                 decoded = self._decode(span)
                 if decoded is not None and decoded[0].height == g1 - g0:
-                    parts.append(
-                        self._classify(
-                            decoded[0], raw.slice(g0, g1 - g0), rec_off[g0:g1], decoded[1]
+                    if decoded[1]:  # types were relearned: classify on its own
+                        parts.append(
+                            self._classify(
+                                decoded[0], raw.slice(g0, g1 - g0), rec_off[g0:g1], True
+                            )
                         )
-                    )
-                    continue
+                    else:  # classified together below: one pass, not one per span
+                        clean.append((decoded[0], g0, g1))
+                    return
+                if g1 - g0 > _LEAF_LINES:
+                    mid = (g0 + g1) // 2
+                    settle(g0, mid)
+                    settle(mid, g1)
+                    return
             good: list[int] = []
             for r in range(g0, g1):
                 line = _strip_eol(buf[starts[rec_idx[r]] : stops[rec_idx[r]]])
@@ -445,6 +456,24 @@ class JsonlReader(LineFileReader):
                         bad_raw,
                     )
                 )
+
+        clean: list[tuple[pl.DataFrame, int, int]] = []
+        for g0 in range(0, n, _GROUP_LINES):
+            settle(g0, min(n, g0 + _GROUP_LINES))
+        by_schema: dict[tuple[tuple[str, pl.DataType], ...], list[tuple[pl.DataFrame, int, int]]]
+        by_schema = {}
+        for item in clean:  # spans decoded with the same learned types go together
+            by_schema.setdefault(tuple(item[0].schema.items()), []).append(item)
+        for group in by_schema.values():
+            idx = np.concatenate([np.arange(a, b) for _, a, b in group])
+            parts.append(
+                self._classify(
+                    pl.concat([d for d, _, _ in group], how="vertical"),
+                    raw.gather(pl.Series(idx, dtype=pl.Int64)),
+                    rec_off[idx],
+                    False,
+                )
+            )
         if parts:
             cls = pl.concat(parts, how="vertical_relaxed").sort(OFFSET)
         else:

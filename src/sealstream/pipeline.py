@@ -495,3 +495,43 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
 def with_batch_size(p: Pipeline, batch_size: int) -> Pipeline:
     """A copy of ``p`` reading ``batch_size`` records per partition per step."""
     return replace(p, batch_size=batch_size)
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        out[prefix] = value
+
+
+ABSENT = "(absent)"
+
+
+def definition_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[
+    tuple[str, Any, Any]
+]:
+    """``(setting, old value, new value)`` for every setting of
+    :meth:`Pipeline.fingerprint_fields` that differs, in a stable order.
+
+    A setting present on one side only has :data:`ABSENT` on the other.
+    """
+    a: dict[str, Any] = {}
+    b: dict[str, Any] = {}
+    _flatten("", old, a)
+    _flatten("", new, b)
+    out = []
+    for k in list(a) + [k for k in b if k not in a]:
+        va, vb = a.get(k, ABSENT), b.get(k, ABSENT)
+        if va != vb:
+            out.append((k, va, vb))
+    return out
+
+
+def definition_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """Readable lines ``window.size_ms: 60000 -> 30000``, one per changed setting."""
+
+    def fmt(v: Any) -> str:
+        return v if v is ABSENT else json.dumps(v)
+
+    return [f"{k}: {fmt(va)} -> {fmt(vb)}" for k, va, vb in definition_changes(old, new)]

@@ -133,7 +133,7 @@ def run_killed_randomly(spec: Path, rng: random.Random, typical_s: float, max_ro
             env=e, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         ) as proc:
             try:
-                _, err = proc.communicate(timeout=rng.uniform(0.2, 1.0) * typical_s)
+                _, err = proc.communicate(timeout=rng.uniform(0.1, 0.6) * typical_s)
             except subprocess.TimeoutExpired:
                 proc.send_signal(signal.SIGKILL)
                 proc.communicate()

@@ -36,6 +36,25 @@ e. Readers reopen at the saved positions (checking the files' identity).
 Without a ``[checkpoint]`` section the whole run is one epoch committed at the
 end, and whatever the sinks already hold is suppressed (a rerun changes
 nothing).
+
+Fit between saved state and the deployed definition: when the newest
+checkpoints were written by a different pipeline definition (their
+fingerprint, or pipeline name, differs from the spec's), ``run`` refuses with
+:class:`DefinitionMismatchError`: a diff of the recorded definition against the
+spec (``window.size_ms: 60000 -> 30000``) and the ways forward (``sealstream
+replay`` into a new destination, or ``--start-over``). It never falls back past
+such a checkpoint to an older one. **choice:** every change of what the state
+depends on is refused, including *adding an aggregate*: a window that is
+already open has not kept the new aggregate for the events it has seen, so
+resuming would emit wrong values for it. Replaying (``--from start``) computes
+it correctly. Changes that the state does not depend on (output paths and
+kinds, checkpoint interval, ``keep``, batch size) are not in the fingerprint
+and resume normally.
+
+A job can also start from a given :class:`StartPoint` (positions, window state,
+watermark) when its own checkpoint directory holds nothing to resume: this is
+how ``sealstream replay`` re-runs an interval into an isolated destination
+(see :mod:`sealstream._runtime.replay`).
 """
 
 from __future__ import annotations
@@ -64,7 +83,7 @@ from sealstream.checkpoint.manifest import (
 )
 from sealstream.checkpoint.store import LocalCheckpointStore, checkpoint_dirname
 from sealstream.errors import BadRecordError, NoValidCheckpointError
-from sealstream.pipeline import Pipeline
+from sealstream.pipeline import ABSENT, Pipeline, definition_changes, definition_diff
 from sealstream.sinks import open_sink
 from sealstream.sinks._base import JSON_LINE, Sink
 from sealstream.sources._base import OFFSET, PARTITION, RAW
@@ -74,6 +93,73 @@ from sealstream.windows.aggregates import SEQ
 from sealstream.windows.operator import WindowOperator
 
 ROLES = ("results", "late", "errors")
+DEFINITION_REASONS = ("FINGERPRINT_MISMATCH", "OTHER_PIPELINE")
+
+
+class DefinitionMismatchError(NoValidCheckpointError):
+    """The newest checkpoints were written by a different pipeline definition.
+
+    ``changes`` lists ``"setting: old -> new"`` lines (checkpoint -> spec).
+    """
+
+    def __init__(self, message: str, checkpoint_id: int, changes: list[str]) -> None:
+        super().__init__(message)
+        self.checkpoint_id = checkpoint_id
+        self.changes = changes
+
+
+def definition_mismatch(
+    root: object, cid: int, recorded: Any, pipeline: Pipeline
+) -> DefinitionMismatchError:
+    """The refusal for checkpoint ``cid`` whose manifest recorded ``recorded``
+    (its ``definition``; None when absent) for a job running ``pipeline``."""
+    new = pipeline.fingerprint_fields()
+    if isinstance(recorded, dict):
+        changes = definition_diff(recorded, new)
+        added = [
+            k.split(".", 1)[1]
+            for k, old, _ in definition_changes(recorded, new)
+            if k.startswith("aggregates.") and old is ABSENT
+        ]
+    else:
+        changes = ["(the checkpoint does not record its definition; only its fingerprint "
+                   "differs)"]
+        added = []
+    lines = [
+        f"{root}: checkpoint {cid} was written by a different pipeline definition; its saved "
+        "state does not fit this spec. Changed (checkpoint -> spec):",
+        *(f"  {c}" for c in changes),
+    ]
+    if added:
+        lines.append(
+            f"Added aggregate(s) {', '.join(repr(a) for a in added)}: windows already open "
+            "have not kept them for the events they have seen, so resuming would emit wrong "
+            "values; they cannot be added to saved state."
+        )
+    lines += [
+        "Nothing was deleted. Ways forward:",
+        "  - recompute with the new definition into a new destination: "
+        "sealstream replay SPEC --from start --to NEW_DIR",
+        "  - or start over explicitly: sealstream run SPEC --start-over (moves the "
+        "checkpoints aside; output already committed is not repeated, so point the outputs "
+        "at new directories to get results of the new definition only)",
+    ]
+    return DefinitionMismatchError("\n".join(lines), cid, changes)
+
+
+@dataclass(frozen=True)
+class StartPoint:
+    """Where a job starts when its own checkpoint directory has nothing to resume.
+
+    ``positions`` has one entry per partition; ``state`` is the window state
+    (None: no open window) and ``watermark`` a :class:`WatermarkState` as JSON
+    (None: the initial watermark). ``description`` is shown in summaries.
+    """
+
+    positions: tuple[SourcePosition, ...]
+    state: pl.DataFrame | None = None
+    watermark: dict[str, Any] | None = None
+    description: str = "start"
 
 
 @dataclass
@@ -120,6 +206,8 @@ class RunSummary:
     rejected: list[dict[str, Any]] = field(default_factory=list)
     open_windows: int = 0
     watermark_ms: int | None = None
+    replay: dict[str, Any] | None = None
+    stopped_early: bool = False
 
     def to_json(self) -> dict[str, Any]:
         c = self.counters.to_json()
@@ -133,6 +221,8 @@ class RunSummary:
             "rejected": self.rejected,
             "open_windows": self.open_windows,
             "watermark_ms": self.watermark_ms,
+            **({"replay": self.replay} if self.replay is not None else {}),
+            **({"stopped_early": True} if self.stopped_early else {}),
         }
 
 
@@ -152,9 +242,18 @@ class Job:
         start_over: bool = False,
         progress: ProgressFn | None = None,
         crash: CrashPoints | None = None,
+        start: StartPoint | None = None,
+        stop_when: Callable[[Job], bool] | None = None,
     ) -> None:
+        """``start``: where to begin when the checkpoint directory holds nothing to
+        resume (default: the beginning of every partition, no state).
+        ``stop_when``: asked after each checkpoint; True ends the run there (the
+        input is not finished; a later run resumes from that checkpoint)."""
         self.p = pipeline
         self.start_over = start_over
+        self.start = start
+        self.stop_when = stop_when
+        self.stopped_early = False
         self.progress = progress
         self.crash = crash or CrashPoints()
         self.key = checkpoint_key()
@@ -176,6 +275,11 @@ class Job:
         self.operator: WindowOperator | None = None
         self.wm = WatermarkState.initial(len(self.partitions), pipeline.watermark.max_delay_ms)
         self._verified: set[int] = set()
+        if start is not None and len(start.positions) != len(self.partitions):
+            raise ValueError(
+                f"start point has {len(start.positions)} positions for "
+                f"{len(self.partitions)} partitions"
+            )
 
     # ================================================================ public
     def run(self) -> RunSummary:
@@ -204,6 +308,7 @@ class Job:
             rejected=self.rejected,
             open_windows=self.operator.open_windows if self.operator else 0,
             watermark_ms=self.wm.current() if self.operator else None,
+            stopped_early=self.stopped_early,
         )
 
     # ================================================================ setup
@@ -247,8 +352,7 @@ class Job:
             sink.recover({})
         self.suppress = self._committed_ids(None)
         self.epoch = self._max_committed_epoch() + 1
-        self.operator = WindowOperator(self.p)
-        self.positions = [SourcePosition.start() for _ in self.partitions]
+        self.positions = self._fresh_start()
         self._start_sources(self.positions)
         self._loop(checkpoint=None)
         tokens = {role: s.prepare(self.epoch) for role, s in self.sinks.items()}
@@ -263,8 +367,7 @@ class Job:
                 sink.recover({})
             self.suppress = self._committed_ids(None)
             self.epoch = self._max_committed_epoch() + 1
-            self.operator = WindowOperator(self.p)
-            positions = [SourcePosition.start() for _ in self.partitions]
+            positions = self._fresh_start()
             self.parent: int | None = None
             self.receipts_total: dict[str, Any] = {
                 "results": 0, "late": 0, "errors": 0, "digest": ""
@@ -276,6 +379,16 @@ class Job:
         self.positions = positions
         self._start_sources(positions)
         self._loop(checkpoint=store)
+
+    def _fresh_start(self) -> list[SourcePosition]:
+        """Operator, watermark and positions when there is no checkpoint to resume."""
+        if self.start is None:
+            self.operator = WindowOperator(self.p)
+            return [SourcePosition.start() for _ in self.partitions]
+        self.operator = WindowOperator(self.p, self.start.state)
+        if self.start.watermark is not None:
+            self.wm = WatermarkState.from_json(self.start.watermark)
+        return list(self.start.positions)
 
     def _recover(self, store: LocalCheckpointStore) -> tuple[int, dict[str, Any]] | None:
         store.clear_trash()
@@ -300,6 +413,12 @@ class Job:
                     self.rejected.append(bad.to_json())
                 self.resumed_from = cid
                 return cid, dict(v.manifest)
+            if v.reason in DEFINITION_REASONS and v.manifest is not None:
+                # never fall back past a checkpoint of another definition: the state
+                # (and output committed after older checkpoints) belongs to that one
+                raise definition_mismatch(
+                    store.root, cid, v.manifest.get("definition"), self.p
+                )
         if all(v.reason == "NO_MANIFEST" for v in verdicts):
             # only directories of writers that crashed before publishing their first
             # manifest: no checkpoint was written, and none of their output was committed
@@ -391,6 +510,13 @@ class Job:
             if due and dirty:
                 self._checkpoint(checkpoint)
                 since_events, last_ck, dirty = 0, time.monotonic(), False
+                if (
+                    not batch.finished
+                    and self.stop_when is not None
+                    and self.stop_when(self)
+                ):
+                    self.stopped_early = True
+                    break
             if batch.finished:
                 break
 

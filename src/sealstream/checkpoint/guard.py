@@ -13,7 +13,9 @@ says, the parsed receipts) and the guard decides:
   that differs from the state's, receipts for windows the watermark has not
   closed, positions or watermark lower than the parent's, another pipeline's
   checkpoint, a different pipeline fingerprint, or older than a freshness
-  limit. Recovery rejects it and falls back.
+  limit; an encrypted file that does not decrypt (no key, another key, altered)
+  or a plaintext one while encryption is required. Recovery rejects it and
+  falls back.
 * ``ATOMIC_CHECKPOINT`` — every component present and verified, signature
   valid: resume from it.
 
@@ -55,6 +57,9 @@ class FileFact:
     exists: bool
     size: int = 0
     sha256: str = ""
+    #: (reason code, message) when an encrypted file could not be opened; ``size`` is
+    #: then the plaintext size its envelope would hold (so truncation stays visible)
+    problem: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,18 @@ class Evidence:
     state_meta: Mapping[str, Any] | None = None
     state_error: str | None = None
     receipts: Mapping[str, Any] | None = None
+    #: (reason code, message) when the manifest could not be decrypted (``manifest``
+    #: is then None) or is plaintext although encryption is required
+    manifest_problem: tuple[str, str] | None = None
+
+
+#: Reasons the store gives for files it could not decrypt (see checkpoint.crypto).
+ENCRYPTION_REASONS = (
+    "ENCRYPTED_WITHOUT_KEY",
+    "KEY_MISMATCH",
+    "DECRYPTION_FAILED",
+    "PLAINTEXT_WHEN_ENCRYPTED",
+)
 
 
 @dataclass(frozen=True)
@@ -154,6 +171,12 @@ def judge(ev: Evidence, parent: Mapping[str, Any] | None, policy: Policy) -> Ver
 def _judge(ev: Evidence, parent: Mapping[str, Any] | None, policy: Policy) -> Verdict:
     cid = ev.checkpoint_id
     # ---------------------------------------------------------------- presence
+    if ev.manifest_problem is not None:
+        code, text = ev.manifest_problem
+        if code == "FILE_TRUNCATED":
+            return _verdict(ev, PARTIAL, "MANIFEST_UNREADABLE",
+                            f"checkpoint {cid}: encrypted manifest is truncated ({text})")
+        return _verdict(ev, INCONSISTENT, code, f"checkpoint {cid}: manifest: {text}")
     if ev.manifest is None:
         return _verdict(ev, PARTIAL, "NO_MANIFEST", f"checkpoint {cid} has no manifest "
                         "(its writer stopped before publishing it)")
@@ -212,6 +235,12 @@ def _judge(ev: Evidence, parent: Mapping[str, Any] | None, policy: Policy) -> Ve
         }
         verdict = PARTIAL if code == "NO_SIGNATURE" else INCONSISTENT
         return _verdict(ev, verdict, code, f"checkpoint {cid}: {messages[code]}", doc)
+    for role, entry in sorted(files.items()):
+        problem = ev.files[str(entry["path"])].problem
+        if problem is not None:
+            code, text = problem
+            verdict = PARTIAL if code == "FILE_TRUNCATED" else INCONSISTENT
+            return _verdict(ev, verdict, code, f"checkpoint {cid}: {role} file: {text}", doc)
     for role, entry in sorted(files.items()):
         fact = ev.files[str(entry["path"])]
         if fact.size != int(entry.get("bytes", -1)) or fact.sha256 != entry.get("sha256"):

@@ -14,6 +14,14 @@ manifest is published last by renaming a fully written, fsynced temporary
 file, followed by an fsync of the directory. A checkpoint directory without
 ``MANIFEST.json`` is a partial checkpoint (its writer crashed). Directories
 are created 0700 and files 0600.
+
+Encryption at rest: when ``SEALSTREAM_ENCRYPTION_KEY`` (or ``_KEY_FILE``) is set,
+every file of a checkpoint, the manifest included, is written as an AES-256-GCM
+envelope (:mod:`sealstream.checkpoint.crypto`) bound to its path, and decrypted
+on read: :meth:`read`, :meth:`read_manifest` and :meth:`evidence` return and
+judge plaintext, so the engine and the guard are unchanged. The SHA-256 and
+sizes in the manifest are those of the plaintext (GCM authenticates the
+ciphertext). With a key set, a plaintext checkpoint is refused (fail closed).
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from sealstream.checkpoint import crypto
 from sealstream.checkpoint.guard import Evidence, FileFact
 from sealstream.checkpoint.manifest import MANIFEST_NAME, RECEIPTS_NAME, signature_ok
 from sealstream.errors import CheckpointError, LockHeldError
@@ -56,9 +65,36 @@ def _parse_id(name: str) -> int | None:
 class LocalCheckpointStore:
     """Checkpoints as directories under ``root``."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, encryption_key: bytes | None | object = crypto.FROM_ENV
+                 ) -> None:
+        """``encryption_key``: 32 bytes, None for plaintext checkpoints, or by default
+        the key configured in the environment (SpecError when it is malformed)."""
         self.root = Path(root)
         self._lock_fd: int | None = None
+        if encryption_key is crypto.FROM_ENV:
+            self.encryption_key = crypto.encryption_key()
+        elif encryption_key is None or isinstance(encryption_key, bytes):
+            if encryption_key is not None and len(encryption_key) != crypto.KEY_BYTES:
+                raise ValueError("the encryption key must be 32 bytes")
+            self.encryption_key = encryption_key
+        else:
+            raise TypeError("encryption_key must be bytes or None")
+
+    @property
+    def encrypted(self) -> bool:
+        """Whether this store writes (and requires) encrypted checkpoints."""
+        return self.encryption_key is not None
+
+    def _open(self, rel: str, data: bytes) -> bytes:
+        """The plaintext of the file at ``rel``; raises crypto.EnvelopeError."""
+        if self.encryption_key is None and not crypto.is_envelope(data):
+            return data
+        return crypto.decrypt(self.encryption_key, data, rel)
+
+    def _seal(self, rel: str, data: bytes) -> bytes:
+        if self.encryption_key is None:
+            return data
+        return crypto.encrypt(self.encryption_key, data, rel)
 
     # ------------------------------------------------------------ reading
     def exists(self) -> bool:
@@ -89,11 +125,18 @@ class LocalCheckpointStore:
     def path_of(self, cid: int) -> Path:
         return self.root / checkpoint_dirname(cid)
 
+    def read_manifest_bytes(self, cid: int) -> bytes:
+        """The manifest's (decrypted) bytes. Raises OSError (FileNotFoundError when
+        absent) or crypto.EnvelopeError (a CheckpointError naming the reason)."""
+        rel = f"{checkpoint_dirname(cid)}/{MANIFEST_NAME}"
+        return self._open(rel, (self.root / rel).read_bytes())
+
     def read_manifest(self, cid: int) -> dict[str, Any] | None:
-        """The parsed manifest, unverified, or None when missing or unreadable."""
+        """The parsed manifest, unverified, or None when missing, unreadable or
+        not decryptable (the guard's verdict says why)."""
         try:
-            doc = json.loads((self.path_of(cid) / MANIFEST_NAME).read_bytes())
-        except (OSError, ValueError):
+            doc = json.loads(self.read_manifest_bytes(cid))
+        except (OSError, ValueError, crypto.EnvelopeError):
             return None
         return doc if isinstance(doc, dict) else None
 
@@ -113,7 +156,9 @@ class LocalCheckpointStore:
         return parent
 
     def read(self, relpath: str) -> bytes:
-        return (self.root / relpath).read_bytes()
+        """A checkpoint file's plaintext. Raises OSError, or crypto.EnvelopeError (a
+        CheckpointError) when it cannot be decrypted or is plaintext while a key is set."""
+        return self._open(relpath, (self.root / relpath).read_bytes())
 
     def files_of(self, cid: int) -> list[str]:
         """Paths (relative to root) of every file the checkpoint's validity depends on."""
@@ -133,12 +178,19 @@ class LocalCheckpointStore:
     def evidence(self, cid: int) -> Evidence:
         """Read everything the guard needs about checkpoint ``cid``."""
         d = self.path_of(cid)
+        manifest_problem: tuple[str, str] | None = None
         try:
             manifest: bytes | None = (d / MANIFEST_NAME).read_bytes()
         except FileNotFoundError:
             manifest = None
         except OSError as exc:
             raise CheckpointError(f"cannot read {d / MANIFEST_NAME}: {os_reason(exc)}") from None
+        if manifest is not None:
+            try:
+                manifest = self._open(f"{d.name}/{MANIFEST_NAME}", manifest)
+            except crypto.EnvelopeError as exc:
+                manifest_problem = (exc.reason, str(exc))
+                manifest = None
         facts: dict[str, FileFact] = {}
         state_meta: dict[str, Any] | None = None
         state_error: str | None = None
@@ -154,9 +206,17 @@ class LocalCheckpointStore:
                 if not isinstance(entry, dict) or "path" not in entry:
                     continue
                 rel = str(entry["path"])
-                data = self._read_quiet(rel)
-                if data is None:
+                raw = self._read_quiet(rel)
+                if raw is None:
                     facts[rel] = FileFact(False)
+                    continue
+                try:
+                    data = self._open(rel, raw)
+                except crypto.EnvelopeError as exc:
+                    size = len(raw)
+                    if crypto.is_envelope(raw):  # the plaintext size it would hold
+                        size = max(0, size - crypto.OVERHEAD)
+                    facts[rel] = FileFact(True, size, "", (exc.reason, str(exc)))
                     continue
                 digest = hashlib.sha256(data).hexdigest()
                 facts[rel] = FileFact(True, len(data), digest)
@@ -174,7 +234,8 @@ class LocalCheckpointStore:
                         receipts = parsed if isinstance(parsed, dict) else None
                     except ValueError:
                         receipts = None
-        return Evidence(cid, manifest, facts, state_meta, state_error, receipts)
+        return Evidence(cid, manifest, facts, state_meta, state_error, receipts,
+                        manifest_problem)
 
     def _read_quiet(self, rel: str) -> bytes | None:
         path = self.root / rel
@@ -207,7 +268,7 @@ class LocalCheckpointStore:
             for name, data in files.items():
                 fd = os.open(d / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 with os.fdopen(fd, "wb") as f:
-                    f.write(data)
+                    f.write(self._seal(f"{d.name}/{name}", data))
                     fsync_file(f)
                 if crash is not None:
                     crash(f"after_write_{name.split('.')[0]}")
@@ -215,7 +276,7 @@ class LocalCheckpointStore:
             tmp = d / f".{MANIFEST_NAME}.tmp"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as f:
-                f.write(manifest)
+                f.write(self._seal(f"{d.name}/{MANIFEST_NAME}", manifest))
                 fsync_file(f)
             if crash is not None:
                 crash("before_manifest_publish")

@@ -47,27 +47,66 @@ def cli() -> None:
               help="Records read per partition per step (does not change results).")
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run summary as JSON.")
+@click.option("--metrics-port", type=click.IntRange(min=0, max=65535),
+              help="Serve Prometheus metrics on http://127.0.0.1:PORT/metrics "
+                   "(0: pick a free port and print it on stderr).")
+@click.option("--metrics-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the Prometheus metrics to this file (atomically) after every "
+                   "checkpoint, e.g. for node_exporter's textfile collector.")
 def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int | None,
-        quiet: bool, as_json: bool) -> None:
-    """Run the pipeline described by SPEC (a TOML file) to the end of its input."""
+        quiet: bool, as_json: bool, metrics_port: int | None,
+        metrics_file: Path | None) -> None:
+    """Run the pipeline described by SPEC (a TOML file) to the end of its input.
+
+    On a terminal, shows live progress on stderr; otherwise logs one JSON line per
+    checkpoint and a summary line on stderr.
+    """
     from sealstream._runtime.engine import Job
+    from sealstream.cli._metrics import Metrics, MetricsServer
     from sealstream.cli._progress import Progress, print_summary
     from sealstream.pipeline import load_spec, with_batch_size
 
+    metrics: Metrics | None = None
     try:
         pipeline = load_spec(spec)
         if batch_size is not None:
             pipeline = with_batch_size(pipeline, batch_size)
+        if metrics_file is not None and not metrics_file.parent.is_dir():
+            raise SpecError(f"--metrics-file: directory {metrics_file.parent} does not exist")
+        server = None
+        if metrics_port is not None:
+            try:
+                server = MetricsServer(metrics_port, pipeline.name)
+            except OSError as exc:
+                raise SpecError(f"--metrics-port {metrics_port}: cannot listen on "
+                                f"127.0.0.1:{metrics_port}: {exc.strerror or exc}") from None
+            click.echo(f"sealstream: metrics on http://127.0.0.1:{server.port}/metrics",
+                       err=True)
+        if server is not None or metrics_file is not None:
+            metrics = Metrics(server, metrics_file)
         progress = None if (quiet or as_json) else Progress.for_terminal()
-        job = Job(pipeline, start_over=start_over, progress=progress)
+        hooks = [h for h in (metrics, progress) if h is not None]
+
+        def on_batch(j: Job) -> None:
+            for h in hooks:
+                h(j)
+
+        job = Job(pipeline, start_over=start_over, progress=on_batch if hooks else None)
         try:
             summary = job.run()
         finally:
             if progress is not None:
-                progress.stop()
+                progress.stop(job)
+        if metrics is not None:
+            metrics.finish(job)
+        if progress is not None:
+            progress.finish(job, summary)
     except SealstreamError as err:
         _fail(err)
         return
+    finally:
+        if metrics is not None:
+            metrics.close()
     data = summary.to_json()
     if summary_json is not None:
         summary_json.write_text(json.dumps(data, indent=2) + "\n")
@@ -75,6 +114,47 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
         click.echo(json.dumps(data, indent=2))
     elif not quiet:
         print_summary(summary)
+
+
+@cli.command()
+@click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--from", "origin", required=True, metavar="ID|start|p0=OFFSET,...",
+              help="Where to start: a live checkpoint id (must be ATOMIC), 'start', or "
+                   "partition offsets (by name or p<index>) with empty state.")
+@click.option("--to", "to", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Isolated destination: DIR/out, DIR/late, DIR/errors and DIR/ckpt.")
+@click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
+@click.option("--json", "as_json", is_flag=True, help="Print the run summary as JSON.")
+def replay(spec: Path, origin: str, to: Path, quiet: bool, as_json: bool) -> None:
+    """Re-run SPEC from --from into the isolated destination --to.
+
+    Live outputs and live checkpoints are never written (the live checkpoint is only
+    read). Offsets start with empty window state: windows spanning the start are partial.
+    """
+    from sealstream._runtime.replay import replay as run_replay
+    from sealstream.cli._progress import Progress, print_summary
+    from sealstream.pipeline import load_spec
+
+    try:
+        pipeline = load_spec(spec)
+        progress = None if (quiet or as_json) else Progress.for_terminal()
+        try:
+            summary = run_replay(pipeline, origin, to, progress=progress)
+        finally:
+            if progress is not None:
+                progress.stop()
+    except SealstreamError as err:
+        _fail(err)
+        return
+    data = summary.to_json()
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+    elif not quiet:
+        print_summary(summary)
+        info = summary.replay or {}
+        click.echo(f"replayed from {info.get('from')} into {info.get('to')}")
+        for note in info.get("notes", []):
+            click.echo(f"note: {note}")
 
 
 @cli.group()

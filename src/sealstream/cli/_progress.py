@@ -1,8 +1,10 @@
 """Progress and summaries for ``sealstream run``.
 
-On a terminal: a live line (events, rate, watermark, late and bad records,
-last checkpoint) with a progress bar when the input size is known. Without a
-terminal: one structured JSON log line per checkpoint on stderr.
+On a terminal: a live panel (events, rate, watermark, per-partition lag, late
+and bad records, last checkpoint's age, duration and size) with a progress bar
+when the input size is known, redrawn at most 10 times a second. Without a
+terminal: one structured JSON log line per checkpoint on stderr, and a final
+summary line.
 """
 
 from __future__ import annotations
@@ -10,15 +12,21 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import TYPE_CHECKING
+from collections import deque
+from typing import TYPE_CHECKING, Any, TextIO
 
-from rich.console import Console
-from rich.progress import BarColumn, TaskID, TextColumn, TimeRemainingColumn
-from rich.progress import Progress as RichProgress
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.progress_bar import ProgressBar
 from rich.table import Table
+from rich.text import Text
 
 if TYPE_CHECKING:
     from sealstream._runtime.engine import Job, RunSummary
+
+REDRAW_S = 0.1
+"""At most ten redraws a second: the callback runs after every batch."""
+MAX_PARTITION_ROWS = 8
 
 
 def _fmt_wm(ms: int | None) -> str:
@@ -31,60 +39,264 @@ def _fmt_wm(ms: int | None) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
 
 
-class Progress:
-    """Reports a running job; call :meth:`stop` at the end."""
+def _wm_json(ms: int | None) -> int | None:
+    """A watermark for JSON: ms, or None when it is -inf/+inf (see ``watermark``)."""
+    from sealstream.watermark import NEG_INF, POS_INF
 
-    def __init__(self, tty: bool) -> None:
+    if ms is None or ms <= NEG_INF or ms >= POS_INF:
+        return None
+    return ms
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"  # pragma: no cover
+
+
+def _fmt_s(s: float) -> str:
+    if s < 1:
+        return f"{s * 1000:.0f} ms"
+    if s < 120:
+        return f"{s:.1f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def _fmt_lag(ms: int) -> str:
+    return "0" if ms <= 0 else _fmt_s(ms / 1000)
+
+
+def partition_sizes(job: Job) -> list[tuple[int, int] | None]:
+    """``(consumed, total)`` bytes per partition, None where the reader cannot tell."""
+    merger = job.merger
+    buffers = getattr(merger, "buffers", None) if merger is not None else None
+    if not buffers:
+        return [None] * len(job.names)
+    out: list[tuple[int, int] | None] = []
+    for b in buffers:
+        try:
+            out.append(b.reader.size_hint())
+        except Exception:  # a progress display must never stop the job
+            out.append(None)
+    return out
+
+
+def partition_lags(job: Job) -> list[tuple[str, int, int | None]]:
+    """``(name, watermark_ms, lag_ms)`` per partition; lag is how far its watermark is
+    behind the most advanced live partition's (None when it has no watermark yet)."""
+    from sealstream.watermark import NEG_INF, POS_INF
+
+    wms = [job.wm.partition_ms(q) for q in range(len(job.names))]
+    live = [w for w in wms if NEG_INF < w < POS_INF]
+    top = max(live) if live else None
+    out: list[tuple[str, int, int | None]] = []
+    for name, w in zip(job.names, wms, strict=True):
+        if w >= POS_INF:
+            lag: int | None = 0
+        elif w <= NEG_INF or top is None:
+            lag = None
+        else:
+            lag = top - w
+        out.append((name, w, lag))
+    return out
+
+
+class Progress:
+    """Reports a running job after every batch; call :meth:`finish` (success) or
+    :meth:`stop` (always) at the end."""
+
+    def __init__(self, tty: bool, stream: TextIO | None = None) -> None:
         self.tty = tty
-        self.bar: RichProgress | None = None
-        self.task: TaskID | None = None
+        self.stream = stream
+        self.live: Live | None = None
         self.last_ck = 0
         self.last_draw = 0.0
+        self.samples: deque[tuple[float, int, int]] = deque(maxlen=64)
+        self.base: tuple[float, int] | None = None
 
     @classmethod
     def for_terminal(cls) -> Progress:
         return cls(sys.stderr.isatty())
 
+    @property
+    def out(self) -> TextIO:
+        return self.stream if self.stream is not None else sys.stderr
+
+    # ------------------------------------------------------------ callback
     def __call__(self, job: Job) -> None:
-        st = job.ck_stats
         if not self.tty:
-            if st.count != self.last_ck:
-                self.last_ck = st.count
-                c = job.counters
-                print(json.dumps({
-                    "event": "checkpoint", "id": st.last_id, "ms": round(st.last_ms, 1),
-                    "bytes": st.last_bytes, "events": c.events, "late": c.late_events,
-                    "bad": c.bad_records, "watermark": _fmt_wm(job.wm.current()),
-                }), file=sys.stderr, flush=True)
+            self._log_checkpoint(job)
             return
         now = time.monotonic()
-        if now - self.last_draw < 0.1:
+        if now - self.last_draw < REDRAW_S:
             return
         self.last_draw = now
-        if self.bar is None:
-            self.bar = RichProgress(
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                TextColumn("{task.fields[info]}"),
-                TimeRemainingColumn(), console=Console(stderr=True), transient=True,
-            )
-            self.bar.start()
-            self.task = self.bar.add_task(job.p.name, total=None, info="")
-        hint = job.merger.size_hint() if job.merger else None
-        c = job.counters
-        elapsed = max(now - job.started, 1e-9)
-        ck = f" ckpt {st.last_id} ({st.last_ms:.0f} ms)" if st.last_id is not None else ""
-        info = (f"{c.events:,} events {c.events / elapsed:,.0f}/s  wm {_fmt_wm(job.wm.current())}"
-                f"  late {c.late_events:,} bad {c.bad_records:,}{ck}")
-        assert self.task is not None
-        if hint is not None:
-            self.bar.update(self.task, completed=hint[0], total=hint[1] or None, info=info)
-        else:
-            self.bar.update(self.task, info=info)
+        if self.live is None:
+            self.live = Live(console=Console(file=self.out), auto_refresh=False,
+                             transient=True, redirect_stdout=False, redirect_stderr=False)
+            self.live.start()
+        self.live.update(self.render(job, now), refresh=True)
 
-    def stop(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
+    # ------------------------------------------------------------ JSON log
+    def _log_checkpoint(self, job: Job) -> None:
+        st = job.ck_stats
+        if st.count == self.last_ck:
+            return
+        self.last_ck = st.count
+        self._emit(checkpoint_record(job))
+
+    def _emit(self, record: dict[str, Any]) -> None:
+        print(json.dumps(record), file=self.out, flush=True)
+
+    def finish(self, job: Job, summary: RunSummary) -> None:
+        """Log the last checkpoint (written after the last callback) and the summary."""
+        self.stop()
+        if self.tty:
+            return
+        self._log_checkpoint(job)
+        data = summary.to_json()
+        self._emit({"event": "summary", "ts": _now_iso(), **data,
+                    "watermark": _fmt_wm(summary.watermark_ms)})
+
+    def stop(self, job: Job | None = None) -> None:
+        """Stop drawing; with ``job``, log a checkpoint not logged yet (e.g. on failure)."""
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+        if job is not None and not self.tty:
+            self._log_checkpoint(job)
+
+    # ------------------------------------------------------------ terminal
+    def _rates(self, now: float, events: int, consumed: int) -> tuple[float, float]:
+        """Events/s and bytes/s over the last few seconds."""
+        self.samples.append((now, events, consumed))
+        while len(self.samples) > 2 and now - self.samples[0][0] > 3.0:
+            self.samples.popleft()
+        t0, e0, b0 = self.samples[0]
+        dt = now - t0
+        if dt <= 0:
+            return 0.0, 0.0
+        return (events - e0) / dt, (consumed - b0) / dt
+
+    def render(self, job: Job, now: float) -> RenderableType:
+        c, st = job.counters, job.ck_stats
+        sizes = partition_sizes(job)
+        known = all(s is not None for s in sizes) and bool(sizes)
+        consumed = sum(s[0] for s in sizes if s is not None)
+        total = sum(s[1] for s in sizes if s is not None)
+        if self.base is None:
+            # counters are restored on resume: rates count this run's events only
+            self.base = (job.started, c.events)
+        rate, byte_rate = self._rates(now, c.events, consumed)
+        elapsed = max(now - self.base[0], 1e-9)
+        avg = (c.events - self.base[1]) / elapsed
+
+        head = Table.grid(padding=(0, 1))
+        head.add_row(Text(job.p.name, style="bold"), Text(f"{_fmt_s(elapsed)} elapsed"))
+        rows: list[RenderableType] = [head]
+        if known and total:
+            bar = Table.grid(padding=(0, 1))
+            eta = (
+                f"eta {_fmt_s((total - consumed) / byte_rate)}" if byte_rate > 0 else "eta -"
+            )
+            bar.add_row(ProgressBar(total=total, completed=consumed, width=40),
+                        Text(f"{100 * consumed / total:5.1f}%  "
+                             f"{_fmt_bytes(consumed)} / {_fmt_bytes(total)}  {eta}"))
+            rows.append(bar)
+        rows.append(Text(f"events {c.events:,}  {rate:,.0f}/s (avg {avg:,.0f}/s)"))
+        open_windows = getattr(job.operator, "open_windows", None) if job.operator else None
+        ow = f"  open windows {open_windows:,}" if isinstance(open_windows, int) else ""
+        late_bad = Text(f"late {c.late_events:,}  ")
+        late_bad.append(f"bad {c.bad_records:,}", style="bold red" if c.bad_records else "")
+        late_bad.append(f"  windows fired {c.windows_fired:,}{ow}")
+        rows.append(late_bad)
+        rows.append(Text(f"watermark {_fmt_wm(job.wm.current())}"))
+        if st.last_id is not None and st.last_at is not None:
+            rows.append(Text(
+                f"checkpoint {st.last_id}  {_fmt_s(max(0.0, now - st.last_at))} ago  "
+                f"took {st.last_ms:.0f} ms  {_fmt_bytes(st.last_bytes)}  "
+                f"({st.count} this run)"))
+        elif job.store is not None:
+            resumed = f" (resumed from {job.resumed_from})" if job.resumed_from else ""
+            rows.append(Text(f"checkpoint none yet{resumed}"))
+        rows.append(self._partition_table(job, sizes))
+        return Group(*rows)
+
+    def _partition_table(self, job: Job, sizes: list[tuple[int, int] | None]) -> Table:
+        table = Table(box=None, pad_edge=False, show_edge=False, header_style="dim")
+        table.add_column("partition")
+        table.add_column("watermark")
+        table.add_column("lag", justify="right")
+        table.add_column("left", justify="right")
+        lags = partition_lags(job)
+        order = sorted(range(len(lags)), key=lambda q: -(lags[q][2] or 0))
+        for q in order[:MAX_PARTITION_ROWS]:
+            name, w, lag = lags[q]
+            size = sizes[q] if q < len(sizes) else None
+            left = _fmt_bytes(max(0, size[1] - size[0])) if size is not None else "?"
+            table.add_row(name, _fmt_wm(w), "-" if lag is None else _fmt_lag(lag), left)
+        if len(lags) > MAX_PARTITION_ROWS:
+            table.add_row(f"... {len(lags) - MAX_PARTITION_ROWS} more", "", "", "")
+        return table
+
+
+def _now_iso() -> str:
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
+
+
+def checkpoint_record(job: Job) -> dict[str, Any]:
+    """The JSON log record of the job's last checkpoint.
+
+    Counters, watermark and positions come from the checkpoint's manifest (their
+    values at the checkpoint); if it cannot be read, from the job as it is now.
+    """
+    st = job.ck_stats
+    doc = None
+    if job.store is not None and st.last_id is not None:
+        try:
+            doc = job.store.read_manifest(st.last_id)
+        except Exception:  # logging must never stop the job
+            doc = None
+    c: dict[str, Any] = dict(job.counters.to_json())
+    wm_ms: int | None = job.wm.current()
+    part_wm = [job.wm.partition_ms(q) for q in range(len(job.names))]
+    positions: list[dict[str, Any]] = []
+    if doc is not None:
+        c.update({k: v for k, v in doc.get("counters", {}).items() if k in c})
+        wdoc = doc.get("watermark", {})
+        if isinstance(wdoc.get("partition_ms"), list):
+            part_wm = [int(v) for v in wdoc["partition_ms"]]
+            wm_ms = max(int(wdoc.get("global_ms", min(part_wm))), min(part_wm or [0]))
+        by_name = {p.get("partition"): p for p in doc.get("positions", [])}
+        for q, name in enumerate(job.names):
+            pos = by_name.get(name, {})
+            positions.append({
+                "partition": name,
+                "next_offset": pos.get("next_offset"),
+                "byte_offset": pos.get("resume", {}).get("byte_offset"),
+                "watermark_ms": _wm_json(part_wm[q]) if q < len(part_wm) else None,
+            })
+    else:
+        for q, (name, pos) in enumerate(
+            zip(job.names, getattr(job, "positions", []) or [], strict=False)
+        ):
+            positions.append({
+                "partition": name, "next_offset": pos.next_offset,
+                "byte_offset": pos.resume.byte_offset, "watermark_ms": _wm_json(part_wm[q]),
+            })
+    return {
+        "event": "checkpoint", "ts": _now_iso(), "pipeline": job.p.name,
+        "id": st.last_id, "ms": round(st.last_ms, 1), "bytes": st.last_bytes,
+        "events": c["events"], "late": c["late_events"], "bad": c["bad_records"],
+        "windows_fired": c["windows_fired"], "results_written": c["results_written"],
+        "watermark": _fmt_wm(wm_ms), "watermark_ms": _wm_json(wm_ms),
+        "positions": positions,
+    }
 
 
 def print_summary(summary: RunSummary) -> None:

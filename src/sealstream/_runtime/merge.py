@@ -130,6 +130,13 @@ class PartitionMerger:
 
     def next_batch(self) -> Batch | None:
         """The next batch, or None when every partition is exhausted and drained."""
+        while True:
+            batch = self._try_batch()
+            if batch is not None:
+                return batch
+
+    def _try_batch(self) -> Batch | None:
+        """A batch, or None when nothing below the bound was read yet (read on)."""
         for buf in self.buffers:
             if not buf.eof and not buf.events and not buf.bad:
                 buf.fill(self.batch_size)
@@ -150,8 +157,7 @@ class PartitionMerger:
                 buf.emitted = SourcePosition(buf.chunk_start, max(bound, buf.skip_below))
         finished = all(b.eof and not b.events and not b.bad for b in self.buffers)
         if not ev_parts and not bad_parts and not finished and bound != _INF:
-            # nothing below the bound yet (e.g. only blank lines were read): read on
-            return self.next_batch()
+            return None  # nothing below the bound yet (e.g. only skipped lines): read on
         schema = dict(self.schema)
         schema[PARTITION] = pl.Int32()
         events = (

@@ -92,6 +92,8 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
                 h(j)
 
         job = Job(pipeline, start_over=start_over, progress=on_batch if hooks else None)
+        if metrics is not None:
+            metrics(job)  # partitions and zeros until the first batch
         try:
             summary = job.run()
         finally:

@@ -1,0 +1,269 @@
+"""``sealstream replay``: re-run an interval into an isolated destination.
+
+``replay SPEC --from ORIGIN --to DIR`` runs the pipeline of SPEC with every
+output moved under DIR — results in ``DIR/out``, late events in ``DIR/late``,
+bad records in ``DIR/errors`` (each only when the spec has it; a ``stdout``
+output stays on stdout) — and its own checkpoints in ``DIR/ckpt``. The live
+outputs and the live checkpoint directory are never written: the live
+checkpoint is only read, without taking its lock, so a replay can run next to
+the live job.
+
+ORIGIN is one of:
+
+* ``start`` — every partition from its first record, no state (the same
+  results as a fresh run of the spec).
+* ``ID`` — a checkpoint of the live checkpoint directory: its window state,
+  watermark and positions. It must verify ``ATOMIC_CHECKPOINT`` against the
+  spec (same key, same definition), else the replay stops (exit 1) naming
+  the verdict. The replay then emits exactly what the live run emitted after
+  that checkpoint.
+* ``p0=OFFSET,p1=OFFSET`` — the named partitions (by name as written in the
+  spec, or ``p<index>``) start at those offsets, the others at their start,
+  with empty window state and the initial watermark. **Windows spanning the
+  start are partial** (they miss the events before it) and lateness is judged
+  against a watermark that starts afresh; the summary says so.
+
+The destination is refused (exit 2) when it is, contains, or is inside a live
+output or checkpoint directory. A replay is restartable like a run: its
+checkpoints live in ``DIR/ckpt`` and running the same command again resumes
+(or, when finished, changes nothing). ``DIR/REPLAY.json`` records the origin; a
+destination that holds a replay from another origin or another definition is
+refused (use a new directory).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from sealstream._runtime.engine import Job, ProgressFn, RunSummary, StartPoint
+from sealstream._runtime.merge import SourcePosition
+from sealstream.checkpoint import guard
+from sealstream.checkpoint.manifest import checkpoint_key
+from sealstream.checkpoint.store import LocalCheckpointStore
+from sealstream.errors import CheckpointError, SpecError
+from sealstream.pipeline import Checkpoints, Output, Pipeline
+from sealstream.sources._base import PartitionPosition
+from sealstream.state.codec import WATERMARK_META, decode_table
+
+MARKER = "REPLAY.json"
+SUBDIRS = {"sink": "out", "late": "late", "errors": "errors", "checkpoint": "ckpt"}
+PARTIAL_NOTE = (
+    "started at explicit offsets with empty window state: windows spanning the start are "
+    "partial (they miss the events before it), and lateness is judged against a watermark "
+    "that starts afresh"
+)
+
+
+def live_directories(p: Pipeline) -> dict[str, Path]:
+    """The live output and checkpoint directories of ``p`` (resolved)."""
+    out: dict[str, Path] = {}
+    for section, o in (("sink", p.sink), ("late", p.late), ("errors", p.errors)):
+        if o is not None and o.kind != "stdout":
+            out[section] = o.resolved.resolve()
+    if p.checkpoint is not None:
+        out["checkpoint"] = p.checkpoint.resolved.resolve()
+    return out
+
+
+def check_destination(p: Pipeline, dest: Path) -> Path:
+    """``dest`` resolved; SpecError (exit 2) when it overlaps a live directory."""
+    d = dest.resolve()
+    for section, live in live_directories(p).items():
+        if d == live:
+            rel = "is"
+        elif live.is_relative_to(d):
+            rel = "contains"
+        elif d.is_relative_to(live):
+            rel = "is inside"
+        else:
+            continue
+        raise SpecError(
+            f"--to {dest}: the replay destination {rel} the live {section} directory {live}; "
+            "choose a separate directory so live output and checkpoints stay untouched"
+        )
+    for _, path in p.source.partitions():
+        if path.resolve().is_relative_to(d):
+            raise SpecError(
+                f"--to {dest}: the replay destination contains the input file {path}; "
+                "choose a separate directory"
+            )
+    return d
+
+
+def _redirect(out: Output | None, dest: Path, sub: str) -> Output | None:
+    if out is None or out.kind == "stdout":
+        return out
+    return replace(out, path=str(dest / sub), base_dir=dest)
+
+
+def replay_pipeline(p: Pipeline, dest: Path) -> Pipeline:
+    """A copy of ``p`` whose outputs and checkpoints all live under ``dest``."""
+    sink = _redirect(p.sink, dest, SUBDIRS["sink"])
+    assert sink is not None
+    live = p.checkpoint
+    ckpt = Checkpoints(
+        path=str(dest / SUBDIRS["checkpoint"]),
+        every_events=live.every_events if live else None,
+        every_ms=live.every_ms if live else None,
+        keep=live.keep if live else 3,
+        base_dir=dest,
+    )
+    return replace(
+        p,
+        sink=sink,
+        late=_redirect(p.late, dest, SUBDIRS["late"]),
+        errors=_redirect(p.errors, dest, SUBDIRS["errors"]),
+        checkpoint=ckpt,
+    )
+
+
+# --------------------------------------------------------------------------- origins
+def parse_offsets(text: str, names: list[str]) -> dict[int, int]:
+    """``"p0=10,in/p1.jsonl=20"`` -> ``{partition index: offset}``."""
+    out: dict[int, int] = {}
+    for part in filter(None, (x.strip() for x in text.split(","))):
+        name, eq, value = part.rpartition("=")
+        if not eq or not name:
+            raise SpecError(f"--from {text!r}: expected PARTITION=OFFSET, got {part!r}")
+        if name in names:
+            q = names.index(name)
+        elif name.startswith("p") and name[1:].isdigit() and int(name[1:]) < len(names):
+            q = int(name[1:])
+        else:
+            raise SpecError(
+                f"--from {text!r}: unknown partition {name!r}; partitions are "
+                + ", ".join(f"p{i}={n!r}" for i, n in enumerate(names))
+            )
+        if not value.isdigit():
+            raise SpecError(f"--from {text!r}: offset of {name!r} must be an integer >= 0, "
+                            f"got {value!r}")
+        if q in out:
+            raise SpecError(f"--from {text!r}: partition {names[q]!r} is given twice")
+        out[q] = int(value)
+    if not out:
+        raise SpecError(f"--from {text!r}: no partition offset given")
+    return out
+
+
+def start_from_offsets(p: Pipeline, text: str) -> StartPoint:
+    names = [n for n, _ in p.source.partitions()]
+    offsets = parse_offsets(text, names)
+    positions = tuple(
+        SourcePosition(PartitionPosition(), offsets.get(q, 0)) for q in range(len(names))
+    )
+    desc = ", ".join(f"{names[q]}={off}" for q, off in sorted(offsets.items()))
+    return StartPoint(positions, description=f"offsets {desc}")
+
+
+def start_from_checkpoint(p: Pipeline, cid: int) -> tuple[StartPoint, dict[str, Any]]:
+    """The state, watermark and positions of live checkpoint ``cid``, read only."""
+    if p.checkpoint is None:
+        raise SpecError(f"--from {cid}: the spec has no [checkpoint] section to replay from")
+    store = LocalCheckpointStore(p.checkpoint.resolved)
+    ids = store.ids()
+    if cid not in ids:
+        have = ", ".join(map(str, ids)) or "none"
+        raise SpecError(f"--from {cid}: no checkpoint {cid} in {store.root} (present: {have})")
+    policy = guard.Policy(key=checkpoint_key(), pipeline=p.name, fingerprint=p.fingerprint())
+    v = guard.judge(store.evidence(cid), store.verified_parent(cid, policy.key), policy)
+    if not v.ok or v.manifest is None:
+        hint = ("replay with the definition that wrote it, or use --from start"
+                if v.reason in ("FINGERPRINT_MISMATCH", "OTHER_PIPELINE")
+                else "choose an ATOMIC checkpoint, 'start', or explicit offsets")
+        raise CheckpointError(
+            f"--from {cid}: checkpoint {cid} in {store.root} is {v.verdict} ({v.reason}): "
+            f"{v.message}; {hint}"
+        )
+    doc = dict(v.manifest)
+    entry = doc["files"]["state"]
+    try:
+        data = store.read(str(entry["path"]))
+    except OSError as exc:
+        raise CheckpointError(
+            f"--from {cid}: cannot read {entry['path']} in {store.root} ({exc.strerror or exc}); "
+            "was it deleted by retention meanwhile? choose a newer checkpoint"
+        ) from None
+    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        raise CheckpointError(
+            f"--from {cid}: {entry['path']} changed while it was read (retention by a running "
+            "job?); choose a newer checkpoint"
+        )
+    state, meta = decode_table(data)
+    by_name = {d["partition"]: SourcePosition.from_json(d) for d in doc["positions"]}
+    names = [n for n, _ in p.source.partitions()]
+    positions = tuple(by_name.get(n, SourcePosition.start()) for n in names)
+    wm = meta[WATERMARK_META.decode()]
+    return StartPoint(positions, state, wm, description=f"checkpoint {cid}"), doc
+
+
+def resolve_origin(p: Pipeline, text: str) -> StartPoint | None:
+    """None for ``start``; a :class:`StartPoint` for an id or offsets."""
+    t = text.strip()
+    if t == "start":
+        return None
+    if t.isdigit():
+        return start_from_checkpoint(p, int(t))[0]
+    if "=" in t:
+        return start_from_offsets(p, t)
+    raise SpecError(
+        f"--from {text!r}: expected a checkpoint id, 'start', or PARTITION=OFFSET,... "
+        "(e.g. p0=100,p1=250)"
+    )
+
+
+def _claim(dest: Path, p: Pipeline, origin: str) -> None:
+    """Record the replay's origin in ``dest``; refuse a destination of another replay."""
+    marker = dest / MARKER
+    want = {"origin": origin, "pipeline": p.name, "fingerprint": p.fingerprint()}
+    if marker.exists():
+        try:
+            have = json.loads(marker.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            have = None
+        if have != want:
+            raise SpecError(
+                f"--to {dest}: it already holds a replay from another origin or definition "
+                f"({have}); choose a new directory"
+            )
+        return
+    leftovers = [e.name for e in dest.iterdir()] if dest.is_dir() else []
+    if leftovers:
+        raise SpecError(
+            f"--to {dest}: the directory is not empty and holds no replay; choose a new or "
+            "empty directory"
+        )
+    dest.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps(want, indent=1) + "\n", encoding="utf-8")
+
+
+def replay(
+    p: Pipeline, origin: str, dest: Path, *, progress: ProgressFn | None = None
+) -> RunSummary:
+    """Run ``p`` from ``origin`` into the isolated destination ``dest``."""
+    d = check_destination(p, dest)
+    start = resolve_origin(p, origin)
+    iso = replay_pipeline(p, d)
+    _claim(d, p, origin.strip())
+    job = Job(iso, start=start, progress=progress)
+    summary = job.run()
+    notes: list[str] = []
+    partial = start is not None and start.state is None and start.watermark is None
+    if partial:
+        notes.append(PARTIAL_NOTE)
+    summary.replay = {
+        "from": start.description if start is not None else "start",
+        "to": str(d),
+        "outputs": {
+            sec: str(o.resolved)
+            for sec, o in (("sink", iso.sink), ("late", iso.late), ("errors", iso.errors))
+            if o is not None and o.kind != "stdout"
+        },
+        "checkpoints": str(iso.checkpoint.resolved) if iso.checkpoint else None,
+        "partial_windows": partial,
+        "notes": notes,
+    }
+    return summary

@@ -225,11 +225,13 @@ def _load(store: LocalCheckpointStore, cid: int) -> _Loaded:
     doc: dict[str, Any] | None = None
     error: str | None = None
     try:
-        raw = (d / MANIFEST_NAME).read_bytes()
+        raw = store.read_manifest_bytes(cid)
     except FileNotFoundError:
         error = "no manifest (its writer stopped before publishing it)"
     except OSError as exc:
         error = f"manifest cannot be read ({exc.strerror or exc})"
+    except CheckpointError as exc:
+        error = f"manifest cannot be decrypted: {exc}"
     else:
         try:
             parsed = json.loads(raw)

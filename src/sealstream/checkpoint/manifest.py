@@ -9,6 +9,10 @@ all components together:
 * with ``SEALSTREAM_CHECKPOINT_KEY`` set: ``hmac-sha256`` keyed by it
   (detects corruption and tampering);
 * without: ``sha256``, an unkeyed digest (detects corruption only).
+
+File hashes and sizes are those of the plaintext. With encryption at rest
+(:mod:`sealstream.checkpoint.crypto`) the store encrypts the manifest's bytes as
+sealed here and every file after hashing, and decrypts before anything is verified.
 """
 
 from __future__ import annotations

@@ -285,13 +285,21 @@ class LocalCheckpointStore:
             os.rename(tmp, d / MANIFEST_NAME)
             fsync_dir(d)
         except OSError as exc:
+            # our own half-written directory: nothing refers to it, and on a full disk
+            # removing it gives the space back
+            if not (d / MANIFEST_NAME).exists():
+                shutil.rmtree(d, ignore_errors=True)
             raise CheckpointError(
                 f"cannot write checkpoint {cid} in {self.root}: {os_reason(exc)}; "
                 "the previous checkpoints are intact"
             ) from None
 
-    def move_aside(self, cid: int, reason: str) -> Path:
-        """Move checkpoint ``cid`` under ``rejected/`` (evidence is never deleted)."""
+    def move_aside(self, cid: int, reason: str) -> Path | None:
+        """Move checkpoint ``cid`` under ``rejected/`` (evidence is never deleted).
+
+        Returns where it went, or None when it was already gone (a concurrent
+        ``checkpoints prune`` or the job's retention moved or deleted it first).
+        """
         rej = self.root / REJECTED
         rej.mkdir(exist_ok=True, mode=0o700)
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
@@ -303,7 +311,7 @@ class LocalCheckpointStore:
         try:
             os.rename(self.path_of(cid), dest)
         except FileNotFoundError:
-            return dest  # gone already (a concurrent prune moved or deleted it)
+            return None
         fsync_dir(rej)
         fsync_dir(self.root)
         return dest
@@ -335,7 +343,12 @@ class LocalCheckpointStore:
         """Hold the directory's run lock; raise LockHeldError naming the holder."""
         self.ensure_root()
         path = self.root / LOCK_NAME
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot lock checkpoint directory {self.root}: {os_reason(exc)}"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

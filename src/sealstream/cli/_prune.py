@@ -85,13 +85,13 @@ def _apply(store: LocalCheckpointStore, plan: PrunePlan, keep: int,
     for cid, verdict, reason in sorted(plan.move):
         try:
             dest = store.move_aside(cid, reason)
-        except FileNotFoundError:
-            vanished.append(cid)  # the job's retention moved or deleted it first
-            continue
         except OSError as exc:
             raise CheckpointError(
                 f"cannot move checkpoint {cid} to {store.root / REJECTED}: {os_reason(exc)}"
             ) from None
+        if dest is None:
+            vanished.append(cid)  # the job's retention moved or deleted it first
+            continue
         moved.append({"id": cid, "verdict": verdict, "reason": reason,
                       "to": str(dest.relative_to(store.root))})
     out.update(deleted=deleted, moved=moved, vanished=sorted(vanished))

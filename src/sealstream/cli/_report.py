@@ -36,6 +36,10 @@ def list_checkpoints(store: LocalCheckpointStore) -> dict[str, Any]:
             "files": store.files_of(cid),
             "complete": doc is not None,
         }
+        if doc is None and (store.path_of(cid) / "MANIFEST.json").exists():
+            # present but not readable as plaintext (encrypted without the key, or
+            # damaged): say why rather than calling it partial
+            entry["problem"] = guard.judge(store.evidence(cid), None, guard.Policy()).reason
         if doc is not None:
             entry.update(
                 parent=doc.get("parent"),
@@ -83,7 +87,8 @@ def render_list(data: dict[str, Any], directory: Path) -> None:
         table.add_column(col)
     for c in data["checkpoints"]:
         if not c["complete"]:
-            table.add_row(str(c["id"]), "", "", "[yellow]partial: no manifest[/]", "",
+            what = c.get("problem") or "partial: no manifest"
+            table.add_row(str(c["id"]), "", "", f"[yellow]{what}[/]", "",
                           str(len(c["files"])))
             continue
         table.add_row(str(c["id"]), str(c.get("parent")), str(c.get("epoch")),

@@ -18,7 +18,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -W error -p no:cacheprovider
+	$(PY) -m pytest -W error -p no:cacheprovider -n 2
 
 bench: $(STAMP)
 	$(PY) -m bench

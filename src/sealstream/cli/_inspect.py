@@ -200,7 +200,7 @@ def render_export(data: dict[str, Any]) -> None:
     note = "" if not data["forced"] else (
         f" [yellow](forced: checkpoint is {data['verdict']}, {data['reason']})[/]")
     console.print(f"exported {data['rows']} open windows of checkpoint {data['id']} to "
-                  f"{data['to']} ({data['format']}){note}")
+                  f"{data['to']} ({data['format']}){note}", soft_wrap=True)
 
 
 # --------------------------------------------------------------------------- prune

@@ -275,6 +275,7 @@ class Job:
         self.operator: WindowOperator | None = None
         self.wm = WatermarkState.initial(len(self.partitions), pipeline.watermark.max_delay_ms)
         self._verified: set[int] = set()
+        self._receipts_now: dict[str, dict[str, Any]] = {}  # this epoch's, per output
         if start is not None and len(start.positions) != len(self.partitions):
             raise ValueError(
                 f"start point has {len(start.positions)} positions for "
@@ -625,7 +626,7 @@ class Job:
 
     # ================================================================ receipts
     def _receipt(self, role: str, frame: pl.DataFrame) -> None:
-        rec = self._epoch_receipts.setdefault(role, {"count": 0, "ids": []})
+        rec = self._receipts_now.setdefault(role, {"count": 0, "ids": []})
         rec["count"] += frame.height
         if role == "results":
             ids = pl.concat_str(
@@ -640,16 +641,10 @@ class Job:
                                 separator="|")
         rec["ids"].append(frame.select(ids.alias("id")))
 
-    @property
-    def _epoch_receipts(self) -> dict[str, dict[str, Any]]:
-        if not hasattr(self, "_receipts_now"):
-            self._receipts_now: dict[str, dict[str, Any]] = {}
-        return self._receipts_now
-
     def _close_receipts(self, tokens: dict[str, list[str]]) -> dict[str, Any]:
         entry: dict[str, Any] = {"epoch": self.epoch}
         for role in ROLES:
-            rec = self._epoch_receipts.get(role)
+            rec = self._receipts_now.get(role)
             if rec is None:
                 entry[role] = {"count": 0, "digest": hashlib.sha256(b"").hexdigest(),
                                "tokens": tokens.get(role, [])}
@@ -666,7 +661,7 @@ class Job:
             .encode()
         ).hexdigest()
         self.receipts_total["last_epoch"] = self.epoch
-        self._receipts_now = {}
+        self._receipts_now.clear()
         return entry
 
     # ================================================================ checkpoint

@@ -32,6 +32,17 @@ POS_INF = 2**62
 WATERMARK = "__w"
 
 
+def json_ms(ms: int | None) -> int | str | None:
+    """A watermark for JSON output: the integer, or "-inf"/"+inf" for the sentinels."""
+    if ms is None:
+        return None
+    if ms <= NEG_INF:
+        return "-inf"
+    if ms >= POS_INF:
+        return "+inf"
+    return ms
+
+
 def clamp(value: int) -> int:
     return max(NEG_INF, min(POS_INF, value))
 

@@ -88,7 +88,7 @@ from sealstream.sinks import open_sink
 from sealstream.sinks._base import JSON_LINE, Sink
 from sealstream.sources._base import OFFSET, PARTITION, RAW
 from sealstream.state.codec import WATERMARK_META, decode_table, encode_table, sha256_hex
-from sealstream.watermark import POS_INF, WatermarkState, assign_watermarks
+from sealstream.watermark import POS_INF, WatermarkState, assign_watermarks, json_ms
 from sealstream.windows.aggregates import SEQ
 from sealstream.windows.operator import WindowOperator
 
@@ -220,7 +220,7 @@ class RunSummary:
             "resumed_from": self.resumed_from,
             "rejected": self.rejected,
             "open_windows": self.open_windows,
-            "watermark_ms": self.watermark_ms,
+            "watermark_ms": json_ms(self.watermark_ms),
             **({"replay": self.replay} if self.replay is not None else {}),
             **({"stopped_early": True} if self.stopped_early else {}),
         }

@@ -151,15 +151,23 @@ class Output:
 class Checkpoints:
     """Where and how often to checkpoint; ``keep`` verified checkpoints are retained."""
 
-    path: str
+    path: str = ""
     every_events: int | None = None
     every_ms: int | None = None
     keep: int = 3
     base_dir: Path = Path(".")
+    #: instead of ``path``: a store URL, ``sqlite:///ckpt.db`` (relative to ``base_dir``)
+    url: str | None = None
 
     @property
     def resolved(self) -> Path:
         return self.base_dir / self.path
+
+    def open_store(self, pipeline: str) -> Any:
+        """The checkpoint store this section names (a CheckpointStore)."""
+        from sealstream.checkpoint.stores import open_store
+
+        return open_store(self.url if self.url else self.resolved, pipeline, self.base_dir)
 
 
 @dataclass(frozen=True)
@@ -276,6 +284,7 @@ def validate(p: Pipeline) -> None:
             _check_path(f"{section}.path", out.path)
     if p.checkpoint is not None:
         _check_path("checkpoint.path", p.checkpoint.path)
+        _check_path("checkpoint.url", p.checkpoint.url)
     if not isinstance(p.name, str) or not p.name.strip():
         raise SpecError(f"pipeline.name: must be a non-empty string, got {p.name!r}")
     if p.source.kind not in ("jsonl", "csv", "parquet"):
@@ -326,7 +335,13 @@ def validate(p: Pipeline) -> None:
             seen[res] = section
     if p.checkpoint is not None:
         c = p.checkpoint
-        if not c.path:
+        if c.url is not None:
+            if c.path:
+                raise SpecError("checkpoint: set either path or url, not both")
+            from sealstream.checkpoint.stores import sqlite_path
+
+            sqlite_path(c.url, c.base_dir)
+        elif not c.path:
             raise SpecError("checkpoint.path: must name a directory")
         if c.every_events is not None:
             _positive("checkpoint.every_events", c.every_events)
@@ -334,7 +349,7 @@ def validate(p: Pipeline) -> None:
             _positive("checkpoint.every_ms", c.every_ms)
         _positive("checkpoint.keep", c.keep)
         res = c.resolved.resolve()
-        if res in seen:
+        if c.url is None and res in seen:
             raise SpecError(f"checkpoint.path: {c.path!r} is also the {seen[res]} directory")
     _positive("pipeline.batch_size", p.batch_size)
 
@@ -350,7 +365,7 @@ _SECTIONS: dict[str, set[str]] = {
     "sink": {"kind", "path"},
     "late": {"kind", "path"},
     "errors": {"kind", "path"},
-    "checkpoint": {"path", "every_events", "every_ms", "keep"},
+    "checkpoint": {"path", "url", "every_events", "every_ms", "keep"},
 }
 _REQUIRED = ("pipeline", "source", "window", "aggregates", "sink")
 
@@ -469,8 +484,10 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
     ckpt = None
     if "checkpoint" in data:
         c = data["checkpoint"]
+        url = _get(c, "checkpoint", "url", str, None)
         ckpt = Checkpoints(
-            path=_get(c, "checkpoint", "path", str, _MISSING),
+            path=_get(c, "checkpoint", "path", str, _MISSING if url is None else ""),
+            url=url,
             every_events=_get(c, "checkpoint", "every_events", int, None),
             every_ms=_get(c, "checkpoint", "every_ms", int, None),
             keep=_get(c, "checkpoint", "keep", int, 3),

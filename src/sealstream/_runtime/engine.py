@@ -81,7 +81,7 @@ from sealstream.checkpoint.manifest import (
     checkpoint_key,
     seal,
 )
-from sealstream.checkpoint.store import LocalCheckpointStore, checkpoint_dirname
+from sealstream.checkpoint.store import CheckpointStore, checkpoint_dirname
 from sealstream.errors import BadRecordError, NoValidCheckpointError
 from sealstream.pipeline import ABSENT, Pipeline, definition_changes, definition_diff
 from sealstream.sinks import open_sink
@@ -264,8 +264,8 @@ class Job:
         self.run_token = secrets.token_hex(6)
         self.counters = Counters()
         self.ck_stats = CheckpointStats()
-        self.store = (
-            LocalCheckpointStore(pipeline.checkpoint.resolved) if pipeline.checkpoint else None
+        self.store: CheckpointStore | None = (
+            pipeline.checkpoint.open_store(pipeline.name) if pipeline.checkpoint else None
         )
         self.sinks: dict[str, Sink] = {}
         self.resumed_from: int | None = None
@@ -361,7 +361,7 @@ class Job:
             s.commit(self.epoch, tokens[role])
 
     # ================================================================ checkpoints
-    def _run_checked(self, store: LocalCheckpointStore) -> None:
+    def _run_checked(self, store: CheckpointStore) -> None:
         resume = self._recover(store)
         if resume is None:
             for sink in self.sinks.values():
@@ -391,7 +391,7 @@ class Job:
             self.wm = WatermarkState.from_json(self.start.watermark)
         return list(self.start.positions)
 
-    def _recover(self, store: LocalCheckpointStore) -> tuple[int, dict[str, Any]] | None:
+    def _recover(self, store: CheckpointStore) -> tuple[int, dict[str, Any]] | None:
         store.clear_trash()
         ids = store.ids()
         if not ids:
@@ -418,7 +418,7 @@ class Job:
                 # never fall back past a checkpoint of another definition: the state
                 # (and output committed after older checkpoints) belongs to that one
                 raise definition_mismatch(
-                    store.root, cid, v.manifest.get("definition"), self.p
+                    store.location, cid, v.manifest.get("definition"), self.p
                 )
         if all(v.reason == "NO_MANIFEST" for v in verdicts):
             # only directories of writers that crashed before publishing their first
@@ -429,17 +429,17 @@ class Job:
             return None
         found = "; ".join(f"{v.checkpoint_id}: {v.verdict} ({v.reason})" for v in verdicts[:5])
         raise NoValidCheckpointError(
-            f"{store.root}: {len(ids)} checkpoint(s) found but none is ATOMIC_CHECKPOINT "
+            f"{store.location}: {len(ids)} checkpoint(s) found but none is ATOMIC_CHECKPOINT "
             f"[{found}]; nothing was deleted. Inspect with 'sealstream checkpoints verify "
-            f"{store.root}', or run again with --start-over to move them aside and start fresh"
+            f"{store.location}', or run again with --start-over to move them aside and start fresh"
         )
 
     @staticmethod
-    def _judge(store: LocalCheckpointStore, cid: int, policy: guard.Policy) -> guard.Verdict:
+    def _judge(store: CheckpointStore, cid: int, policy: guard.Policy) -> guard.Verdict:
         return guard.judge(store.evidence(cid), store.verified_parent(cid, policy.key), policy)
 
     def _restore(
-        self, store: LocalCheckpointStore, cid: int, doc: dict[str, Any]
+        self, store: CheckpointStore, cid: int, doc: dict[str, Any]
     ) -> list[SourcePosition]:
         state, meta = decode_table(store.read(doc["files"]["state"]["path"]))
         self.operator = WindowOperator(self.p, state)
@@ -480,7 +480,7 @@ class Job:
             self.suppress[role] = part if prev is None else pl.concat([prev, part]).unique()
 
     # ================================================================ the loop
-    def _loop(self, checkpoint: LocalCheckpointStore | None) -> None:
+    def _loop(self, checkpoint: CheckpointStore | None) -> None:
         assert self.merger is not None and self.operator is not None
         cfg = self.p.checkpoint
         since_events = 0
@@ -665,7 +665,7 @@ class Job:
         return entry
 
     # ================================================================ checkpoint
-    def _checkpoint(self, store: LocalCheckpointStore) -> None:
+    def _checkpoint(self, store: CheckpointStore) -> None:
         assert self.operator is not None
         t0 = time.monotonic()
         tokens = {role: s.prepare(self.epoch) for role, s in self.sinks.items()}
@@ -740,7 +740,7 @@ class Job:
             return None
         return encode_table(pl.concat(frames, how="diagonal_relaxed"))
 
-    def _retain(self, store: LocalCheckpointStore, newest: int) -> None:
+    def _retain(self, store: CheckpointStore, newest: int) -> None:
         """Verify the newest checkpoint, then delete verified ones beyond ``keep``."""
         assert self.p.checkpoint is not None
         policy = guard.Policy(key=self.key, pipeline=self.p.name, fingerprint=self.fingerprint)

@@ -1,7 +1,7 @@
 """Read-only views of checkpoints: what ``sealstream checkpoints inspect|diff|export|prune``
 compute. Nothing here writes to the checkpoint directory.
 
-Every function takes a :class:`~sealstream.checkpoint.store.LocalCheckpointStore`
+Every function takes a :class:`~sealstream.checkpoint.store.CheckpointStore`
 and reads through it. Verdicts come from the guard (:func:`guard.judge`) with the
 parent manifest read from the store, exactly like ``checkpoints verify``.
 
@@ -39,7 +39,12 @@ from sealstream.checkpoint.manifest import (
     checkpoint_key,
     signature_ok,
 )
-from sealstream.checkpoint.store import PREFIX, LocalCheckpointStore, checkpoint_dirname
+from sealstream.checkpoint.store import (
+    PREFIX,
+    CheckpointStore,
+    LocalCheckpointStore,
+    checkpoint_dirname,
+)
 from sealstream.errors import CheckpointError, SpecError
 from sealstream.pipeline import NUMERIC_FUNCTIONS, Aggregate, parse_aggregate
 from sealstream.sources._base import KEY, KEY_IS_INT, FieldKind, FieldPlan
@@ -124,7 +129,7 @@ def _safe_rel(rel: str) -> bool:
     return bool(rel) and not p.is_absolute() and ".." not in p.parts
 
 
-def resolve_id(store: LocalCheckpointStore, ident: str | None) -> int:
+def resolve_id(store: CheckpointStore, ident: str | None) -> int:
     """The checkpoint id named by ``ident`` (``7`` or ``cp-000000000007``), or the newest
     when None. Raises SpecError (exit 2) when there is no such checkpoint."""
     ids = store.ids()
@@ -145,7 +150,7 @@ def resolve_id(store: LocalCheckpointStore, ident: str | None) -> int:
 
 
 def judge_checkpoint(
-    store: LocalCheckpointStore, cid: int, key: bytes | None
+    store: CheckpointStore, cid: int, key: bytes | None
 ) -> guard.Verdict:
     """The guard's verdict on ``cid``, with its parent's manifest as the yardstick."""
     doc = store.read_manifest(cid)
@@ -191,7 +196,7 @@ class _Loaded:
 
 
 def _read_verified(
-    store: LocalCheckpointStore, entry: Any
+    store: CheckpointStore, entry: Any
 ) -> tuple[bytes | None, str | None, dict[str, Any]]:
     """Read a manifest file entry; bytes only when size and SHA-256 match."""
     e = _dict(entry)
@@ -220,8 +225,8 @@ def _read_verified(
     return data, None, fact
 
 
-def _load(store: LocalCheckpointStore, cid: int) -> _Loaded:
-    d = store.path_of(cid)
+def _load(store: CheckpointStore, cid: int) -> _Loaded:
+    d = store.path_of(cid) if isinstance(store, LocalCheckpointStore) else None
     doc: dict[str, Any] | None = None
     error: str | None = None
     try:
@@ -278,7 +283,18 @@ def _load(store: LocalCheckpointStore, cid: int) -> _Loaded:
     if doc is not None and "state" not in files:
         out.state_error = "the manifest names no state file"
     # files on disk that the manifest does not name (or every file, without a manifest)
-    if d.is_dir():
+    if not isinstance(store, LocalCheckpointStore):
+        for rel in store.files_of(cid):
+            name = rel.rsplit("/", 1)[-1]
+            if rel in recorded or name == MANIFEST_NAME:
+                continue
+            blob = store._raw(rel)
+            nbytes = None if blob is None else len(blob)
+            out.files.append({"role": "unrecorded", "path": rel, "recorded_bytes": None,
+                              "bytes": nbytes, "sha256_ok": None})
+            if doc is None and name == "state.arrow":
+                out.state_bytes = nbytes
+    elif d is not None and d.is_dir():
         try:
             entries = sorted(d.iterdir())
         except OSError:
@@ -386,7 +402,7 @@ def _receipts(loaded: _Loaded) -> dict[str, Any]:
 
 
 def inspect_checkpoint(
-    store: LocalCheckpointStore, cid: int, *, key: bytes | None = None,
+    store: CheckpointStore, cid: int, *, key: bytes | None = None,
     now_ms: int | None = None, use_env_key: bool = True,
 ) -> dict[str, Any]:
     """Everything that can be read about checkpoint ``cid``, with the guard's verdict.
@@ -454,7 +470,7 @@ def inspect_checkpoint(
 
 
 # --------------------------------------------------------------------------- diff
-def _verified(store: LocalCheckpointStore, cid: int, key: bytes | None) -> _Loaded:
+def _verified(store: CheckpointStore, cid: int, key: bytes | None) -> _Loaded:
     loaded = _load(store, cid)
     if loaded.doc is None:
         raise CheckpointError(f"cannot diff: checkpoint {cid}: {loaded.manifest_error}")
@@ -498,7 +514,7 @@ def _partition_deltas(da: Mapping[str, Any], db: Mapping[str, Any]) -> list[dict
 
 
 def diff_checkpoints(
-    store: LocalCheckpointStore, a: int, b: int, *, key: bytes | None = None,
+    store: CheckpointStore, a: int, b: int, *, key: bytes | None = None,
     use_env_key: bool = True,
 ) -> dict[str, Any]:
     """What advanced from checkpoint ``a`` to ``b``.
@@ -586,7 +602,7 @@ def _accumulators(definition: Mapping[str, Any]) -> Accumulators:
 
 
 def open_windows_table(
-    store: LocalCheckpointStore, cid: int, *, force: bool = False, key: bytes | None = None,
+    store: CheckpointStore, cid: int, *, force: bool = False, key: bytes | None = None,
     use_env_key: bool = True,
 ) -> tuple[pl.DataFrame, guard.Verdict]:
     """The open windows of ``cid`` with each aggregate's current partial value.
@@ -656,7 +672,7 @@ class PrunePlan:
 
 
 def plan_prune(
-    store: LocalCheckpointStore, keep: int, *, job_running: bool, key: bytes | None = None,
+    store: CheckpointStore, keep: int, *, job_running: bool, key: bytes | None = None,
     use_env_key: bool = True,
 ) -> PrunePlan:
     """Keep the ``keep`` newest ATOMIC checkpoints; delete older ATOMIC ones; move the

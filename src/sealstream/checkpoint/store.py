@@ -26,6 +26,7 @@ ciphertext). With a key set, a plaintext checkpoint is refused (fail closed).
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import fcntl
 import hashlib
@@ -62,7 +63,226 @@ def _parse_id(name: str) -> int | None:
     return int(digits) if digits.isdigit() else None
 
 
-class LocalCheckpointStore:
+class CheckpointStore(abc.ABC):
+    """What the engine, the CLI and the guard need of a checkpoint store.
+
+    A checkpoint ``cid`` is a set of named blobs: ``cp-<cid>/state.arrow``,
+    ``cp-<cid>/receipts.json``, maybe ``cp-<cid>/suppress.arrow`` and, published
+    last and atomically, ``cp-<cid>/MANIFEST.json``. For the local-directory
+    store the names are paths under ``root``; for other stores they are opaque
+    relative names (the same strings, so manifests and the encryption's
+    associated data do not depend on the store). Blobs are created only if absent
+    and never overwritten; a checkpoint without its manifest is partial.
+    Checkpoints moved aside are kept as evidence, never deleted.
+
+    Subclasses implement the primitives (``exists``, ``ids``, ``max_id_ever``,
+    ``_raw``, ``_names``, the writing methods and the lock); reading, decryption
+    and the guard's evidence are shared.
+    """
+
+    #: where the store lives, for messages (a directory, or a database file)
+    root: Path
+    encryption_key: bytes | None
+
+    def _init_key(self, encryption_key: bytes | None | object) -> None:
+        if encryption_key is crypto.FROM_ENV:
+            self.encryption_key = crypto.encryption_key()
+        elif encryption_key is None or isinstance(encryption_key, bytes):
+            if encryption_key is not None and len(encryption_key) != crypto.KEY_BYTES:
+                raise ValueError("the encryption key must be 32 bytes")
+            self.encryption_key = encryption_key
+        else:
+            raise TypeError("encryption_key must be bytes or None")
+
+    @property
+    def location(self) -> str:
+        """The store's location for messages and reports (never a password)."""
+        return str(self.root)
+
+    @property
+    def encrypted(self) -> bool:
+        """Whether this store writes (and requires) encrypted checkpoints."""
+        return self.encryption_key is not None
+
+    def _open(self, rel: str, data: bytes) -> bytes:
+        """The plaintext of the blob ``rel``; raises crypto.EnvelopeError."""
+        if self.encryption_key is None and not crypto.is_envelope(data):
+            return data
+        return crypto.decrypt(self.encryption_key, data, rel)
+
+    def _seal(self, rel: str, data: bytes) -> bytes:
+        if self.encryption_key is None:
+            return data
+        return crypto.encrypt(self.encryption_key, data, rel)
+
+    # ------------------------------------------------------------ primitives
+    @abc.abstractmethod
+    def exists(self) -> bool:
+        """Whether the store has been created."""
+
+    @abc.abstractmethod
+    def ids(self) -> list[int]:
+        """Checkpoint ids present (complete or partial), oldest first."""
+
+    @abc.abstractmethod
+    def max_id_ever(self) -> int:
+        """The largest id used, including checkpoints moved aside."""
+
+    @abc.abstractmethod
+    def _raw(self, rel: str) -> bytes | None:
+        """The stored bytes of blob ``rel``, None when absent; CheckpointError when
+        the store cannot be read."""
+
+    @abc.abstractmethod
+    def _names(self, cid: int) -> list[str]:
+        """The names of the blobs stored for checkpoint ``cid`` (manifest included)."""
+
+    @abc.abstractmethod
+    def ensure_root(self) -> None:
+        """Create the store if needed."""
+
+    @abc.abstractmethod
+    def write_checkpoint(self, cid: int, files: dict[str, bytes], manifest: bytes,
+                         crash: Any = None) -> None:
+        """Write ``files`` of checkpoint ``cid`` (create-if-absent), then publish the
+        manifest atomically; CheckpointError when it cannot (the previous checkpoints
+        are intact). ``crash`` is called with a point name between steps."""
+
+    @abc.abstractmethod
+    def move_aside(self, cid: int, reason: str) -> object | None:
+        """Keep checkpoint ``cid`` as rejected evidence, out of ``ids()``; return where
+        it went, or None when it was already gone."""
+
+    @abc.abstractmethod
+    def delete(self, cid: int) -> None:
+        """Remove a verified-and-superseded checkpoint atomically (retention only)."""
+
+    @abc.abstractmethod
+    def clear_trash(self) -> None:
+        """Finish deletions a crash interrupted."""
+
+    @abc.abstractmethod
+    def locked(self) -> contextlib.AbstractContextManager[None]:
+        """Hold the run lock; raise LockHeldError naming the holder."""
+
+    @abc.abstractmethod
+    def is_locked(self) -> str | None:
+        """The holder's description if a run holds the lock now, else None."""
+
+    # ------------------------------------------------------------ shared reading
+    def has_manifest(self, cid: int) -> bool:
+        """Whether checkpoint ``cid``'s manifest is stored (readable or not)."""
+        return self._raw(f"{checkpoint_dirname(cid)}/{MANIFEST_NAME}") is not None
+
+    def read_manifest_bytes(self, cid: int) -> bytes:
+        """The manifest's (decrypted) bytes. Raises OSError (FileNotFoundError when
+        absent) or crypto.EnvelopeError (a CheckpointError naming the reason)."""
+        rel = f"{checkpoint_dirname(cid)}/{MANIFEST_NAME}"
+        raw = self._raw(rel)
+        if raw is None:
+            raise FileNotFoundError(2, "No such checkpoint manifest", rel)
+        return self._open(rel, raw)
+
+    def read_manifest(self, cid: int) -> dict[str, Any] | None:
+        """The parsed manifest, unverified, or None when missing, unreadable or
+        not decryptable (the guard's verdict says why)."""
+        try:
+            doc = json.loads(self.read_manifest_bytes(cid))
+        except (OSError, ValueError, crypto.EnvelopeError):
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    def verified_parent(self, cid: int, key: bytes | None) -> dict[str, Any] | None:
+        """The manifest of ``cid``'s parent when its signature verifies, else None."""
+        doc = self.read_manifest(cid)
+        if doc is None or not isinstance(doc.get("parent"), int):
+            return None
+        parent = self.read_manifest(int(doc["parent"]))
+        if parent is None or not signature_ok(parent, key)[0]:
+            return None
+        return parent
+
+    def read(self, relpath: str) -> bytes:
+        """A checkpoint blob's plaintext. Raises OSError (FileNotFoundError when
+        absent), or crypto.EnvelopeError (a CheckpointError)."""
+        raw = self._raw(relpath)
+        if raw is None:
+            raise FileNotFoundError(2, "No such checkpoint file", relpath)
+        return self._open(relpath, raw)
+
+    def files_of(self, cid: int) -> list[str]:
+        """Names of every blob the checkpoint's validity depends on."""
+        rel: set[str] = set(self._names(cid))
+        doc = self.read_manifest(cid)
+        if doc is not None and isinstance(doc.get("files"), dict):
+            for entry in doc["files"].values():
+                if isinstance(entry, dict) and "path" in entry:
+                    rel.add(str(entry["path"]))
+        return sorted(rel)
+
+    def evidence(self, cid: int) -> Evidence:
+        """Read everything the guard needs about checkpoint ``cid``."""
+        mrel = f"{checkpoint_dirname(cid)}/{MANIFEST_NAME}"
+        manifest_problem: tuple[str, str] | None = None
+        manifest = self._raw(mrel)
+        if manifest is not None:
+            try:
+                manifest = self._open(mrel, manifest)
+            except crypto.EnvelopeError as exc:
+                manifest_problem = (exc.reason, str(exc))
+                manifest = None
+        return self._evidence_from(cid, manifest, manifest_problem)
+
+    def _evidence_from(self, cid: int, manifest: bytes | None,
+                       manifest_problem: tuple[str, str] | None) -> Evidence:
+        facts: dict[str, FileFact] = {}
+        state_meta: dict[str, Any] | None = None
+        state_error: str | None = None
+        receipts: dict[str, Any] | None = None
+        doc = None
+        if manifest is not None:
+            try:
+                doc = json.loads(manifest)
+            except ValueError:
+                doc = None
+        if isinstance(doc, dict) and isinstance(doc.get("files"), dict):
+            for role, entry in doc["files"].items():
+                if not isinstance(entry, dict) or "path" not in entry:
+                    continue
+                rel = str(entry["path"])
+                raw = self._raw(rel)
+                if raw is None:
+                    facts[rel] = FileFact(False)
+                    continue
+                try:
+                    data = self._open(rel, raw)
+                except crypto.EnvelopeError as exc:
+                    size = len(raw)
+                    if crypto.is_envelope(raw):  # the plaintext size it would hold
+                        size = max(0, size - crypto.OVERHEAD)
+                    facts[rel] = FileFact(True, size, "", (exc.reason, str(exc)))
+                    continue
+                digest = hashlib.sha256(data).hexdigest()
+                facts[rel] = FileFact(True, len(data), digest)
+                if digest != entry.get("sha256"):
+                    continue  # the guard reports the mismatch; never parse unverified bytes
+                if role == "state":
+                    try:
+                        meta = read_metadata(data)
+                        state_meta = {"watermark": meta.get(WATERMARK_META.decode())}
+                    except ValueError as exc:
+                        state_error = str(exc)
+                elif rel.endswith(RECEIPTS_NAME):
+                    try:
+                        parsed = json.loads(data)
+                        receipts = parsed if isinstance(parsed, dict) else None
+                    except ValueError:
+                        receipts = None
+        return Evidence(cid, manifest, facts, state_meta, state_error, receipts,
+                        manifest_problem)
+
+
+class LocalCheckpointStore(CheckpointStore):
     """Checkpoints as directories under ``root``."""
 
     def __init__(self, root: Path, encryption_key: bytes | None | object = crypto.FROM_ENV
@@ -247,6 +467,19 @@ class LocalCheckpointStore:
             return None
         except OSError as exc:
             raise CheckpointError(f"cannot read {path}: {os_reason(exc)}") from None
+
+    def _raw(self, rel: str) -> bytes | None:
+        return self._read_quiet(rel)
+
+    def _names(self, cid: int) -> list[str]:
+        d = self.path_of(cid)
+        if not d.is_dir():
+            return []
+        return sorted(f"{d.name}/{f.name}" for f in d.iterdir()
+                      if f.is_file() and not f.name.startswith("."))
+
+    def has_manifest(self, cid: int) -> bool:
+        return (self.path_of(cid) / MANIFEST_NAME).exists()
 
     # ------------------------------------------------------------ writing
     def ensure_root(self) -> None:

@@ -164,39 +164,84 @@ def checkpoints() -> None:
     """Look inside checkpoint directories, export open windows, prune old checkpoints."""
 
 
-def _store(directory: Path) -> Any:
+def _store(directory: str, pipeline: str | None = None) -> Any:
     from sealstream.checkpoint.store import LocalCheckpointStore
+    from sealstream.checkpoint.stores import is_url
 
-    if not directory.is_dir():
-        _fail(SpecError(f"checkpoint directory {directory} does not exist"))
-    return LocalCheckpointStore(directory)
+    if is_url(directory):
+        return _url_store(directory, pipeline)
+    path = Path(directory)
+    if not path.is_dir():
+        _fail(SpecError(f"checkpoint directory {path} does not exist"))
+    return LocalCheckpointStore(path)
+
+
+def _url_store(url: str, pipeline: str | None) -> Any:
+    from sealstream.checkpoint.sqlite_store import SqliteCheckpointStore, pipelines_in
+    from sealstream.checkpoint.stores import redact, sqlite_path
+
+    try:
+        db = sqlite_path(url, Path.cwd())
+        if not db.is_file():
+            raise SpecError(f"checkpoint database {redact(url)} does not exist")
+        if pipeline is None:
+            names = pipelines_in(db)
+            if len(names) > 1:
+                raise SpecError(f"{redact(url)} holds the checkpoints of several pipelines "
+                                f"({', '.join(names)}); name one with --pipeline")
+            pipeline = names[0] if names else ""
+        return SqliteCheckpointStore(db, pipeline)
+    except SealstreamError as err:
+        _fail(err)
+        raise
+
+
+def _shown(directory: str) -> str:
+    from sealstream.checkpoint.stores import is_url, redact
+
+    return redact(directory) if is_url(directory) else str(Path(directory))
+
+
+_PIPELINE_OPT = click.option(
+    "--pipeline", "pipeline_name", default=None,
+    help="With a database URL: whose checkpoints (default: the only pipeline in it).")
 
 
 @checkpoints.command("list")
-@click.argument("directory", type=click.Path(path_type=Path))
+@click.argument("directory", type=str)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def list_cmd(directory: Path, as_json: bool) -> None:
-    """List the checkpoints in DIRECTORY, oldest first, with the files each depends on."""
+@_PIPELINE_OPT
+def list_cmd(directory: str, as_json: bool, pipeline_name: str | None) -> None:
+    """List the checkpoints in DIRECTORY, oldest first, with the files each depends on.
+
+    DIRECTORY is a checkpoint directory or a store URL (sqlite:///FILE)."""
     from sealstream.cli._report import list_checkpoints, render_list
 
-    store = _store(directory)
-    data = list_checkpoints(store)
+    store = _store(directory, pipeline_name)
+    try:
+        data = list_checkpoints(store)
+    except SealstreamError as err:
+        _fail(err)
+        return
     if as_json:
         click.echo(json.dumps(data, indent=2))
     else:
-        render_list(data, directory)
+        render_list(data, _shown(directory))
 
 
 @checkpoints.command("verify")
-@click.argument("directory", type=click.Path(path_type=Path))
+@click.argument("directory", type=str)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--spec", type=click.Path(dir_okay=False, path_type=Path),
               help="Also check each checkpoint's pipeline fingerprint against this spec.")
-def verify_cmd(directory: Path, as_json: bool, spec: Path | None) -> None:
-    """Judge every checkpoint in DIRECTORY; exit 0 only if all are ATOMIC_CHECKPOINT."""
+@_PIPELINE_OPT
+def verify_cmd(directory: str, as_json: bool, spec: Path | None,
+               pipeline_name: str | None) -> None:
+    """Judge every checkpoint in DIRECTORY; exit 0 only if all are ATOMIC_CHECKPOINT.
+
+    DIRECTORY is a checkpoint directory or a store URL (sqlite:///FILE)."""
     from sealstream.cli._report import render_verify, verify_checkpoints
 
-    store = _store(directory)
     pipeline = None
     if spec is not None:
         from sealstream.pipeline import load_spec
@@ -205,6 +250,9 @@ def verify_cmd(directory: Path, as_json: bool, spec: Path | None) -> None:
             pipeline = load_spec(spec)
         except SealstreamError as err:
             _fail(err)
+    if pipeline is not None and pipeline_name is None:
+        pipeline_name = pipeline.name
+    store = _store(directory, pipeline_name)
     try:
         data = verify_checkpoints(store, pipeline)
     except SealstreamError as err:
@@ -213,7 +261,7 @@ def verify_cmd(directory: Path, as_json: bool, spec: Path | None) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=2))
     else:
-        render_verify(data, directory)
+        render_verify(data, _shown(directory))
     if any(c["verdict"] != "ATOMIC_CHECKPOINT" for c in data["checkpoints"]):
         raise _Exit(1)
 
@@ -226,10 +274,10 @@ def _emit(data: dict[str, Any], as_json: bool, render: Any) -> None:
 
 
 @checkpoints.command("inspect")
-@click.argument("directory", type=click.Path(path_type=Path))
+@click.argument("directory", type=str)
 @click.argument("checkpoint_id", metavar="[ID]", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def inspect_cmd(directory: Path, checkpoint_id: str | None, as_json: bool) -> None:
+def inspect_cmd(directory: str, checkpoint_id: str | None, as_json: bool) -> None:
     """Show what checkpoint ID (default: the newest) in DIRECTORY holds, and its verdict.
 
     Positions and watermarks per partition, open windows, state size, receipts, age,
@@ -250,11 +298,11 @@ def inspect_cmd(directory: Path, checkpoint_id: str | None, as_json: bool) -> No
 
 
 @checkpoints.command("diff")
-@click.argument("directory", type=click.Path(path_type=Path))
+@click.argument("directory", type=str)
 @click.argument("a")
 @click.argument("b")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def diff_cmd(directory: Path, a: str, b: str, as_json: bool) -> None:
+def diff_cmd(directory: str, a: str, b: str, as_json: bool) -> None:
     """Show what advanced from checkpoint A to checkpoint B in DIRECTORY.
 
     Positions and watermarks per partition, windows opened/closed, outputs emitted,
@@ -273,14 +321,14 @@ def diff_cmd(directory: Path, a: str, b: str, as_json: bool) -> None:
 
 
 @checkpoints.command("export")
-@click.argument("directory", type=click.Path(path_type=Path))
+@click.argument("directory", type=str)
 @click.argument("checkpoint_id", metavar="[ID]", required=False)
 @click.option("--to", "to", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Output file: FILE.parquet or FILE.jsonl (replaced if it exists).")
 @click.option("--force", is_flag=True,
               help="Export even if the checkpoint is not ATOMIC_CHECKPOINT.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def export_cmd(directory: Path, checkpoint_id: str | None, to: Path, force: bool,
+def export_cmd(directory: str, checkpoint_id: str | None, to: Path, force: bool,
                as_json: bool) -> None:
     """Export the open windows of checkpoint ID (default: the newest) with the current
     partial value of every aggregate. Only an ATOMIC_CHECKPOINT, unless --force."""
@@ -297,19 +345,23 @@ def export_cmd(directory: Path, checkpoint_id: str | None, to: Path, force: bool
 
 
 @checkpoints.command("prune")
-@click.argument("directory", type=click.Path(path_type=Path))
+@click.argument("directory", type=str)
 @click.option("--keep", required=True, type=click.IntRange(min=1),
               help="How many of the newest ATOMIC checkpoints to keep (>= 1).")
 @click.option("--dry-run", is_flag=True, help="Only print what would be done.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def prune_cmd(directory: Path, keep: int, dry_run: bool, as_json: bool) -> None:
+def prune_cmd(directory: str, keep: int, dry_run: bool, as_json: bool) -> None:
     """Keep the KEEP newest ATOMIC checkpoints in DIRECTORY: delete older ATOMIC ones and
     move invalid ones to rejected/ (never deleted). Safe while a job runs. Exit 1 when
     checkpoints exist but none is ATOMIC (nothing is touched)."""
+    from sealstream.checkpoint.store import LocalCheckpointStore
     from sealstream.cli._inspect import render_prune
     from sealstream.cli._prune import prune
 
     store = _store(directory)
+    if not isinstance(store, LocalCheckpointStore):
+        _fail(SpecError(f"{_shown(directory)}: prune works on checkpoint directories only "
+                        "for now (a database store keeps its `keep` newest by itself)"))
     try:
         data = prune(store, keep, dry_run=dry_run)
     except SealstreamError as err:

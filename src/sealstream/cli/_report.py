@@ -10,7 +10,7 @@ from rich.table import Table
 
 from sealstream.checkpoint import guard
 from sealstream.checkpoint.manifest import checkpoint_key
-from sealstream.checkpoint.store import LocalCheckpointStore
+from sealstream.checkpoint.store import CheckpointStore
 from sealstream.pipeline import Pipeline
 from sealstream.watermark import NEG_INF, POS_INF
 
@@ -27,7 +27,7 @@ def _wm(value: Any) -> Any:
     return v
 
 
-def list_checkpoints(store: LocalCheckpointStore) -> dict[str, Any]:
+def list_checkpoints(store: CheckpointStore) -> dict[str, Any]:
     out = []
     for cid in store.ids():
         doc = store.read_manifest(cid)
@@ -36,7 +36,7 @@ def list_checkpoints(store: LocalCheckpointStore) -> dict[str, Any]:
             "files": store.files_of(cid),
             "complete": doc is not None,
         }
-        if doc is None and (store.path_of(cid) / "MANIFEST.json").exists():
+        if doc is None and store.has_manifest(cid):
             # present but not readable as plaintext (encrypted without the key, or
             # damaged): say why rather than calling it partial
             entry["problem"] = guard.judge(store.evidence(cid), None, guard.Policy()).reason
@@ -54,7 +54,7 @@ def list_checkpoints(store: LocalCheckpointStore) -> dict[str, Any]:
     return {"checkpoints": out}
 
 
-def verify_checkpoints(store: LocalCheckpointStore, pipeline: Pipeline | None) -> dict[str, Any]:
+def verify_checkpoints(store: CheckpointStore, pipeline: Pipeline | None) -> dict[str, Any]:
     policy = guard.Policy(
         key=checkpoint_key(),
         pipeline=pipeline.name if pipeline else None,
@@ -77,7 +77,7 @@ def verify_checkpoints(store: LocalCheckpointStore, pipeline: Pipeline | None) -
     }
 
 
-def render_list(data: dict[str, Any], directory: Path) -> None:
+def render_list(data: dict[str, Any], directory: Path | str) -> None:
     console = Console(highlight=False)
     if not data["checkpoints"]:
         console.print(f"no checkpoints in {directory}")
@@ -96,7 +96,7 @@ def render_list(data: dict[str, Any], directory: Path) -> None:
     console.print(table)
 
 
-def render_verify(data: dict[str, Any], directory: Path) -> None:
+def render_verify(data: dict[str, Any], directory: Path | str) -> None:
     console = Console(highlight=False)
     if not data["checkpoints"]:
         console.print(f"no checkpoints in {directory}; a run would start from the beginning")

@@ -1,0 +1,81 @@
+"""Story: checkpoints in a SQLite database (`[checkpoint] url = "sqlite:///ckpt.db"`):
+SIGKILL mid-protocol, resume, the output equals an uninterrupted run exactly once,
+and `sealstream checkpoints list|verify sqlite:///...` judge what the run left."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _story import assert_same_output, make_input, reference_run, run, write_spec
+
+STORY = {"errors": True, "bad_every": 97}
+
+
+@pytest.fixture(scope="module")
+def expected(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("uninterrupted")
+    reference_run(d, **STORY)
+    return d
+
+
+def _sqlite_story(d: Path, name: str = "story") -> Path:
+    spec = write_spec(d, make_input(d, bad_every=97), errors=True)
+    text = spec.read_text().replace('path = "ckpt"', 'url = "sqlite:///ckpt.db"')
+    spec.write_text(text.replace('name = "story"', f'name = "{name}"'))
+    return spec
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sealstream", "checkpoints", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("point", ["after_retention", "before_manifest_publish",
+                                   "after_write_state"])
+def test_kill_then_resume_from_sqlite(tmp_path: Path, expected: Path, point: str) -> None:
+    spec = _sqlite_story(tmp_path)
+    crashed = run(spec, crash_at=f"{point}:3")
+    assert crashed.returncode == -9, f"{point} was not reached: {crashed.stderr}"
+    assert (tmp_path / "ckpt.db").is_file() and not (tmp_path / "ckpt").exists()
+    resumed = run(spec)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_output(tmp_path, expected)
+
+    url = f"sqlite:///{tmp_path / 'ckpt.db'}"
+    listed = _cli("list", url, "--json")
+    assert listed.returncode == 0, listed.stderr
+    cps = json.loads(listed.stdout)["checkpoints"]
+    assert 1 <= len(cps) <= 3 and all(c["complete"] for c in cps)
+    assert [c["id"] for c in cps] == sorted(c["id"] for c in cps)
+    verified = _cli("verify", url, "--json", "--spec", str(spec))
+    assert verified.returncode == 0, verified.stderr
+    data = json.loads(verified.stdout)
+    assert {c["verdict"] for c in data["checkpoints"]} == {"ATOMIC_CHECKPOINT"}
+    assert data["resume_from"] == cps[-1]["id"]
+
+
+def test_pipelines_share_a_database_and_cli_errors(tmp_path: Path) -> None:
+    spec = _sqlite_story(tmp_path)
+    assert run(spec).returncode == 0
+    # a second pipeline shares the database: its checkpoints are its own
+    other = tmp_path / "other"
+    other.mkdir()
+    spec2 = _sqlite_story(other, name="other")
+    spec2.write_text(spec2.read_text().replace('"sqlite:///ckpt.db"',
+                                               json.dumps(f"sqlite:///{tmp_path / 'ckpt.db'}")))
+    assert run(spec2).returncode == 0
+    url = f"sqlite:///{tmp_path / 'ckpt.db'}"
+    both = _cli("list", url, "--json")
+    assert both.returncode == 2 and "--pipeline" in both.stderr
+    for name in ("story", "other"):
+        res = _cli("list", url, "--json", "--pipeline", name)
+        assert res.returncode == 0, res.stderr
+        assert json.loads(res.stdout)["checkpoints"]
+    missing = _cli("verify", f"sqlite:///{tmp_path / 'nope.db'}")
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    pg = _cli("list", "postgresql://bob:s3cret@localhost/db")
+    assert pg.returncode == 2 and "s3cret" not in pg.stderr + pg.stdout

@@ -79,3 +79,26 @@ def test_pipelines_share_a_database_and_cli_errors(tmp_path: Path) -> None:
     assert missing.returncode == 2 and "does not exist" in missing.stderr
     pg = _cli("list", "postgresql://bob:s3cret@localhost/db")
     assert pg.returncode == 2 and "s3cret" not in pg.stderr + pg.stdout
+
+
+def test_replay_from_a_sqlite_checkpoint(tmp_path: Path) -> None:
+    """replay reads the live database (read-only) and refuses a destination holding it."""
+    spec = _sqlite_story(tmp_path)
+    assert run(spec, crash_at="after_retention:3").returncode == -9
+    db = f"sqlite:///{tmp_path / 'ckpt.db'}"
+    before = _cli("verify", db, "--json").stdout
+    res = subprocess.run(
+        [sys.executable, "-m", "sealstream", "replay", str(spec), "--from", "2",
+         "--to", str(tmp_path / "replay"), "--json", "--quiet"],
+        capture_output=True, text=True,
+    )
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["replay"]["from"] == "checkpoint 2"
+    # the live checkpoints are untouched (SQLite may fold its WAL into the file on close,
+    # so compare what the store holds rather than bytes)
+    assert _cli("verify", db, "--json").stdout == before
+    refused = subprocess.run(
+        [sys.executable, "-m", "sealstream", "replay", str(spec), "--from", "2",
+         "--to", str(tmp_path)], capture_output=True, text=True,
+    )
+    assert refused.returncode == 2 and "live" in refused.stderr

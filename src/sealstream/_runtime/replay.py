@@ -43,7 +43,6 @@ from sealstream._runtime.engine import Job, ProgressFn, RunSummary, StartPoint
 from sealstream._runtime.merge import SourcePosition
 from sealstream.checkpoint import guard
 from sealstream.checkpoint.manifest import checkpoint_key
-from sealstream.checkpoint.store import LocalCheckpointStore
 from sealstream.errors import CheckpointError, SpecError
 from sealstream.pipeline import Checkpoints, Output, Pipeline
 from sealstream.sources._base import PartitionPosition
@@ -65,7 +64,13 @@ def live_directories(p: Pipeline) -> dict[str, Path]:
         if o is not None and o.kind != "stdout":
             out[section] = o.resolved.resolve()
     if p.checkpoint is not None:
-        out["checkpoint"] = p.checkpoint.resolved.resolve()
+        if p.checkpoint.url:
+            from sealstream.checkpoint.stores import sqlite_path
+
+            # the database file: a destination containing it is refused
+            out["checkpoint"] = sqlite_path(p.checkpoint.url, p.checkpoint.base_dir).resolve()
+        else:
+            out["checkpoint"] = p.checkpoint.resolved.resolve()
     return out
 
 
@@ -163,11 +168,13 @@ def start_from_checkpoint(p: Pipeline, cid: int) -> tuple[StartPoint, dict[str, 
     """The state, watermark and positions of live checkpoint ``cid``, read only."""
     if p.checkpoint is None:
         raise SpecError(f"--from {cid}: the spec has no [checkpoint] section to replay from")
-    store = LocalCheckpointStore(p.checkpoint.resolved)
+    store = p.checkpoint.open_store(p.name)
     ids = store.ids()
     if cid not in ids:
         have = ", ".join(map(str, ids)) or "none"
-        raise SpecError(f"--from {cid}: no checkpoint {cid} in {store.root} (present: {have})")
+        raise SpecError(
+            f"--from {cid}: no checkpoint {cid} in {store.location} (present: {have})"
+        )
     policy = guard.Policy(key=checkpoint_key(), pipeline=p.name, fingerprint=p.fingerprint())
     v = guard.judge(store.evidence(cid), store.verified_parent(cid, policy.key), policy)
     if not v.ok or v.manifest is None:
@@ -175,7 +182,7 @@ def start_from_checkpoint(p: Pipeline, cid: int) -> tuple[StartPoint, dict[str, 
                 if v.reason in ("FINGERPRINT_MISMATCH", "OTHER_PIPELINE")
                 else "choose an ATOMIC checkpoint, 'start', or explicit offsets")
         raise CheckpointError(
-            f"--from {cid}: checkpoint {cid} in {store.root} is {v.verdict} ({v.reason}): "
+            f"--from {cid}: checkpoint {cid} in {store.location} is {v.verdict} ({v.reason}): "
             f"{v.message}; {hint}"
         )
     doc = dict(v.manifest)
@@ -184,7 +191,8 @@ def start_from_checkpoint(p: Pipeline, cid: int) -> tuple[StartPoint, dict[str, 
         data = store.read(str(entry["path"]))
     except OSError as exc:
         raise CheckpointError(
-            f"--from {cid}: cannot read {entry['path']} in {store.root} ({exc.strerror or exc}); "
+            f"--from {cid}: cannot read {entry['path']} in {store.location} "
+            f"({exc.strerror or exc}); "
             "was it deleted by retention meanwhile? choose a newer checkpoint"
         ) from None
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:

@@ -49,7 +49,7 @@ from sealstream.errors import CheckpointError, SpecError
 from sealstream.pipeline import NUMERIC_FUNCTIONS, Aggregate, parse_aggregate
 from sealstream.sources._base import KEY, KEY_IS_INT, FieldKind, FieldPlan
 from sealstream.state.codec import decode_table, sha256_hex
-from sealstream.watermark import NEG_INF, POS_INF
+from sealstream.watermark import NEG_INF, POS_INF, json_ms
 from sealstream.windows.aggregates import WEND, WSTART, Accumulators
 
 __all__ = [
@@ -71,14 +71,7 @@ WINDOW_ID = [KEY, KEY_IS_INT, WSTART, WEND]
 # --------------------------------------------------------------------------- small helpers
 def wm_json(value: Any) -> Any:
     """A watermark or time as JSON: an integer, "-inf"/"+inf" for the sentinels, or None."""
-    v = _int(value)
-    if v is None:
-        return None
-    if v <= NEG_INF:
-        return "-inf"
-    if v >= POS_INF:
-        return "+inf"
-    return v
+    return json_ms(_int(value))
 
 
 def wm_iso(value: Any) -> str | None:

@@ -12,19 +12,12 @@ from sealstream.checkpoint import guard
 from sealstream.checkpoint.manifest import checkpoint_key
 from sealstream.checkpoint.store import CheckpointStore
 from sealstream.pipeline import Pipeline
-from sealstream.watermark import NEG_INF, POS_INF
+from sealstream.watermark import json_ms
 
 
 def _wm(value: Any) -> Any:
     """Watermarks as JSON: integers, or the strings "-inf"/"+inf"."""
-    if value is None:
-        return None
-    v = int(value)
-    if v <= NEG_INF:
-        return "-inf"
-    if v >= POS_INF:
-        return "+inf"
-    return v
+    return None if value is None else json_ms(int(value))
 
 
 def list_checkpoints(store: CheckpointStore) -> dict[str, Any]:

@@ -193,7 +193,12 @@ class CheckpointStore(abc.ABC):
         return doc if isinstance(doc, dict) else None
 
     def verified_parent(self, cid: int, key: bytes | None) -> dict[str, Any] | None:
-        """The manifest of ``cid``'s parent when its signature verifies, else None."""
+        """The manifest of ``cid``'s parent when its signature verifies, else None.
+
+        A parent is only a yardstick for coherence (watermark and positions must
+        not go back) when it is itself authentic; a tampered parent must not make
+        an intact child look inconsistent.
+        """
         doc = self.read_manifest(cid)
         if doc is None or not isinstance(doc.get("parent"), int):
             return None
@@ -290,31 +295,7 @@ class LocalCheckpointStore(CheckpointStore):
         """``encryption_key``: 32 bytes, None for plaintext checkpoints, or by default
         the key configured in the environment (SpecError when it is malformed)."""
         self.root = Path(root)
-        self._lock_fd: int | None = None
-        if encryption_key is crypto.FROM_ENV:
-            self.encryption_key = crypto.encryption_key()
-        elif encryption_key is None or isinstance(encryption_key, bytes):
-            if encryption_key is not None and len(encryption_key) != crypto.KEY_BYTES:
-                raise ValueError("the encryption key must be 32 bytes")
-            self.encryption_key = encryption_key
-        else:
-            raise TypeError("encryption_key must be bytes or None")
-
-    @property
-    def encrypted(self) -> bool:
-        """Whether this store writes (and requires) encrypted checkpoints."""
-        return self.encryption_key is not None
-
-    def _open(self, rel: str, data: bytes) -> bytes:
-        """The plaintext of the file at ``rel``; raises crypto.EnvelopeError."""
-        if self.encryption_key is None and not crypto.is_envelope(data):
-            return data
-        return crypto.decrypt(self.encryption_key, data, rel)
-
-    def _seal(self, rel: str, data: bytes) -> bytes:
-        if self.encryption_key is None:
-            return data
-        return crypto.encrypt(self.encryption_key, data, rel)
+        self._init_key(encryption_key)
 
     # ------------------------------------------------------------ reading
     def exists(self) -> bool:
@@ -345,119 +326,7 @@ class LocalCheckpointStore(CheckpointStore):
     def path_of(self, cid: int) -> Path:
         return self.root / checkpoint_dirname(cid)
 
-    def read_manifest_bytes(self, cid: int) -> bytes:
-        """The manifest's (decrypted) bytes. Raises OSError (FileNotFoundError when
-        absent) or crypto.EnvelopeError (a CheckpointError naming the reason)."""
-        rel = f"{checkpoint_dirname(cid)}/{MANIFEST_NAME}"
-        return self._open(rel, (self.root / rel).read_bytes())
-
-    def read_manifest(self, cid: int) -> dict[str, Any] | None:
-        """The parsed manifest, unverified, or None when missing, unreadable or
-        not decryptable (the guard's verdict says why)."""
-        try:
-            doc = json.loads(self.read_manifest_bytes(cid))
-        except (OSError, ValueError, crypto.EnvelopeError):
-            return None
-        return doc if isinstance(doc, dict) else None
-
-    def verified_parent(self, cid: int, key: bytes | None) -> dict[str, Any] | None:
-        """The manifest of ``cid``'s parent when its signature verifies, else None.
-
-        A parent is only a yardstick for coherence (watermark and positions must
-        not go back) when it is itself authentic; a tampered parent must not make
-        an intact child look inconsistent.
-        """
-        doc = self.read_manifest(cid)
-        if doc is None or not isinstance(doc.get("parent"), int):
-            return None
-        parent = self.read_manifest(int(doc["parent"]))
-        if parent is None or not signature_ok(parent, key)[0]:
-            return None
-        return parent
-
-    def read(self, relpath: str) -> bytes:
-        """A checkpoint file's plaintext. Raises OSError, or crypto.EnvelopeError (a
-        CheckpointError) when it cannot be decrypted or is plaintext while a key is set."""
-        return self._open(relpath, (self.root / relpath).read_bytes())
-
-    def files_of(self, cid: int) -> list[str]:
-        """Paths (relative to root) of every file the checkpoint's validity depends on."""
-        rel: set[str] = set()
-        d = self.path_of(cid)
-        if d.is_dir():
-            for f in d.iterdir():
-                if f.is_file() and not f.name.startswith("."):
-                    rel.add(f"{d.name}/{f.name}")
-        doc = self.read_manifest(cid)
-        if doc is not None and isinstance(doc.get("files"), dict):
-            for entry in doc["files"].values():
-                if isinstance(entry, dict) and "path" in entry:
-                    rel.add(str(entry["path"]))
-        return sorted(rel)
-
-    def evidence(self, cid: int) -> Evidence:
-        """Read everything the guard needs about checkpoint ``cid``."""
-        d = self.path_of(cid)
-        manifest_problem: tuple[str, str] | None = None
-        try:
-            manifest: bytes | None = (d / MANIFEST_NAME).read_bytes()
-        except FileNotFoundError:
-            manifest = None
-        except OSError as exc:
-            raise CheckpointError(f"cannot read {d / MANIFEST_NAME}: {os_reason(exc)}") from None
-        if manifest is not None:
-            try:
-                manifest = self._open(f"{d.name}/{MANIFEST_NAME}", manifest)
-            except crypto.EnvelopeError as exc:
-                manifest_problem = (exc.reason, str(exc))
-                manifest = None
-        facts: dict[str, FileFact] = {}
-        state_meta: dict[str, Any] | None = None
-        state_error: str | None = None
-        receipts: dict[str, Any] | None = None
-        doc = None
-        if manifest is not None:
-            try:
-                doc = json.loads(manifest)
-            except ValueError:
-                doc = None
-        if isinstance(doc, dict) and isinstance(doc.get("files"), dict):
-            for role, entry in doc["files"].items():
-                if not isinstance(entry, dict) or "path" not in entry:
-                    continue
-                rel = str(entry["path"])
-                raw = self._read_quiet(rel)
-                if raw is None:
-                    facts[rel] = FileFact(False)
-                    continue
-                try:
-                    data = self._open(rel, raw)
-                except crypto.EnvelopeError as exc:
-                    size = len(raw)
-                    if crypto.is_envelope(raw):  # the plaintext size it would hold
-                        size = max(0, size - crypto.OVERHEAD)
-                    facts[rel] = FileFact(True, size, "", (exc.reason, str(exc)))
-                    continue
-                digest = hashlib.sha256(data).hexdigest()
-                facts[rel] = FileFact(True, len(data), digest)
-                if digest != entry.get("sha256"):
-                    continue  # the guard reports the mismatch; never parse unverified bytes
-                if role == "state":
-                    try:
-                        meta = read_metadata(data)
-                        state_meta = {"watermark": meta.get(WATERMARK_META.decode())}
-                    except ValueError as exc:
-                        state_error = str(exc)
-                elif rel.endswith(RECEIPTS_NAME):
-                    try:
-                        parsed = json.loads(data)
-                        receipts = parsed if isinstance(parsed, dict) else None
-                    except ValueError:
-                        receipts = None
-        return Evidence(cid, manifest, facts, state_meta, state_error, receipts,
-                        manifest_problem)
-
-    def _read_quiet(self, rel: str) -> bytes | None:
+    def _raw(self, rel: str) -> bytes | None:
         path = self.root / rel
         if ".." in Path(rel).parts:
             return None
@@ -467,9 +336,6 @@ class LocalCheckpointStore(CheckpointStore):
             return None
         except OSError as exc:
             raise CheckpointError(f"cannot read {path}: {os_reason(exc)}") from None
-
-    def _raw(self, rel: str) -> bytes | None:
-        return self._read_quiet(rel)
 
     def _names(self, cid: int) -> list[str]:
         d = self.path_of(cid)

@@ -37,12 +37,9 @@ envelope bound to its name.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
-import json
 import os
 import re
-import socket
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -51,8 +48,13 @@ from typing import Any
 
 from sealstream.checkpoint import crypto
 from sealstream.checkpoint.manifest import MANIFEST_NAME
-from sealstream.checkpoint.store import CheckpointStore, checkpoint_dirname
-from sealstream.errors import CheckpointError, LockHeldError
+from sealstream.checkpoint.store import (
+    CheckpointStore,
+    checkpoint_dirname,
+    file_lock_holder,
+    hold_file_lock,
+)
+from sealstream.errors import CheckpointError
 from sealstream.sinks._files import os_reason
 
 SCHEMA = """
@@ -301,47 +303,9 @@ class SqliteCheckpointStore(CheckpointStore):
     def locked(self) -> Iterator[None]:
         """Hold this pipeline's run lock; raise LockHeldError naming the holder."""
         self.ensure_root()
-        path = lock_path(self.root, self.pipeline)
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:
-            raise CheckpointError(
-                f"cannot lock checkpoints of {self.pipeline!r} in {self.location}: "
-                f"{os_reason(exc)}"
-            ) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise LockHeldError(
-                f"checkpoints of pipeline {self.pipeline!r} in {self.location} are locked "
-                f"by another run ({holder})"
-            ) from None
-        info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                           "started": _stamp()})
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, info.encode(), 0)
-        try:
+        what = f"checkpoints of pipeline {self.pipeline!r} in {self.location}"
+        with hold_file_lock(lock_path(self.root, self.pipeline), what):
             yield
-        finally:
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
 
     def is_locked(self) -> str | None:
-        path = lock_path(self.root, self.pipeline)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            return None
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return None
-        finally:
-            os.close(fd)
+        return file_lock_holder(lock_path(self.root, self.pipeline))

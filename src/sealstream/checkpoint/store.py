@@ -63,6 +63,52 @@ def _parse_id(name: str) -> int | None:
     return int(digits) if digits.isdigit() else None
 
 
+@contextlib.contextmanager
+def hold_file_lock(path: Path, what: str) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created 0600) for a run; the holder's
+    pid, host and start time are written into it. The kernel releases the lock when
+    the process dies, however it dies. Raises LockHeldError naming the holder, or
+    CheckpointError when the file cannot be opened. ``what`` names the lock."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise CheckpointError(f"cannot lock {what}: {os_reason(exc)}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise LockHeldError(f"{what} is locked by another run ({holder})") from None
+    info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                       "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, info.encode(), 0)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def file_lock_holder(path: Path) -> str | None:
+    """The holder written by :func:`hold_file_lock` while it holds ``path``, else None."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 class CheckpointStore(abc.ABC):
     """What the engine, the CLI and the guard need of a checkpoint store.
 
@@ -441,45 +487,9 @@ class LocalCheckpointStore(CheckpointStore):
     def locked(self) -> Iterator[None]:
         """Hold the directory's run lock; raise LockHeldError naming the holder."""
         self.ensure_root()
-        path = self.root / LOCK_NAME
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:
-            raise CheckpointError(
-                f"cannot lock checkpoint directory {self.root}: {os_reason(exc)}"
-            ) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise LockHeldError(
-                f"checkpoint directory {self.root} is locked by another run ({holder})"
-            ) from None
-        info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                           "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, info.encode(), 0)
-        try:
+        with hold_file_lock(self.root / LOCK_NAME, f"checkpoint directory {self.root}"):
             yield
-        finally:
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
 
     def is_locked(self) -> str | None:
         """The holder's description if a run holds the lock now, else None."""
-        path = self.root / LOCK_NAME
-        if not path.exists():
-            return None
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return None
-        finally:
-            os.close(fd)
+        return file_lock_holder(self.root / LOCK_NAME)

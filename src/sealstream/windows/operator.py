@@ -330,20 +330,15 @@ def _sequential_sessions(rows: pl.DataFrame, gap: int, lat: int, base: int) -> p
     ).iter_rows():
         if g != cur_group:
             cur_group, open_sessions = g, []
-        if is_state:
-            parent[nxt] = nxt
-            open_sessions.append([s, e, nxt])
-            labels.append(nxt)
-            late.append(False)
-            nxt += 1
-            continue
-        open_sessions = [o for o in open_sessions if not (o[1] + lat <= wm)]
-        touching = [o for o in open_sessions if o[0] <= e and s <= o[1]]
+        if not is_state:
+            open_sessions = [o for o in open_sessions if not (o[1] + lat <= wm)]
+        touching = [] if is_state else [o for o in open_sessions if o[0] <= e and s <= o[1]]
         if not touching:
-            if e + lat <= wm:
+            if not is_state and e + lat <= wm:
                 labels.append(-1)
                 late.append(True)
                 continue
+            # a state session, or an event that opens a new session
             parent[nxt] = nxt
             open_sessions.append([s, e, nxt])
             labels.append(nxt)

@@ -15,10 +15,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m sealstream.demo
 
+# The PostgreSQL tests use the server scripts/pg-test-server starts (best effort:
+# without PostgreSQL they skip, unless SEALSTREAM_REQUIRE_PG=1 as in CI).
 test: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -W error -p no:cacheprovider -n 2
+	SEALSTREAM_TEST_PG="$${SEALSTREAM_TEST_PG:-$$(scripts/pg-test-server)}" \
+	  $(PY) -m pytest -W error -p no:cacheprovider -n 2
 
 bench: $(STAMP)
 	$(PY) -m bench

@@ -134,11 +134,14 @@ class Aggregate:
 
 @dataclass(frozen=True)
 class Output:
-    """A directory output (``jsonl`` or ``parquet``) or ``stdout``."""
+    """A directory output (``jsonl`` or ``parquet``), ``stdout``, or a database table
+    (``sqlite`` or ``postgresql``: ``url`` and ``table``; results only)."""
 
-    kind: Literal["jsonl", "parquet", "stdout"]
+    kind: Literal["jsonl", "parquet", "stdout", "sqlite", "postgresql"]
     path: str | None = None
     base_dir: Path = Path(".")
+    url: str | None = None
+    table: str | None = None
 
     @property
     def resolved(self) -> Path:
@@ -261,6 +264,30 @@ def parse_aggregate(name: str, expr: object) -> Aggregate:
     return Aggregate(name, func, fld)
 
 
+def _check_table_output(section: str, out: Output) -> None:
+    """A database output names its database and a valid table, and nothing else."""
+    import re as _re
+
+    from sealstream.checkpoint.stores import check_url, is_postgres, redact
+
+    if out.path is not None:
+        raise SpecError(f"{section}.path: a {out.kind} output takes url and table, not path")
+    if not out.url:
+        example = ("sqlite:///results.db" if out.kind == "sqlite"
+                   else "postgresql://user@host/db")
+        raise SpecError(f"{section}.url: a {out.kind} output needs a url, e.g. {example!r}")
+    if (out.kind == "postgresql") != is_postgres(out.url):
+        raise SpecError(f"{section}.url: {redact(out.url)!r} is not a {out.kind} url")
+    check_url(out.url, out.base_dir)
+    if not out.table:
+        raise SpecError(f"{section}.table: a {out.kind} output needs a table name")
+    ident = r"[A-Za-z_][A-Za-z0-9_]{0,62}"
+    pattern = ident if out.kind == "sqlite" else rf"(?:{ident}\.)?{ident}"
+    if not _re.fullmatch(pattern, out.table) or out.table.lower().startswith("sealstream_"):
+        raise SpecError(f"{section}.table: {out.table!r} is not a valid table name "
+                        "(letters, digits and _, not starting with a digit or sealstream_)")
+
+
 def _positive(setting: str, value: object, *, zero_ok: bool = False) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise SpecError(f"{setting}: expected an integer, got {value!r}")
@@ -323,9 +350,16 @@ def validate(p: Pipeline) -> None:
     for section, out in outputs:
         if out is None:
             continue
-        allowed = ("jsonl", "parquet", "stdout") if section == "sink" else ("jsonl", "stdout")
+        allowed = (("jsonl", "parquet", "stdout", "sqlite", "postgresql") if section == "sink"
+                   else ("jsonl", "stdout"))
         if out.kind not in allowed:
             raise SpecError(f"{section}.kind: {out.kind!r} is not one of {', '.join(allowed)}")
+        if out.kind in ("sqlite", "postgresql"):
+            _check_table_output(section, out)
+            continue
+        if out.url is not None or out.table is not None:
+            raise SpecError(f"{section}: url and table are for kind = \"sqlite\" or "
+                            f"\"postgresql\", not {out.kind!r}")
         if out.kind != "stdout":
             if not out.path:
                 raise SpecError(f"{section}.path: a {out.kind} output needs a directory path")
@@ -338,9 +372,9 @@ def validate(p: Pipeline) -> None:
         if c.url is not None:
             if c.path:
                 raise SpecError("checkpoint: set either path or url, not both")
-            from sealstream.checkpoint.stores import sqlite_path
+            from sealstream.checkpoint.stores import check_url
 
-            sqlite_path(c.url, c.base_dir)
+            check_url(c.url, c.base_dir)
         elif not c.path:
             raise SpecError("checkpoint.path: must name a directory")
         if c.every_events is not None:
@@ -362,9 +396,9 @@ _SECTIONS: dict[str, set[str]] = {
     "watermark": {"max_delay_ms"},
     "window": {"kind", "size_ms", "slide_ms", "gap_ms", "allowed_lateness_ms"},
     "aggregates": set(),
-    "sink": {"kind", "path"},
-    "late": {"kind", "path"},
-    "errors": {"kind", "path"},
+    "sink": {"kind", "path", "url", "table"},
+    "late": {"kind", "path", "url", "table"},
+    "errors": {"kind", "path", "url", "table"},
     "checkpoint": {"path", "url", "every_events", "every_ms", "keep"},
 }
 _REQUIRED = ("pipeline", "source", "window", "aggregates", "sink")
@@ -479,7 +513,9 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
             return None
         okind = _get(data[sec], sec, "kind", str, _MISSING)
         opath = _get(data[sec], sec, "path", str, None)
-        return Output(kind=okind, path=opath, base_dir=base_dir)
+        return Output(kind=okind, path=opath, base_dir=base_dir,
+                      url=_get(data[sec], sec, "url", str, None),
+                      table=_get(data[sec], sec, "table", str, None))
 
     ckpt = None
     if "checkpoint" in data:

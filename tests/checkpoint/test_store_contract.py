@@ -112,7 +112,7 @@ def test_urls() -> None:
     assert sqlite_path("sqlite:///ckpt.db", Path("/spec")) == Path("/spec/ckpt.db")
     assert sqlite_path("sqlite:////abs/x.db", Path("/spec")) == Path("/abs/x.db")
     assert redact("postgresql://bob:s3cret@db:5432/x") == "postgresql://bob:***@db:5432/x"
-    with pytest.raises(SpecError, match="not supported yet") as err:
+    with pytest.raises(SpecError, match="expected sqlite:///FILE") as err:
         sqlite_path("postgresql://bob:s3cret@db/x")
     assert "s3cret" not in str(err.value)
     with pytest.raises(SpecError, match="names no database file"):

@@ -86,6 +86,7 @@ from sealstream.errors import BadRecordError, NoValidCheckpointError
 from sealstream.pipeline import ABSENT, Pipeline, definition_changes, definition_diff
 from sealstream.sinks import open_sink
 from sealstream.sinks._base import JSON_LINE, Sink
+from sealstream.sinks.database import DatabaseSink, same_database
 from sealstream.sources._base import OFFSET, PARTITION, RAW
 from sealstream.state.codec import WATERMARK_META, decode_table, encode_table, sha256_hex
 from sealstream.watermark import POS_INF, WatermarkState, assign_watermarks, json_ms
@@ -291,12 +292,17 @@ class Job:
                 self._run_unchecked()
             else:
                 with self.store.locked():
+                    for sink in self.sinks.values():
+                        if isinstance(sink, DatabaseSink):
+                            sink.transactional = same_database(sink, self.store)
                     self._run_checked(self.store)
         finally:
             for s in self.sinks.values():
                 s.close()
             if self.merger is not None:
                 self.merger.close()
+            if self.store is not None:
+                self.store.close()
         return self.summary()
 
     def summary(self) -> RunSummary:
@@ -314,7 +320,8 @@ class Job:
 
     # ================================================================ setup
     def _open_sinks(self) -> None:
-        self.sinks["results"] = open_sink(self.p.sink, "results", self.run_token)
+        funcs = {a.name: a.func for a in self.p.parsed_aggregates}
+        self.sinks["results"] = open_sink(self.p.sink, "results", self.run_token, funcs)
         if self.p.late is not None:
             self.sinks["late"] = open_sink(self.p.late, "records", self.run_token)
         if self.p.errors is not None:
@@ -713,7 +720,17 @@ class Job:
             "counters": self.counters.to_json(),
         }
         manifest = seal(body, self.key)
-        store.write_checkpoint(cid, files, manifest, crash=self.crash)
+        # a sink in the store's database commits in the transaction that publishes
+        together = [s.in_publish(self.epoch, tokens[role]) for role, s in self.sinks.items()
+                    if isinstance(s, DatabaseSink) and s.transactional and tokens[role]]
+        if together:
+            def in_publish(conn: Any) -> None:
+                for commit in together:
+                    commit(conn)
+            store.write_checkpoint(cid, files, manifest, crash=self.crash,
+                                   in_publish=in_publish)
+        else:
+            store.write_checkpoint(cid, files, manifest, crash=self.crash)
         self.crash("after_manifest_publish")
         for role, sink in self.sinks.items():
             sink.commit(self.epoch, tokens[role])

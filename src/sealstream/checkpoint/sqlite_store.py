@@ -42,7 +42,7 @@ import os
 import re
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -204,8 +204,11 @@ class SqliteCheckpointStore(CheckpointStore):
     def ensure_root(self) -> None:
         self._db(create=True)
 
+    transactional = True
+
     def write_checkpoint(self, cid: int, files: dict[str, bytes], manifest: bytes,
-                         crash: Any = None) -> None:
+                         crash: Any = None,
+                         in_publish: Callable[[Any], None] | None = None) -> None:
         conn = self._db(create=True)
         assert conn is not None
         d = checkpoint_dirname(cid)
@@ -225,11 +228,20 @@ class SqliteCheckpointStore(CheckpointStore):
             sealed = self._seal(mrel, manifest)
             if crash is not None:
                 crash("before_manifest_publish")
-            conn.execute(  # the publish: one committed INSERT that fails if present
-                "INSERT INTO checkpoint_files (pipeline, id, name, data) VALUES (?, ?, ?, ?)",
-                (self.pipeline, cid, mrel, sealed))
+            # the publish: one committed transaction whose INSERT fails if present
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                if in_publish is not None:
+                    in_publish(conn)
+                conn.execute(
+                    "INSERT INTO checkpoint_files (pipeline, id, name, data) "
+                    "VALUES (?, ?, ?, ?)", (self.pipeline, cid, mrel, sealed))
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            if claimed and self._raw(mrel) is None:
+            if claimed and not conn.in_transaction and self._raw(mrel) is None:
                 with contextlib.suppress(sqlite3.Error):
                     self._drop(conn, cid)
             what = "already exists" if isinstance(exc, sqlite3.IntegrityError) else str(exc)

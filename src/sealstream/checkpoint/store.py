@@ -35,7 +35,7 @@ import os
 import shutil
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -187,12 +187,21 @@ class CheckpointStore(abc.ABC):
     def ensure_root(self) -> None:
         """Create the store if needed."""
 
+    #: whether :meth:`write_checkpoint` can run ``in_publish`` in its publishing
+    #: transaction (database stores)
+    transactional: bool = False
+
     @abc.abstractmethod
     def write_checkpoint(self, cid: int, files: dict[str, bytes], manifest: bytes,
-                         crash: Any = None) -> None:
+                         crash: Any = None,
+                         in_publish: Callable[[Any], None] | None = None) -> None:
         """Write ``files`` of checkpoint ``cid`` (create-if-absent), then publish the
         manifest atomically; CheckpointError when it cannot (the previous checkpoints
-        are intact). ``crash`` is called with a point name between steps."""
+        are intact). ``crash`` is called with a point name between steps.
+
+        ``in_publish(connection)``, only for a :attr:`transactional` store, runs inside
+        the transaction that publishes the manifest, so what it writes in the same
+        database becomes durable exactly when the checkpoint does."""
 
     @abc.abstractmethod
     def move_aside(self, cid: int, reason: str) -> object | None:
@@ -214,6 +223,9 @@ class CheckpointStore(abc.ABC):
     @abc.abstractmethod
     def is_locked(self) -> str | None:
         """The holder's description if a run holds the lock now, else None."""
+
+    def close(self) -> None:  # noqa: B027 - a no-op for stores without connections
+        """Release connections (the store can still be used: they reopen)."""
 
     # ------------------------------------------------------------ shared reading
     def has_manifest(self, cid: int) -> bool:
@@ -403,9 +415,12 @@ class LocalCheckpointStore(CheckpointStore):
             ) from None
 
     def write_checkpoint(self, cid: int, files: dict[str, bytes], manifest: bytes,
-                         crash: Any = None) -> None:
+                         crash: Any = None,
+                         in_publish: Callable[[Any], None] | None = None) -> None:
         """Write ``files`` into ``cp-<cid>/`` (create-if-absent, fsynced), then publish
         the manifest atomically. ``crash`` is called with a point name between steps."""
+        if in_publish is not None:
+            raise TypeError("a checkpoint directory has no transaction to publish in")
         d = self.path_of(cid)
         try:
             d.mkdir(mode=0o700)

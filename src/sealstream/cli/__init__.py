@@ -169,7 +169,11 @@ def _store(directory: str, pipeline: str | None = None) -> Any:
     from sealstream.checkpoint.stores import is_url
 
     if is_url(directory):
-        return _url_store(directory, pipeline)
+        store = _url_store(directory, pipeline)
+        ctx = click.get_current_context(silent=True)
+        if ctx is not None:
+            ctx.call_on_close(store.close)
+        return store
     path = Path(directory)
     if not path.is_dir():
         _fail(SpecError(f"checkpoint directory {path} does not exist"))
@@ -177,20 +181,31 @@ def _store(directory: str, pipeline: str | None = None) -> Any:
 
 
 def _url_store(url: str, pipeline: str | None) -> Any:
-    from sealstream.checkpoint.sqlite_store import SqliteCheckpointStore, pipelines_in
-    from sealstream.checkpoint.stores import redact, sqlite_path
+    from sealstream.checkpoint.stores import check_url, is_postgres, redact, sqlite_path
 
     try:
-        db = sqlite_path(url, Path.cwd())
-        if not db.is_file():
-            raise SpecError(f"checkpoint database {redact(url)} does not exist")
+        check_url(url, Path.cwd())
+        if is_postgres(url):
+            from sealstream.checkpoint import pg_store
+
+            names = pg_store.pipelines_in(url, redact(url))
+            if not names and pipeline is None:
+                raise SpecError(f"no checkpoints in {redact(url)}")
+        else:
+            from sealstream.checkpoint import sqlite_store
+
+            db = sqlite_path(url, Path.cwd())
+            if not db.is_file():
+                raise SpecError(f"checkpoint database {redact(url)} does not exist")
+            names = sqlite_store.pipelines_in(db)
         if pipeline is None:
-            names = pipelines_in(db)
             if len(names) > 1:
                 raise SpecError(f"{redact(url)} holds the checkpoints of several pipelines "
                                 f"({', '.join(names)}); name one with --pipeline")
             pipeline = names[0] if names else ""
-        return SqliteCheckpointStore(db, pipeline)
+        if is_postgres(url):
+            return pg_store.PostgresCheckpointStore(url, pipeline)
+        return sqlite_store.SqliteCheckpointStore(db, pipeline)
     except SealstreamError as err:
         _fail(err)
         raise

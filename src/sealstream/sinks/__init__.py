@@ -6,12 +6,16 @@
   files (results only); exactly once. Column types may differ between files.
 * :class:`StdoutSink` - prints at commit; for quick looks, not exactly once
   across crashes.
+* :class:`~sealstream.sinks.database.DatabaseSink` - results upserted into a
+  SQLite or PostgreSQL table; exactly once, in the checkpoint's own transaction
+  when the checkpoint store is the same database.
 
 :func:`open_sink` builds the sink of a spec's output.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sealstream.errors import SinkError
@@ -48,7 +52,8 @@ __all__ = [
 ]
 
 
-def open_sink(output: Output, role: SinkRole, run_token: str) -> Sink:
+def open_sink(output: Output, role: SinkRole, run_token: str,
+              aggregates: dict[str, str] | None = None) -> Sink:
     """The sink for ``output`` in ``role``, staging under ``run_token``.
 
     ``jsonl`` -> :class:`JsonlDirSink`, ``parquet`` -> :class:`ParquetDirSink`
@@ -59,6 +64,16 @@ def open_sink(output: Output, role: SinkRole, run_token: str) -> Sink:
     """
     if output.kind == "stdout":
         return StdoutSink(role)
+    if output.kind in ("sqlite", "postgresql"):
+        from sealstream.checkpoint.stores import redact, sqlite_path
+        from sealstream.sinks.database import DatabaseSink
+
+        if output.url is None or output.table is None:
+            raise SinkError(f"a {output.kind} output needs url and table")
+        target: str | Path = (sqlite_path(output.url, output.base_dir)
+                              if output.kind == "sqlite" else output.url)
+        return DatabaseSink(output.kind, target, output.table, aggregates or {}, run_token,
+                            shown=redact(output.url), role=role)
     if output.kind == "jsonl":
         return JsonlDirSink(output.resolved, role, run_token)
     if output.kind == "parquet":

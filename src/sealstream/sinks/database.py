@@ -1,0 +1,499 @@
+"""Window results upserted into a SQLite or PostgreSQL table.
+
+Selected in the spec::
+
+    [sink]
+    kind = "sqlite"                       # or "postgresql"
+    url = "sqlite:///results.db"          # or "postgresql://user@host/db"
+    table = "page_views"
+
+The table (created if absent) has one row per result, identified by
+``(key, key_is_int, window_start, window_end)``, its primary key::
+
+    key           TEXT     the key as text (integers in decimal)
+    key_is_int    BOOLEAN  whether the key was an integer (1 and "1" are two keys)
+    window_start  BIGINT
+    window_end    BIGINT
+    <aggregate>   count: BIGINT; mean: DOUBLE PRECISION; sum, min, max: NUMERIC
+                  (exact integers of any size, and floats); first, last: JSONB in
+                  PostgreSQL, JSON text in SQLite (the value as in the JSON output)
+
+An existing table must have these columns with fitting types, else the run stops
+with one line naming the table and what does not fit.
+
+Exactly once, two ways:
+
+* **Transactional** (the checkpoint store is the same database): the epoch's
+  rows are upserted inside the very transaction that publishes the checkpoint's
+  manifest (:meth:`DatabaseSink.commit_in`). The results and the checkpoint
+  become durable together or not at all; nothing is staged.
+* **Idempotent** (any other store, or no checkpoints): ``prepare`` stages the
+  epoch's rows durably in ``sealstream_sink_staging`` (one Arrow IPC blob per
+  epoch); ``commit`` upserts them, records the commit and deletes the staging
+  row in one transaction. A commit is recorded once; committing again does
+  nothing, and the upsert by id makes even a repeated write harmless.
+
+Either way ``sealstream_sink_commits`` records each committed unit (table,
+token, epoch, and the ids of its rows as Arrow IPC) so the engine can read back
+what was committed after an older checkpoint (:meth:`read_ids`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import re
+import sqlite3
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from sealstream.errors import SinkError
+from sealstream.sinks._base import CommittedFile, Sink, SinkRole
+from sealstream.sinks._files import check_epoch, check_run_token, id_schema
+
+__all__ = ["DatabaseSink", "column_types", "same_database"]
+
+ID_COLUMNS = ("key", "key_is_int", "window_start", "window_end")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+#: aggregate function -> (PostgreSQL type, SQLite type)
+_TYPES: dict[str, tuple[str, str]] = {
+    "count": ("BIGINT", "INTEGER"),
+    "mean": ("DOUBLE PRECISION", "REAL"),
+    "sum": ("NUMERIC", "NUMERIC"),
+    "min": ("NUMERIC", "NUMERIC"),
+    "max": ("NUMERIC", "NUMERIC"),
+    "first": ("JSONB", "TEXT"),
+    "last": ("JSONB", "TEXT"),
+}
+#: types an existing column may have for each declared type (lower case, as the
+#: databases report them)
+_FITS: dict[str, set[str]] = {
+    "BIGINT": {"bigint", "integer", "numeric", "int", "int8"},
+    "INTEGER": {"integer", "int", "bigint", "numeric", ""},
+    "DOUBLE PRECISION": {"double precision", "numeric", "real"},
+    "REAL": {"real", "double", "float", "numeric", ""},
+    "NUMERIC": {"numeric", ""},
+    "JSONB": {"jsonb", "json", "text"},
+    "TEXT": {"text", "json", ""},
+    "BOOLEAN": {"boolean", "bool", "integer"},
+}
+
+STAGING = "sealstream_sink_staging"
+COMMITS = "sealstream_sink_commits"
+
+
+def column_types(aggregates: dict[str, str], dialect: str) -> dict[str, str]:
+    """Column -> SQL type of the results table, for ``{name: function}``."""
+    i = 0 if dialect == "postgresql" else 1
+    cols = {"key": "TEXT", "key_is_int": "BOOLEAN" if i == 0 else "INTEGER",
+            "window_start": "BIGINT" if i == 0 else "INTEGER",
+            "window_end": "BIGINT" if i == 0 else "INTEGER"}
+    for name, func in aggregates.items():
+        cols[name] = _TYPES[func][i]
+    return cols
+
+
+def _pg_identity(url: str) -> tuple[Any, ...]:
+    from psycopg.conninfo import conninfo_to_dict
+
+    d = conninfo_to_dict(url)
+    return (d.get("host") or "localhost", str(d.get("port") or 5432), d.get("dbname"),
+            d.get("user"))
+
+
+def same_database(sink: DatabaseSink, store: Any) -> bool:
+    """Whether checkpoint ``store`` lives in ``sink``'s database, so the sink can
+    commit inside the store's publishing transaction."""
+    from sealstream.checkpoint.pg_store import PostgresCheckpointStore
+    from sealstream.checkpoint.sqlite_store import SqliteCheckpointStore
+
+    if sink.dialect == "sqlite" and isinstance(store, SqliteCheckpointStore):
+        return Path(sink.target).resolve() == Path(store.root).resolve()
+    if sink.dialect == "postgresql" and isinstance(store, PostgresCheckpointStore):
+        try:
+            return _pg_identity(str(sink.target)) == _pg_identity(store.url)
+        except Exception:  # noqa: BLE001 - an unparsable URL is not the same database
+            return False
+    return False
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    with ipc.new_stream(sink, table.schema,
+                        options=ipc.IpcWriteOptions(compression="zstd")) as w:
+        w.write_table(table)
+    return sink.getvalue()
+
+
+def _unipc(data: bytes) -> pl.DataFrame:
+    with ipc.open_stream(pa.py_buffer(data)) as r:
+        out = pl.from_arrow(r.read_all())
+    assert isinstance(out, pl.DataFrame)
+    return out
+
+
+def _numeric(v: Any) -> Any:
+    """A sum/min/max value as the database gets it: exact text for PostgreSQL's
+    NUMERIC (which takes 'NaN' and 'Infinity')."""
+    if v is None:
+        return None
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "NaN"
+        if math.isinf(v):
+            return "Infinity" if v > 0 else "-Infinity"
+        return repr(v)
+    return str(int(v))
+
+
+class DatabaseSink(Sink):
+    """Results upserted into ``table`` of a SQLite file or a PostgreSQL database.
+
+    ``aggregates`` maps each output column to its function (count, sum, ...).
+    ``dialect`` is ``"sqlite"`` (``target`` a file path) or ``"postgresql"``
+    (``target`` a connection URL). ``shown`` is how messages name the database
+    (never a password).
+    """
+
+    def __init__(self, dialect: str, target: str | Path, table: str,
+                 aggregates: dict[str, str], run_token: str, *, shown: str,
+                 role: SinkRole = "results") -> None:
+        if role != "results":
+            raise SinkError(f"a {dialect} output can only hold results, not {role}; "
+                            'use kind = "jsonl" for late events and bad records')
+        if dialect not in ("sqlite", "postgresql"):
+            raise ValueError(f"unknown dialect {dialect!r}")
+        parts = table.split(".")
+        if not all(_IDENT.fullmatch(p) for p in parts) or len(parts) > (
+                2 if dialect == "postgresql" else 1):
+            raise SinkError(f"sink.table: {table!r} is not a valid table name "
+                            "(letters, digits and _, not starting with a digit)")
+        for name in aggregates:
+            if name in ID_COLUMNS:
+                raise SinkError(f"aggregates.{name}: the name is a column of the "
+                                f"{table!r} table's id; rename the aggregate")
+        self.role = role
+        self.dialect = dialect
+        self.target = target
+        self.table = table
+        self.shown = shown
+        self.aggregates = dict(aggregates)
+        self.run_token = check_run_token(run_token)
+        self.columns = column_types(self.aggregates, dialect)
+        self._conn: Any = None
+        self._ready = False
+        self._buffers: dict[int, list[pl.DataFrame]] = {}
+        self._prepared: dict[str, pl.DataFrame] = {}  # token -> rows (transactional mode)
+        #: set by the engine when the checkpoint store shares this database
+        self.transactional = False
+
+    # ------------------------------------------------------------ connection
+    @property
+    def _ph(self) -> str:
+        return "%s" if self.dialect == "postgresql" else "?"
+
+    def _q(self, name: str) -> str:
+        return ".".join(f'"{p}"' for p in name.split("."))
+
+    def _error(self, what: str, exc: BaseException) -> SinkError:
+        text = str(exc).strip().splitlines()
+        reason = text[0] if text else type(exc).__name__
+        return SinkError(f"cannot {what} table {self.table!r} in {self.shown}: {reason}")
+
+    def _db_errors(self) -> tuple[type[BaseException], ...]:
+        if self.dialect == "sqlite":
+            return (sqlite3.Error,)
+        import psycopg
+
+        return (psycopg.Error,)
+
+    def _db(self) -> Any:
+        if self._conn is None:
+            conn: Any
+            errors: tuple[type[BaseException], ...] = (OSError, *self._db_errors())
+            try:
+                if self.dialect == "sqlite":
+                    path = Path(self.target)
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    conn = sqlite3.connect(path, isolation_level=None, timeout=30.0,
+                                           check_same_thread=False)
+                    conn.execute("PRAGMA journal_mode=WAL")
+                    conn.execute("PRAGMA synchronous=FULL")
+                    weakref.finalize(self, conn.close)
+                else:
+                    import psycopg
+
+                    conn = psycopg.connect(str(self.target), autocommit=True,
+                                           connect_timeout=10)
+                    weakref.finalize(self, conn.close)
+            except errors as exc:
+                raise self._error("open the database of", exc) from None
+            self._conn = conn
+        if not self._ready:
+            self._ensure_tables(self._conn)
+        return self._conn
+
+    @contextlib.contextmanager
+    def _transaction(self, conn: Any) -> Iterator[None]:
+        if self.dialect == "postgresql":
+            with conn.transaction():
+                yield
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def _existing_columns(self, conn: Any) -> dict[str, str] | None:
+        if self.dialect == "sqlite":
+            rows = conn.execute(f"PRAGMA table_info({self._q(self.table)})").fetchall()
+            return {str(r[1]): str(r[2]).lower() for r in rows} or None
+        schema, _, name = self.table.rpartition(".")
+        rows = conn.execute(
+            "SELECT column_name, data_type FROM information_schema.columns "
+            "WHERE table_name = %s AND table_schema = "
+            + ("%s" if schema else "current_schema()"),
+            (name, schema) if schema else (name,)).fetchall()
+        return {str(r[0]): str(r[1]).lower() for r in rows} or None
+
+    def _ensure_tables(self, conn: Any) -> None:
+        blob = "BYTEA" if self.dialect == "postgresql" else "BLOB"
+        try:
+            with self._transaction(conn):
+                if self.dialect == "postgresql":  # first runs must not race on CREATE
+                    conn.execute("SELECT pg_advisory_xact_lock(5470013)")
+                existing = self._existing_columns(conn)
+                if existing is None:
+                    cols = ", ".join(f'"{c}" {t} NOT NULL' if c in ID_COLUMNS else f'"{c}" {t}'
+                                     for c, t in self.columns.items())
+                    ids = ", ".join(f'"{c}"' for c in ID_COLUMNS)
+                    conn.execute(f"CREATE TABLE {self._q(self.table)} ({cols}, "
+                                 f"PRIMARY KEY ({ids}))")
+                else:
+                    self._check_fit(existing)
+                conn.execute(f"CREATE TABLE IF NOT EXISTS {STAGING} (tbl TEXT NOT NULL, "
+                             f"token TEXT NOT NULL, epoch BIGINT NOT NULL, data {blob} NOT NULL, "
+                             "PRIMARY KEY (tbl, token))")
+                conn.execute(f"CREATE TABLE IF NOT EXISTS {COMMITS} (tbl TEXT NOT NULL, "
+                             f"token TEXT NOT NULL, epoch BIGINT NOT NULL, ids {blob} NOT NULL, "
+                             "PRIMARY KEY (tbl, token))")
+        except SinkError:
+            raise
+        except self._db_errors() as exc:
+            raise self._error("create", exc) from None
+        self._ready = True
+
+    def _check_fit(self, existing: dict[str, str]) -> None:
+        for col, want in self.columns.items():
+            have = existing.get(col)
+            if have is None:
+                raise SinkError(
+                    f"table {self.table!r} in {self.shown} does not fit this pipeline: "
+                    f"it has no column {col!r} ({want}); its columns are "
+                    f"{', '.join(existing)}")
+            if have not in _FITS[want]:
+                raise SinkError(
+                    f"table {self.table!r} in {self.shown} does not fit this pipeline: "
+                    f"column {col!r} is {have.upper()}, expected {want}")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+            self._ready = False
+
+    # ------------------------------------------------------------ rows
+    def _rows(self, frame: pl.DataFrame) -> list[tuple[Any, ...]]:
+        """The rows to upsert, in table column order (column-wise conversions)."""
+        n = frame.height
+        cols: list[Sequence[Any]] = [
+            frame.get_column("key").cast(pl.String).to_list(),
+            [bool(v) if self.dialect == "postgresql" else int(v)
+             for v in frame.get_column("__kint").to_list()],
+            frame.get_column("window_start").to_list(),
+            frame.get_column("window_end").to_list(),
+        ]
+        for name, func in self.aggregates.items():
+            s = frame.get_column(name)
+            values = s.to_list()
+            if func == "count":
+                cols.append(values)
+            elif func == "mean":
+                cols.append([None if v is None else float(v) for v in values])
+            elif func in ("first", "last"):
+                if s.dtype == pl.String:  # JSON text already
+                    cols.append(values)
+                else:
+                    cols.append([None if v is None else json.dumps(v) for v in values])
+            elif self.dialect == "postgresql":
+                cols.append([_numeric(v) for v in values])
+            else:  # SQLite: ints within int64 and floats as they are, bigger ints as text
+                cols.append([v if not isinstance(v, int) or -2**63 <= v < 2**63 else str(v)
+                             for v in values])
+        return list(zip(*cols, strict=True)) if n else []
+
+    def _upsert(self, conn: Any, frame: pl.DataFrame) -> None:
+        if not frame.height:
+            return
+        names = list(self.columns)
+        ph = self._ph
+        values = []
+        for c in names:
+            func = self.aggregates.get(c)
+            if self.dialect == "postgresql" and func in ("sum", "min", "max"):
+                values.append(f"CAST({ph} AS NUMERIC)")
+            elif self.dialect == "postgresql" and func in ("first", "last"):
+                values.append(f"CAST({ph} AS JSONB)")
+            else:
+                values.append(ph)
+        quoted = ", ".join(f'"{c}"' for c in names)
+        ids = ", ".join(f'"{c}"' for c in ID_COLUMNS)
+        sets = ", ".join(f'"{c}" = excluded."{c}"' for c in names if c not in ID_COLUMNS)
+        sql = (f"INSERT INTO {self._q(self.table)} ({quoted}) VALUES ({', '.join(values)}) "
+               f"ON CONFLICT ({ids}) DO " + (f"UPDATE SET {sets}" if sets else "NOTHING"))
+        conn.cursor().executemany(sql, self._rows(frame))
+
+    def _ids_blob(self, frame: pl.DataFrame) -> bytes:
+        ids = frame.select(pl.col("key").cast(pl.String), pl.col("__kint"),
+                           pl.col("window_start"), pl.col("window_end"))
+        return _ipc(ids.to_arrow())
+
+    # ------------------------------------------------------------ two phases
+    def _token(self, epoch: int) -> str:
+        return f"{epoch:012d}-{self.run_token}"
+
+    def write(self, epoch: int, frame: pl.DataFrame) -> None:
+        check_epoch(epoch)
+        if frame.height:
+            self._buffers.setdefault(epoch, []).append(frame)
+
+    def _take(self, epoch: int) -> pl.DataFrame | None:
+        frames = self._buffers.pop(epoch, [])
+        if not frames:
+            return None
+        keep = ["key", "__kint", "window_start", "window_end", *self.aggregates]
+        return pl.concat([f.select(keep) for f in frames], how="diagonal_relaxed")
+
+    def prepare(self, epoch: int) -> list[str]:
+        check_epoch(epoch)
+        frame = self._take(epoch)
+        if frame is None:
+            return []
+        token = self._token(epoch)
+        if self.transactional:
+            self._prepared[token] = frame  # committed inside the checkpoint's transaction
+            return [token]
+        conn = self._db()
+        ph = self._ph
+        try:
+            conn.execute(f"INSERT INTO {STAGING} (tbl, token, epoch, data) "
+                         f"VALUES ({ph}, {ph}, {ph}, {ph})",
+                         (self.table, token, epoch, _ipc(frame.to_arrow())))
+        except self._db_errors() as exc:
+            raise self._error("stage rows for", exc) from None
+        return [token]
+
+    def _is_committed(self, conn: Any, token: str) -> bool:
+        ph = self._ph
+        row = conn.execute(f"SELECT 1 FROM {COMMITS} WHERE tbl = {ph} AND token = {ph}",
+                           (self.table, token)).fetchone()
+        return row is not None
+
+    def commit_in(self, conn: Any, epoch: int, tokens: list[str]) -> None:
+        """Upsert ``tokens`` of ``epoch`` on ``conn``, inside the caller's open
+        transaction (the checkpoint store's publish); idempotent."""
+        ph = self._ph
+        for token in tokens:
+            if self._is_committed(conn, token):
+                continue
+            frame = self._prepared.get(token)
+            if frame is None:
+                row = conn.execute(f"SELECT data FROM {STAGING} WHERE tbl = {ph} "
+                                   f"AND token = {ph}", (self.table, token)).fetchone()
+                if row is None:
+                    raise SinkError(
+                        f"cannot commit results {token} to table {self.table!r} in "
+                        f"{self.shown}: the staged rows are gone")
+                frame = _unipc(bytes(row[0]))
+            self._upsert(conn, frame)
+            conn.execute(f"INSERT INTO {COMMITS} (tbl, token, epoch, ids) "
+                         f"VALUES ({ph}, {ph}, {ph}, {ph})",
+                         (self.table, token, epoch, self._ids_blob(frame)))
+            conn.execute(f"DELETE FROM {STAGING} WHERE tbl = {ph} AND token = {ph}",
+                         (self.table, token))
+
+    def in_publish(self, epoch: int, tokens: list[str]) -> Callable[[Any], None]:
+        """What the checkpoint store runs in its publishing transaction."""
+        if not self._ready:  # tables are made at recover(), never inside this transaction
+            raise SinkError(f"table {self.table!r} in {self.shown} was not set up")
+
+        def run(conn: Any) -> None:
+            self.commit_in(conn, epoch, tokens)
+        return run
+
+    def commit(self, epoch: int, tokens: list[str]) -> None:
+        check_epoch(epoch)
+        if not tokens:
+            return
+        conn = self._db()
+        try:
+            with self._transaction(conn):
+                self.commit_in(conn, epoch, tokens)
+        except SinkError:
+            raise
+        except self._db_errors() as exc:
+            raise self._error("commit results to", exc) from None
+        for token in tokens:
+            self._prepared.pop(token, None)
+
+    def recover(self, prepared: dict[int, list[str]]) -> None:
+        self._buffers.clear()
+        self._prepared.clear()
+        conn = self._db()
+        ph = self._ph
+        for epoch, tokens in sorted(prepared.items()):
+            pending = [t for t in tokens if not self._is_committed(conn, t)]
+            if pending:
+                self.commit(epoch, pending)
+        try:
+            conn.execute(f"DELETE FROM {STAGING} WHERE tbl = {ph}", (self.table,))
+        except self._db_errors() as exc:
+            raise self._error("clear the staged rows of", exc) from None
+
+    def committed(self) -> list[CommittedFile]:
+        conn = self._db()
+        ph = self._ph
+        try:
+            rows = conn.execute(f"SELECT epoch, token FROM {COMMITS} WHERE tbl = {ph} "
+                                "ORDER BY epoch, token", (self.table,)).fetchall()
+        except self._db_errors() as exc:
+            raise self._error("read the commits of", exc) from None
+        return [CommittedFile(int(e), str(t)) for e, t in rows]
+
+    def read_ids(self, files: list[CommittedFile]) -> pl.DataFrame:
+        schema = id_schema(self.role)
+        if not files:
+            return pl.DataFrame(schema=schema)
+        conn = self._db()
+        ph = self._ph
+        frames = []
+        for f in files:
+            row = conn.execute(f"SELECT ids FROM {COMMITS} WHERE tbl = {ph} AND token = {ph}",
+                               (self.table, f.token)).fetchone()
+            if row is not None:
+                frames.append(_unipc(bytes(row[0])))
+        if not frames:
+            return pl.DataFrame(schema=schema)
+        return pl.concat(frames).select([pl.col(c).cast(t) for c, t in schema.items()])

@@ -1,0 +1,150 @@
+"""The checkpoint store contract against a real PostgreSQL server, plus what only a
+shared database server has to show: pipelines isolated, one advisory lock per
+job (held across processes, released when the holder dies), passwords never
+shown."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from sealstream.checkpoint import guard
+from sealstream.checkpoint.pg_store import PostgresCheckpointStore, pipelines_in
+from sealstream.checkpoint.store import CheckpointStore
+from sealstream.checkpoint.stores import open_store, redact
+from sealstream.errors import CheckpointError, LockHeldError, SpecError
+from sealstream.testing.store_contract import (
+    PIPELINE,
+    SIGNING_KEY,
+    StoreContract,
+    sample_checkpoint,
+)
+
+
+class TestPostgresStore(StoreContract):
+    @pytest.fixture(autouse=True)
+    def _database(self, pg_url: str) -> None:
+        self.url = pg_url
+
+    def make_store(self, where: Path, pipeline: str = PIPELINE,
+                   key: bytes | None = None) -> CheckpointStore:
+        return PostgresCheckpointStore(self.url, pipeline, encryption_key=key)
+
+    def _sql(self, sql: str, *args: object) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            cur = conn.execute(sql, args)
+            return cur.fetchall() if cur.description else []
+
+    def tamper(self, store: CheckpointStore, rel: str, data: bytes | None) -> None:
+        assert isinstance(store, PostgresCheckpointStore)
+        if data is None:
+            self._sql("DELETE FROM sealstream_checkpoint_files WHERE pipeline = %s "
+                      "AND name = %s", store.pipeline, rel)
+        else:
+            self._sql("UPDATE sealstream_checkpoint_files SET data = %s WHERE pipeline = %s "
+                      "AND name = %s", data, store.pipeline, rel)
+
+    def stored(self, store: CheckpointStore, rel: str) -> bytes | None:
+        assert isinstance(store, PostgresCheckpointStore)
+        rows = self._sql("SELECT data FROM sealstream_checkpoint_files WHERE pipeline = %s "
+                         "AND name = %s", store.pipeline, rel)
+        return bytes(rows[0][0]) if rows else None
+
+    def kept_aside(self, store: CheckpointStore, cid: int) -> list[bytes]:
+        assert isinstance(store, PostgresCheckpointStore)
+        rows = self._sql("SELECT data FROM sealstream_rejected WHERE pipeline = %s "
+                         "AND id = %s AND data IS NOT NULL", store.pipeline, cid)
+        return [bytes(r[0]) for r in rows]
+
+    def test_pipelines_sharing_a_database_are_isolated(self, tmp_path: Path) -> None:
+        a = self.make_store(tmp_path, "a")
+        b = self.make_store(tmp_path, "b")
+        a.ensure_root()
+        files, manifest = sample_checkpoint(1, pipeline="a")
+        a.write_checkpoint(1, files, manifest)
+        files, manifest = sample_checkpoint(1, pipeline="b")
+        b.write_checkpoint(1, files, manifest)  # the same id, another pipeline
+        files, manifest = sample_checkpoint(2, 1, pipeline="b")
+        b.write_checkpoint(2, files, manifest)
+        assert a.ids() == [1] and b.ids() == [1, 2]
+        assert pipelines_in(self.url, "db") == ["a", "b"]
+        b.move_aside(2, "test")
+        assert a.max_id_ever() == 1 and b.max_id_ever() == 2
+        a.delete(1)
+        assert a.ids() == [] and b.ids() == [1]
+        assert guard.judge(b.evidence(1), None, guard.Policy(key=SIGNING_KEY, pipeline="b")).ok
+        with a.locked():  # one writer per job, not per database
+            assert b.is_locked() is None
+            with b.locked():
+                held = a.is_locked()
+                assert held is not None and '"pid"' in held
+
+    def test_in_publish_commits_with_the_manifest(self, tmp_path: Path) -> None:
+        store = self.make_store(tmp_path)
+        store.ensure_root()
+        self._sql("CREATE TABLE side (v INT)")
+        files, manifest = sample_checkpoint(1)
+
+        def boom(conn: Any) -> None:
+            conn.execute("INSERT INTO side VALUES (1)")
+            raise psycopg.errors.RaiseException("refused")
+
+        with pytest.raises(CheckpointError, match="the previous checkpoints are intact"):
+            store.write_checkpoint(1, files, manifest, in_publish=boom)
+        assert self._sql("SELECT count(*) FROM side") == [(0,)]
+        assert not store.has_manifest(1)
+        store.write_checkpoint(
+            1, files, manifest, in_publish=lambda c: c.execute("INSERT INTO side VALUES (2)"))
+        assert self._sql("SELECT v FROM side") == [(2,)] and store.has_manifest(1)
+
+    def test_lock_is_held_across_processes_and_freed_by_sigkill(self, tmp_path: Path) -> None:
+        code = ("import sys, time\n"
+                "from sealstream.checkpoint.pg_store import PostgresCheckpointStore\n"
+                "s = PostgresCheckpointStore(sys.argv[1], 'job')\n"
+                "with s.locked():\n"
+                "    print('locked', flush=True)\n"
+                "    time.sleep(60)\n")
+        proc = subprocess.Popen([sys.executable, "-c", code, self.url],
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
+            store = PostgresCheckpointStore(self.url, "job")
+            with pytest.raises(LockHeldError, match=f'"pid": {proc.pid}') as err:
+                with store.locked():
+                    pass
+            assert ":***@" in str(err.value) and ":sealstream_test@" not in str(err.value)
+            proc.kill()
+            proc.wait(10)
+            deadline = time.monotonic() + 10
+            while store.is_locked() is not None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            with store.locked():  # the server released the dead holder's lock
+                assert store.is_locked() is not None
+        finally:
+            proc.kill()
+            proc.wait(10)
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+def test_urls_and_errors_never_show_the_password() -> None:
+    url = "postgresql://bob:s3cret@127.0.0.1:1/nowhere"
+    assert redact(url) == "postgresql://bob:***@127.0.0.1:1/nowhere"
+    assert redact("postgres://h/db?user=x&password=s3cret&x=1") == \
+        "postgres://h/db?user=x&password=***&x=1"
+    store = open_store(url, "p")
+    assert isinstance(store, PostgresCheckpointStore)
+    assert store.location == "postgresql://bob:***@127.0.0.1:1/nowhere"
+    with pytest.raises(CheckpointError, match="cannot connect to") as err:
+        store.ids()
+    assert "s3cret" not in str(err.value)
+    with pytest.raises(SpecError, match="names no server or database"):
+        open_store("postgresql://", "p")
+    with pytest.raises(SpecError, match="expected sqlite:///FILE, postgresql://"):
+        open_store("mysql://x/y", "p")

@@ -229,7 +229,8 @@ _PIPELINE_OPT = click.option(
 def list_cmd(directory: str, as_json: bool, pipeline_name: str | None) -> None:
     """List the checkpoints in DIRECTORY, oldest first, with the files each depends on.
 
-    DIRECTORY is a checkpoint directory or a store URL (sqlite:///FILE)."""
+    DIRECTORY is a checkpoint directory or a store URL (sqlite:///FILE,
+    postgresql://HOST/DB)."""
     from sealstream.cli._report import list_checkpoints, render_list
 
     store = _store(directory, pipeline_name)
@@ -254,7 +255,8 @@ def verify_cmd(directory: str, as_json: bool, spec: Path | None,
                pipeline_name: str | None) -> None:
     """Judge every checkpoint in DIRECTORY; exit 0 only if all are ATOMIC_CHECKPOINT.
 
-    DIRECTORY is a checkpoint directory or a store URL (sqlite:///FILE)."""
+    DIRECTORY is a checkpoint directory or a store URL (sqlite:///FILE,
+    postgresql://HOST/DB)."""
     from sealstream.cli._report import render_verify, verify_checkpoints
 
     pipeline = None
@@ -292,7 +294,9 @@ def _emit(data: dict[str, Any], as_json: bool, render: Any) -> None:
 @click.argument("directory", type=str)
 @click.argument("checkpoint_id", metavar="[ID]", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def inspect_cmd(directory: str, checkpoint_id: str | None, as_json: bool) -> None:
+@_PIPELINE_OPT
+def inspect_cmd(directory: str, checkpoint_id: str | None, as_json: bool,
+                pipeline_name: str | None) -> None:
     """Show what checkpoint ID (default: the newest) in DIRECTORY holds, and its verdict.
 
     Positions and watermarks per partition, open windows, state size, receipts, age,
@@ -302,7 +306,7 @@ def inspect_cmd(directory: str, checkpoint_id: str | None, as_json: bool) -> Non
     from sealstream.checkpoint.inspect import inspect_checkpoint, resolve_id
     from sealstream.cli._inspect import render_inspect
 
-    store = _store(directory)
+    store = _store(directory, pipeline_name)
     try:
         cid = resolve_id(store, checkpoint_id)
         data = inspect_checkpoint(store, cid)
@@ -317,7 +321,8 @@ def inspect_cmd(directory: str, checkpoint_id: str | None, as_json: bool) -> Non
 @click.argument("a")
 @click.argument("b")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def diff_cmd(directory: str, a: str, b: str, as_json: bool) -> None:
+@_PIPELINE_OPT
+def diff_cmd(directory: str, a: str, b: str, as_json: bool, pipeline_name: str | None) -> None:
     """Show what advanced from checkpoint A to checkpoint B in DIRECTORY.
 
     Positions and watermarks per partition, windows opened/closed, outputs emitted,
@@ -326,7 +331,7 @@ def diff_cmd(directory: str, a: str, b: str, as_json: bool) -> None:
     from sealstream.checkpoint.inspect import diff_checkpoints, resolve_id
     from sealstream.cli._inspect import render_diff
 
-    store = _store(directory)
+    store = _store(directory, pipeline_name)
     try:
         data = diff_checkpoints(store, resolve_id(store, a), resolve_id(store, b))
     except SealstreamError as err:
@@ -343,14 +348,15 @@ def diff_cmd(directory: str, a: str, b: str, as_json: bool) -> None:
 @click.option("--force", is_flag=True,
               help="Export even if the checkpoint is not ATOMIC_CHECKPOINT.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_PIPELINE_OPT
 def export_cmd(directory: str, checkpoint_id: str | None, to: Path, force: bool,
-               as_json: bool) -> None:
+               as_json: bool, pipeline_name: str | None) -> None:
     """Export the open windows of checkpoint ID (default: the newest) with the current
     partial value of every aggregate. Only an ATOMIC_CHECKPOINT, unless --force."""
     from sealstream.checkpoint.inspect import resolve_id
     from sealstream.cli._inspect import export, render_export
 
-    store = _store(directory)
+    store = _store(directory, pipeline_name)
     try:
         data = export(store, resolve_id(store, checkpoint_id), to, force=force)
     except SealstreamError as err:
@@ -365,18 +371,16 @@ def export_cmd(directory: str, checkpoint_id: str | None, to: Path, force: bool,
               help="How many of the newest ATOMIC checkpoints to keep (>= 1).")
 @click.option("--dry-run", is_flag=True, help="Only print what would be done.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def prune_cmd(directory: str, keep: int, dry_run: bool, as_json: bool) -> None:
+@_PIPELINE_OPT
+def prune_cmd(directory: str, keep: int, dry_run: bool, as_json: bool,
+              pipeline_name: str | None) -> None:
     """Keep the KEEP newest ATOMIC checkpoints in DIRECTORY: delete older ATOMIC ones and
     move invalid ones to rejected/ (never deleted). Safe while a job runs. Exit 1 when
     checkpoints exist but none is ATOMIC (nothing is touched)."""
-    from sealstream.checkpoint.store import LocalCheckpointStore
     from sealstream.cli._inspect import render_prune
     from sealstream.cli._prune import prune
 
-    store = _store(directory)
-    if not isinstance(store, LocalCheckpointStore):
-        _fail(SpecError(f"{_shown(directory)}: prune works on checkpoint directories only "
-                        "for now (a database store keeps its `keep` newest by itself)"))
+    store = _store(directory, pipeline_name)
     try:
         data = prune(store, keep, dry_run=dry_run)
     except SealstreamError as err:

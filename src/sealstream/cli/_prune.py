@@ -2,6 +2,9 @@
 
 Safety rules (see :func:`sealstream.checkpoint.inspect.plan_prune` for what is planned):
 
+Works on every store (a directory, SQLite, PostgreSQL); in a database a deletion or
+a move aside is one transaction.
+
 * When no job holds the directory, prune takes the directory lock itself for its whole
   duration, so a job cannot start in the middle.
 * When a job holds it, prune still runs but never touches the newest ATOMIC checkpoint
@@ -19,17 +22,23 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+from pathlib import Path
 from typing import Any
 
 from sealstream.checkpoint.inspect import PrunePlan, plan_prune
-from sealstream.checkpoint.store import REJECTED, LocalCheckpointStore, checkpoint_dirname
+from sealstream.checkpoint.store import (
+    REJECTED,
+    CheckpointStore,
+    LocalCheckpointStore,
+    checkpoint_dirname,
+)
 from sealstream.errors import CheckpointError, LockHeldError
 from sealstream.sinks._files import fsync_dir, os_reason
 
 HIDDEN = ".pruning-"
 
 
-def prune(store: LocalCheckpointStore, keep: int, *, dry_run: bool) -> dict[str, Any]:
+def prune(store: CheckpointStore, keep: int, *, dry_run: bool) -> dict[str, Any]:
     """Prune ``store`` to ``keep`` ATOMIC checkpoints; return what was (or would be) done."""
     if dry_run:
         running = store.is_locked()
@@ -48,16 +57,18 @@ def prune(store: LocalCheckpointStore, keep: int, *, dry_run: bool) -> dict[str,
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _clear_leftovers(store: LocalCheckpointStore) -> None:
-    for entry in store.root.iterdir():
-        if entry.name.startswith(HIDDEN) and entry.is_dir():
-            shutil.rmtree(entry, ignore_errors=True)
+def _clear_leftovers(store: CheckpointStore) -> None:
+    store.clear_trash()
+    if isinstance(store, LocalCheckpointStore):
+        for entry in store.root.iterdir():
+            if entry.name.startswith(HIDDEN) and entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
 
 
-def _report(store: LocalCheckpointStore, plan: PrunePlan, keep: int, *, dry_run: bool,
+def _report(store: CheckpointStore, plan: PrunePlan, keep: int, *, dry_run: bool,
             holder: str | None) -> dict[str, Any]:
     return {
-        "directory": str(store.root),
+        "directory": store.location,
         "keep": keep,
         "dry_run": dry_run,
         "job_running": holder,
@@ -71,7 +82,7 @@ def _report(store: LocalCheckpointStore, plan: PrunePlan, keep: int, *, dry_run:
     }
 
 
-def _apply(store: LocalCheckpointStore, plan: PrunePlan, keep: int,
+def _apply(store: CheckpointStore, plan: PrunePlan, keep: int,
            holder: str | None) -> dict[str, Any]:
     out = _report(store, plan, keep, dry_run=False, holder=holder)
     vanished: list[int] = []
@@ -92,14 +103,19 @@ def _apply(store: LocalCheckpointStore, plan: PrunePlan, keep: int,
         if dest is None:
             vanished.append(cid)  # the job's retention moved or deleted it first
             continue
-        moved.append({"id": cid, "verdict": verdict, "reason": reason,
-                      "to": str(dest.relative_to(store.root))})
+        to = str(dest.relative_to(store.root)) if isinstance(dest, Path) else str(dest)
+        moved.append({"id": cid, "verdict": verdict, "reason": reason, "to": to})
     out.update(deleted=deleted, moved=moved, vanished=sorted(vanished))
     return out
 
 
-def _delete(store: LocalCheckpointStore, cid: int) -> bool:
+def _delete(store: CheckpointStore, cid: int) -> bool:
     """Remove checkpoint ``cid``; False when it was already gone."""
+    if not isinstance(store, LocalCheckpointStore):
+        if cid not in store.ids():
+            return False
+        store.delete(cid)  # one transaction
+        return True
     src = store.path_of(cid)
     hidden = store.root / f"{HIDDEN}{checkpoint_dirname(cid)}-{os.getpid()}"
     try:

@@ -84,7 +84,7 @@ def table_rows(d: Path, sink: str, pg_url: str | None) -> list[dict[str, Any]]:
         res = {"key": key, "window_start": row["window_start"], "window_end": row["window_end"]}
         for a in AGGS:
             v = row[a]
-            if a in ("first_i", "last_amount") and isinstance(v, str):
+            if a in ("first_i", "last_amount") and sink == "sqlite" and v is not None:
                 v = json.loads(v)
             res[a] = _num(v)
         out.append(res)

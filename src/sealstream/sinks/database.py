@@ -56,7 +56,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from sealstream.errors import SinkError
-from sealstream.sinks._base import CommittedFile, Sink, SinkRole
+from sealstream.sinks._base import JSON_LINE, CommittedFile, Sink, SinkRole
 from sealstream.sinks._files import check_epoch, check_run_token, id_schema
 
 __all__ = ["DatabaseSink", "column_types", "same_database"]
@@ -316,8 +316,9 @@ class DatabaseSink(Sink):
 
     # ------------------------------------------------------------ rows
     def _rows(self, frame: pl.DataFrame) -> list[tuple[Any, ...]]:
-        """The rows to upsert, in table column order (column-wise conversions)."""
-        n = frame.height
+        """The rows to upsert, in table column order. Aggregate values come from each
+        row's JSON line, which is typed per row (the typed columns are typed per batch:
+        an integer beside a float there is a float, and integers past int64 too)."""
         cols: list[Sequence[Any]] = [
             frame.get_column("key").cast(pl.String).to_list(),
             [bool(v) if self.dialect == "postgresql" else int(v)
@@ -325,24 +326,19 @@ class DatabaseSink(Sink):
             frame.get_column("window_start").to_list(),
             frame.get_column("window_end").to_list(),
         ]
+        lines = [json.loads(t) for t in frame.get_column(JSON_LINE).to_list()]
         for name, func in self.aggregates.items():
-            s = frame.get_column(name)
-            values = s.to_list()
-            if func == "count":
+            values = [line.get(name) for line in lines]
+            if func in ("count", "mean"):
                 cols.append(values)
-            elif func == "mean":
-                cols.append([None if v is None else float(v) for v in values])
             elif func in ("first", "last"):
-                if s.dtype == pl.String:  # JSON text already
-                    cols.append(values)
-                else:
-                    cols.append([None if v is None else json.dumps(v) for v in values])
+                cols.append([None if v is None else json.dumps(v) for v in values])
             elif self.dialect == "postgresql":
                 cols.append([_numeric(v) for v in values])
             else:  # SQLite: ints within int64 and floats as they are, bigger ints as text
                 cols.append([v if not isinstance(v, int) or -2**63 <= v < 2**63 else str(v)
                              for v in values])
-        return list(zip(*cols, strict=True)) if n else []
+        return list(zip(*cols, strict=True))
 
     def _upsert(self, conn: Any, frame: pl.DataFrame) -> None:
         if not frame.height:
@@ -383,8 +379,8 @@ class DatabaseSink(Sink):
         frames = self._buffers.pop(epoch, [])
         if not frames:
             return None
-        keep = ["key", "__kint", "window_start", "window_end", *self.aggregates]
-        return pl.concat([f.select(keep) for f in frames], how="diagonal_relaxed")
+        keep = ["key", "__kint", "window_start", "window_end", JSON_LINE]
+        return pl.concat([f.select(keep) for f in frames])
 
     def prepare(self, epoch: int) -> list[str]:
         check_epoch(epoch)

@@ -357,9 +357,20 @@ class DatabaseSink(Sink):
         quoted = ", ".join(f'"{c}"' for c in names)
         ids = ", ".join(f'"{c}"' for c in ID_COLUMNS)
         sets = ", ".join(f'"{c}" = excluded."{c}"' for c in names if c not in ID_COLUMNS)
-        sql = (f"INSERT INTO {self._q(self.table)} ({quoted}) VALUES ({', '.join(values)}) "
-               f"ON CONFLICT ({ids}) DO " + (f"UPDATE SET {sets}" if sets else "NOTHING"))
-        conn.cursor().executemany(sql, self._rows(frame))
+        conflict = f"ON CONFLICT ({ids}) DO " + (f"UPDATE SET {sets}" if sets else "NOTHING")
+        if self.dialect == "sqlite":
+            conn.executemany(f"INSERT INTO {self._q(self.table)} ({quoted}) "
+                             f"VALUES ({', '.join(values)}) {conflict}", self._rows(frame))
+            return
+        # PostgreSQL: COPY into a session-local table shaped like the target, then one
+        # INSERT ... SELECT ... ON CONFLICT (an order of magnitude faster than row inserts)
+        conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS sealstream_upsert "
+                     f"(LIKE {self._q(self.table)} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS")
+        with conn.cursor().copy(f"COPY sealstream_upsert ({quoted}) FROM STDIN") as copy:
+            for row in self._rows(frame):
+                copy.write_row(row)
+        conn.execute(f"INSERT INTO {self._q(self.table)} ({quoted}) SELECT {quoted} "
+                     f"FROM sealstream_upsert {conflict}")
 
     def _ids_blob(self, frame: pl.DataFrame) -> bytes:
         ids = frame.select(pl.col("key").cast(pl.String), pl.col("__kint"),

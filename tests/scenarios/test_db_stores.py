@@ -7,6 +7,7 @@ checkpoint's rows gives the guard's verdicts and a fall-back with exact output."
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -182,3 +183,32 @@ def test_replay_from_a_sqlite_checkpoint(tmp_path: Path) -> None:
          "--to", str(tmp_path)], capture_output=True, text=True,
     )
     assert refused.returncode == 2 and "live" in refused.stderr
+
+
+def test_passwords_never_appear_in_output(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """A run, its JSON summary, progress log lines and every checkpoints command show the
+    database URL with the password hidden."""
+    spec, url = _db_story(tmp_path, "postgresql", request)
+    assert ":sealstream_test@" in url  # the test server's URL carries a password
+    text = spec.read_text().replace('[sink]\nkind = "jsonl"\npath = "out"',
+                                    f'[sink]\nkind = "postgresql"\nurl = {json.dumps(url)}\n'
+                                    'table = "results"')
+    spec.write_text(text)
+    res = subprocess.run([sys.executable, "-m", "sealstream", "run", str(spec), "--json",
+                          "--summary-json", str(tmp_path / "s.json")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    seen = res.stdout + res.stderr + (tmp_path / "s.json").read_text()
+    for args in (["list", url], ["verify", url, "--json"], ["inspect", url],
+                 ["diff", url, "8", "9"], ["prune", url, "--keep", "2", "--dry-run"]):
+        out = _cli(*args)
+        assert out.returncode == 0, (args, out.stderr)
+        seen += out.stdout + out.stderr
+    bad = url.replace("127.0.0.1", "127.0.0.1:1").replace(":5432", "")
+    spec.write_text(text.replace(url, bad))
+    failed = subprocess.run([sys.executable, "-m", "sealstream", "run",
+                             str(spec), "--quiet"], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PGCONNECT_TIMEOUT": "2"})
+    assert failed.returncode == 1 and "cannot connect" in failed.stderr
+    seen += failed.stdout + failed.stderr + _cli("list", bad).stderr
+    assert ":sealstream_test@" not in seen and "***@" in seen

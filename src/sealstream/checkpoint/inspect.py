@@ -128,7 +128,7 @@ def resolve_id(store: CheckpointStore, ident: str | None) -> int:
     ids = store.ids()
     if ident is None:
         if not ids:
-            raise SpecError(f"no checkpoints in {store.root}")
+            raise SpecError(f"no checkpoints in {store.location}")
         return ids[-1]
     text = ident.strip()
     if text.startswith(PREFIX):
@@ -137,7 +137,7 @@ def resolve_id(store: CheckpointStore, ident: str | None) -> int:
     if cid is None or cid not in ids:
         present = ", ".join(str(i) for i in ids) if ids else "none"
         raise SpecError(
-            f"checkpoint {ident!r} not found in {store.root} (checkpoints present: {present})"
+            f"checkpoint {ident!r} not found in {store.location} (checkpoints present: {present})"
         )
     return cid
 
@@ -422,7 +422,7 @@ def inspect_checkpoint(
             problems.insert(0, f"signature: {code}")
     g = wm.get("global_ms")
     return {
-        "directory": str(store.root),
+        "directory": store.location,
         "id": cid,
         "path": checkpoint_dirname(cid),
         "complete": loaded.doc is not None,
@@ -544,7 +544,7 @@ def diff_checkpoints(
         for k in sorted(set(ca) | set(cb))
     }
     return {
-        "directory": str(store.root),
+        "directory": store.location,
         "a": {"id": a, "verdict": va.verdict, "reason": va.reason, "epoch": _int(da.get("epoch")),
               "created_ms": _int(da.get("created_ms"))},
         "b": {"id": b, "verdict": vb.verdict, "reason": vb.reason, "epoch": _int(db.get("epoch")),

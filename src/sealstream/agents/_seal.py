@@ -1,0 +1,76 @@
+"""Sealing rows: the stream checkpoints' signature scheme plus identity binding.
+
+A sealed row is the canonical JSON of a document that names its own address
+(``"row": [space, execution, namespace, name]``), signed by
+:func:`sealstream.checkpoint.manifest.seal` (HMAC-SHA256 with
+``SEALSTREAM_CHECKPOINT_KEY``, else an unkeyed SHA-256). A row copied to another
+execution, namespace or checkpoint therefore fails its identity check, and a row
+altered without the key fails its signature.
+
+With an encryption key (``SEALSTREAM_ENCRYPTION_KEY``) every row, metadata
+included, is an AES-256-GCM envelope (:mod:`sealstream.checkpoint.crypto`) bound
+to the same address; with a key set a plaintext row is refused (fail closed).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sealstream.checkpoint import crypto, manifest
+
+#: default of every ``key=`` / ``encryption_key=`` parameter: read the environment
+FROM_ENV: object = crypto.FROM_ENV
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The signing key (or None: unkeyed SHA-256) and the encryption key (or None)."""
+
+    sign: bytes | None = None
+    encrypt: bytes | None = None
+
+    @classmethod
+    def resolve(cls, key: bytes | None | object = FROM_ENV,
+                encryption_key: bytes | None | object = FROM_ENV) -> Keys:
+        """Explicit keys, or those from the environment for :data:`FROM_ENV`."""
+        sign = manifest.checkpoint_key() if key is FROM_ENV else key
+        enc = crypto.encryption_key() if encryption_key is FROM_ENV else encryption_key
+        assert sign is None or isinstance(sign, bytes)
+        assert enc is None or isinstance(enc, bytes)
+        return cls(sign, enc)
+
+
+Address = tuple[str, str, str, str]
+
+
+def context(addr: Address) -> str:
+    """The associated data an envelope of the row at ``addr`` is bound to."""
+    return json.dumps(["sealstream-agent", *addr], separators=(",", ":"))
+
+
+def wrap(keys: Keys, addr: Address, data: bytes) -> bytes:
+    """The bytes to store: ``data`` itself, or its envelope when encrypting."""
+    return crypto.encrypt(keys.encrypt, data, context(addr)) if keys.encrypt else data
+
+
+def unwrap(keys: Keys, addr: Address, stored: bytes) -> bytes:
+    """The plaintext of a stored row; raises :class:`crypto.EnvelopeError` with a reason."""
+    if keys.encrypt is not None:
+        return crypto.decrypt(keys.encrypt, stored, context(addr))
+    if crypto.is_envelope(stored):
+        return crypto.decrypt(None, stored, context(addr))  # raises ENCRYPTED_WITHOUT_KEY
+    return stored
+
+
+def seal_plain(keys: Keys, addr: Address, body: dict[str, Any]) -> bytes:
+    """The signed (not yet encrypted) bytes of a document at ``addr``."""
+    doc = dict(body)
+    doc["row"] = list(addr)
+    return manifest.seal(doc, keys.sign)
+
+
+def seal_doc(keys: Keys, addr: Address, body: dict[str, Any]) -> bytes:
+    """The stored bytes of a signed document at ``addr``."""
+    return wrap(keys, addr, seal_plain(keys, addr, body))

@@ -1,0 +1,451 @@
+"""Agent checkpoints: signed, verified, kept as a history per execution.
+
+An agent checkpoint is keyed by a stable **execution id** and a **namespace**
+(``""`` for the root workflow). It holds the conversation, the current workflow
+node, the completed tool actions with their results, the pending approvals and
+references to external artifacts (URI plus SHA-256), all in one signed manifest
+row (:mod:`sealstream.agents._seal`). The LangGraph saver stores its checkpoints
+in the same rows, with channel values as blob rows the manifest hashes and
+pending writes indexed by a signed per-checkpoint writes index.
+
+Commit protocol (one transaction, so a crash leaves all or nothing):
+
+1. channel blobs are inserted create-if-absent; the manifest records each one's
+   SHA-256 and size (blobs reused from earlier checkpoints are re-hashed);
+2. the manifest row is inserted (create-if-absent; LangGraph may re-put the same
+   checkpoint id when a run exits, which replaces it);
+3. an empty writes index is created for checkpoints that take pending writes;
+4. the history's signed head marker is moved to the newest checkpoint id.
+
+Reading gathers every row into :class:`~sealstream.agents.judge.CheckpointEvidence`
+and asks the pure :func:`~sealstream.agents.judge.judge`; only an
+``ATOMIC_CHECKPOINT`` is ever returned as state. :meth:`AgentCheckpointStore.latest`
+falls back past rejected checkpoints to the newest verified one, like stream
+recovery; rejected checkpoints are reported by :meth:`AgentCheckpointStore.history`,
+never deleted. Retention (:meth:`AgentCheckpointStore.prune`) deletes the oldest
+checkpoints in one transaction and raises the signed retention floor, so a
+checkpoint removed any other way is reported as ``NO_MANIFEST``.
+
+>>> import tempfile, pathlib
+>>> store = AgentCheckpointStore(pathlib.Path(tempfile.mkdtemp()) / "agents.db", key=b"k",
+...                              encryption_key=None)
+>>> saved = store.save(AgentCheckpoint("order-17", node="pay", state={"amount": 42}))
+>>> store.latest("order-17").state
+{'amount': 42}
+>>> [v.verdict for v in store.history("order-17")]
+['ATOMIC_CHECKPOINT']
+>>> store.close()
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from sealstream._runtime.crash import CrashPoints
+from sealstream.agents import judge as _judge
+from sealstream.agents._seal import FROM_ENV, Address, Keys, seal_doc, unwrap, wrap
+from sealstream.agents.judge import AgentVerdict, CheckpointEvidence, RowRead
+from sealstream.agents.store import RowStore, RowTx, open_row_store
+from sealstream.checkpoint.crypto import EnvelopeError
+from sealstream.errors import CheckpointError, NoValidCheckpointError
+
+FORMAT = 1
+KIND_AGENT = "agent"
+KIND_LANGGRAPH = "langgraph"
+
+
+class AgentCheckpointError(CheckpointError):
+    """An agent checkpoint (or ledger row) is not ``ATOMIC_CHECKPOINT``.
+
+    ``verdict`` says which rule failed. Inspect with
+    :meth:`AgentCheckpointStore.history`; nothing was changed or deleted.
+    """
+
+    def __init__(self, verdict: AgentVerdict) -> None:
+        super().__init__(f"{verdict.verdict} ({verdict.reason}): {verdict.message}")
+        self.verdict = verdict
+
+
+class NoValidAgentCheckpointError(NoValidCheckpointError):
+    """Checkpoints of an execution exist but none verifies; nothing was deleted.
+
+    Inspect them with :meth:`AgentCheckpointStore.history`; start the execution
+    over under a new execution id, or delete it explicitly.
+    """
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, no whitespace, no NaN: the form that is hashed and signed."""
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                          allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"agent state must be JSON (no pickle): {exc}") from None
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A reference to an external artifact: where it is and what it must hash to.
+
+    >>> Artifact.of("s3://bucket/invoice.pdf", b"%PDF").verify(b"%PDF")
+    True
+    """
+
+    uri: str
+    sha256: str
+    size: int | None = None
+
+    @classmethod
+    def of(cls, uri: str, data: bytes) -> Artifact:
+        return cls(uri, hashlib.sha256(data).hexdigest(), len(data))
+
+    def verify(self, data: bytes) -> bool:
+        """Whether ``data`` is the referenced content."""
+        return hashlib.sha256(data).hexdigest() == self.sha256 and (
+            self.size is None or self.size == len(data))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"uri": self.uri, "sha256": self.sha256, "size": self.size}
+
+
+@dataclass(frozen=True)
+class AgentCheckpoint:
+    """One agent checkpoint. JSON values only (loading one never executes code).
+
+    ``checkpoint_id``, ``parent_id`` and ``created_ms`` are assigned by
+    :meth:`AgentCheckpointStore.save`.
+    """
+
+    execution_id: str
+    node: str = ""
+    conversation: Sequence[Mapping[str, Any]] = ()
+    state: Mapping[str, Any] = field(default_factory=dict)
+    completed_actions: Sequence[Mapping[str, Any]] = ()
+    pending_approvals: Sequence[Mapping[str, Any]] = ()
+    artifacts: Sequence[Artifact] = ()
+    namespace: str = ""
+    checkpoint_id: str = ""
+    parent_id: str | None = None
+    created_ms: int = 0
+
+    def body(self) -> dict[str, Any]:
+        body = {
+            "node": self.node,
+            "conversation": [dict(m) for m in self.conversation],
+            "state": dict(self.state),
+            "completed_actions": [dict(a) for a in self.completed_actions],
+            "pending_approvals": [dict(a) for a in self.pending_approvals],
+            "artifacts": [a.to_json() for a in self.artifacts],
+        }
+        return dict(json.loads(canonical_json(body)))
+
+    @classmethod
+    def from_manifest(cls, doc: Mapping[str, Any]) -> AgentCheckpoint:
+        b = doc["body"]
+        return cls(
+            execution_id=doc["execution"], node=b["node"],
+            conversation=tuple(b["conversation"]), state=b["state"],
+            completed_actions=tuple(b["completed_actions"]),
+            pending_approvals=tuple(b["pending_approvals"]),
+            artifacts=tuple(Artifact(a["uri"], a["sha256"], a["size"]) for a in b["artifacts"]),
+            namespace=doc["ns"], checkpoint_id=doc["id"], parent_id=doc["parent"],
+            created_ms=int(doc["created_ms"]),
+        )
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A verified checkpoint's rows, as the saver needs them."""
+
+    verdict: AgentVerdict
+    manifest: Mapping[str, Any]
+    blobs: Mapping[str, bytes]
+    writes: Sequence[Mapping[str, Any]]
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def write_name(checkpoint_id: str, task_id: str, idx: int) -> str:
+    """A pending write's row name; sorts by checkpoint, task, then index."""
+    return f"{checkpoint_id}|{task_id}|{idx:+07d}"
+
+
+class AgentCheckpointStore:
+    """Agent checkpoints in a row store (SQLite path, ``sqlite:///``, ``postgresql://``).
+
+    ``key``: the signing key (default ``SEALSTREAM_CHECKPOINT_KEY``; None signs with
+    an unkeyed SHA-256). ``encryption_key``: 32 bytes for AES-256-GCM at rest
+    (default ``SEALSTREAM_ENCRYPTION_KEY``); with one, plaintext rows are refused.
+    """
+
+    def __init__(self, rows: RowStore | str | Path, *, key: bytes | None | object = FROM_ENV,
+                 encryption_key: bytes | None | object = FROM_ENV,
+                 crash: Callable[[str], None] | None = None) -> None:
+        self.rows = rows if isinstance(rows, RowStore) else open_row_store(rows)
+        self.keys = Keys.resolve(key, encryption_key)
+        #: crash points for tests (``SEALSTREAM_CRASH_AT``): ``inside_checkpoint_commit``
+        #: (manifest and blobs written, transaction not committed), ``inside_writes_commit``
+        self.crash = crash if crash is not None else CrashPoints()
+
+    def close(self) -> None:
+        self.rows.close()
+
+    # ------------------------------------------------------------ native API
+    def save(self, checkpoint: AgentCheckpoint) -> AgentCheckpoint:
+        """Commit ``checkpoint`` as the execution's next one; returns it with its id,
+        parent and creation time filled in."""
+        ex, ns = checkpoint.execution_id, checkpoint.namespace
+        body = checkpoint.body()
+        with self.rows.transaction() as tx:
+            names = [r.name for r in tx.scan("cp", ex, ns)]
+            head = self._meta(tx, ex, ns).get("head") or ""
+            last = max([*names, head]) if names or head else ""
+            cid = f"{int(last) + 1 if last.isdigit() else 1:012d}"
+            created = now_ms()
+            self._commit(tx, ex, ns, cid, kind=KIND_AGENT, parent=last or None, body=body,
+                         blobs={}, reuse=(), writes=False, created_ms=created)
+        return replace(checkpoint, checkpoint_id=cid, parent_id=last or None, created_ms=created)
+
+    def latest(self, execution_id: str, namespace: str = "") -> AgentCheckpoint | None:
+        """The newest ``ATOMIC_CHECKPOINT``, falling back past rejected ones; None when
+        the execution has none. Raises :class:`NoValidAgentCheckpointError` when
+        checkpoints exist but none verifies."""
+        ids = self.ids(execution_id, namespace)
+        for cid in reversed(ids):
+            verdict = self.verify(execution_id, cid, namespace)
+            if verdict.ok and verdict.manifest is not None:
+                return AgentCheckpoint.from_manifest(verdict.manifest)
+        if ids:
+            raise NoValidAgentCheckpointError(
+                f"execution {execution_id!r}: {len(ids)} checkpoint(s) exist but none "
+                "verifies; see AgentCheckpointStore.history()")
+        return None
+
+    def load(self, execution_id: str, checkpoint_id: str, namespace: str = ""
+             ) -> AgentCheckpoint:
+        """That checkpoint; raises :class:`AgentCheckpointError` unless it verifies."""
+        verdict = self.verify(execution_id, checkpoint_id, namespace)
+        if not verdict.ok or verdict.manifest is None:
+            raise AgentCheckpointError(verdict)
+        return AgentCheckpoint.from_manifest(verdict.manifest)
+
+    def ids(self, execution_id: str, namespace: str = "") -> list[str]:
+        """Checkpoint ids present, oldest first."""
+        return [r.name for r in self.rows.scan("cp", execution_id, namespace)]
+
+    def executions(self) -> list[str]:
+        return self.rows.executions("cp")
+
+    def namespaces(self, execution_id: str) -> list[str]:
+        return sorted({r.ns for r in self.rows.scan("cp", execution_id)})
+
+    def verify(self, execution_id: str, checkpoint_id: str, namespace: str = ""
+               ) -> AgentVerdict:
+        """The guard's verdict on one checkpoint (never raises on bad rows)."""
+        with self.rows.transaction() as tx:
+            return _judge.judge(self._evidence(tx, execution_id, namespace, checkpoint_id),
+                                self.keys.sign)
+
+    def history(self, execution_id: str, namespace: str = "") -> list[AgentVerdict]:
+        """A verdict for every checkpoint present, newest first, followed by one for
+        each checkpoint the history shows to be gone (and for a bad head marker)."""
+        with self.rows.transaction() as tx:
+            ids = [r.name for r in tx.scan("cp", execution_id, namespace)]
+            verdicts = [_judge.judge(self._evidence(tx, execution_id, namespace, cid),
+                                     self.keys.sign) for cid in reversed(ids)]
+            parents = {}
+            for cid in ids:
+                row = self._read(tx, ("cp", execution_id, namespace, cid))
+                doc = _loads(row.data)
+                parents[cid] = doc.get("parent") if doc else None
+            meta = self._read(tx, ("meta", execution_id, namespace, "history"))
+        return verdicts + _judge.judge_history(
+            execution_id, namespace, verdicts,
+            {k: v if isinstance(v, str) else None for k, v in parents.items()},
+            meta, self.keys.sign)
+
+    def prune(self, execution_id: str, namespace: str = "", *, keep_last: int) -> list[str]:
+        """Delete all but the newest ``keep_last`` checkpoints (0: all) with their
+        writes and the blobs nothing kept refers to, in one transaction; raise the
+        signed retention floor. Returns the deleted ids."""
+        if keep_last < 0:
+            raise ValueError("keep_last must be >= 0")
+        with self.rows.transaction() as tx:
+            return self._prune(tx, execution_id, namespace, keep_last)
+
+    def delete_execution(self, execution_id: str) -> None:
+        """Delete every checkpoint, blob, write and marker of the execution (all
+        namespaces) in one transaction. Effect-ledger rows are kept: they record
+        what happened in the world."""
+        with self.rows.transaction() as tx:
+            for space in ("cp", "blob", "w", "wi", "meta"):
+                tx.delete(space, execution_id)
+
+    # ------------------------------------------------------------ core
+    def _read(self, tx: RowTx, addr: Address) -> RowRead:
+        stored = tx.get(*addr)
+        if stored is None:
+            return RowRead(addr, None)
+        try:
+            return RowRead(addr, unwrap(self.keys, addr, stored))
+        except EnvelopeError as exc:
+            return RowRead(addr, None, (exc.reason, str(exc)))
+
+    def _meta(self, tx: RowTx, ex: str, ns: str) -> dict[str, Any]:
+        row = self._read(tx, ("meta", ex, ns, "history"))
+        if row.data is None and row.problem is None:
+            return {}
+        bad, doc = _judge.judge_row(row, self.keys.sign)
+        if bad is not None or doc is None:
+            assert bad is not None
+            raise AgentCheckpointError(bad)
+        return doc
+
+    def _set_meta(self, tx: RowTx, ex: str, ns: str, *, head: str | None = None,
+                  floor: str | None = None, dropped: Sequence[str] = ()) -> None:
+        meta = self._meta(tx, ex, ns)
+        new: dict[str, Any] = {"head": meta.get("head") or "", "floor": meta.get("floor") or "",
+                               "dropped": sorted(set(meta.get("dropped") or []) | set(dropped))}
+        if head is not None:
+            new["head"] = max(new["head"], head)
+        if floor is not None:
+            new["floor"] = floor
+            new["dropped"] = [d for d in new["dropped"] if d >= floor]
+        if dropped and new["head"] in dropped:
+            remaining = [r.name for r in tx.scan("cp", ex, ns)]
+            new["head"] = max(remaining) if remaining else ""
+        addr = ("meta", ex, ns, "history")
+        tx.upsert(*addr, seal_doc(self.keys, addr, new))
+
+    def _commit(self, tx: RowTx, ex: str, ns: str, cid: str, *, kind: str, parent: str | None,
+                body: Mapping[str, Any], blobs: Mapping[str, bytes], reuse: Sequence[str],
+                writes: bool, created_ms: int, overwrite: bool = False) -> None:
+        entries: dict[str, dict[str, Any]] = {}
+        for name, data in blobs.items():
+            addr = ("blob", ex, ns, name)
+            if not tx.insert(*addr, wrap(self.keys, addr, data)):
+                old = self._read(tx, addr)
+                if old.data != data:
+                    raise CheckpointError(
+                        f"channel blob {name!r} of {ex!r}/{ns!r} already exists with other "
+                        "content (or cannot be opened); refusing to reference it")
+            entries[name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+        for name in reuse:
+            old = self._read(tx, ("blob", ex, ns, name))
+            if old.problem is not None:
+                raise CheckpointError(f"channel blob {name!r} of {ex!r}/{ns!r}: "
+                                      f"{old.problem[1]}")
+            if old.data is None:
+                raise CheckpointError(f"channel blob {name!r} of {ex!r}/{ns!r}, which this "
+                                      "checkpoint reuses from its parent, is missing")
+            entries[name] = {"sha256": hashlib.sha256(old.data).hexdigest(),
+                             "bytes": len(old.data)}
+        doc = {"format": FORMAT, "kind": kind, "execution": ex, "ns": ns, "id": cid,
+               "parent": parent, "created_ms": created_ms, "blobs": entries,
+               "writes": writes, "body": dict(body)}
+        addr = ("cp", ex, ns, cid)
+        sealed = seal_doc(self.keys, addr, doc)
+        if overwrite:
+            tx.upsert(*addr, sealed)
+        elif not tx.insert(*addr, sealed):
+            raise CheckpointError(f"checkpoint {cid!r} of {ex!r}/{ns!r} already exists")
+        self.crash("inside_checkpoint_commit")
+        if writes:
+            waddr = ("wi", ex, ns, cid)
+            tx.insert(*waddr, seal_doc(self.keys, waddr, {"checkpoint": cid, "writes": {}}))
+        self._set_meta(tx, ex, ns, head=cid)
+
+    def _evidence(self, tx: RowTx, ex: str, ns: str, cid: str) -> CheckpointEvidence:
+        manifest = self._read(tx, ("cp", ex, ns, cid))
+        doc = _loads(manifest.data)
+        blobs: dict[str, RowRead] = {}
+        index = None
+        writes: dict[str, RowRead] = {}
+        if doc is not None:
+            entries = doc.get("blobs")
+            if isinstance(entries, dict):
+                for name in entries:
+                    if isinstance(name, str):
+                        blobs[name] = self._read(tx, ("blob", ex, ns, name))
+            if doc.get("writes"):
+                index = self._read(tx, ("wi", ex, ns, cid))
+                for row in _scan_writes(tx, ex, ns, cid):
+                    addr = (row.space, row.execution, row.ns, row.name)
+                    try:
+                        writes[row.name] = RowRead(addr, unwrap(self.keys, addr, row.data))
+                    except EnvelopeError as exc:
+                        writes[row.name] = RowRead(addr, None, (exc.reason, str(exc)))
+        return CheckpointEvidence(manifest, blobs, index, writes)
+
+    def _load(self, tx: RowTx, ex: str, ns: str, cid: str) -> Loaded | None:
+        """The verified checkpoint, None when absent; raises AgentCheckpointError when
+        it is present (or named by the head) but does not verify."""
+        ev = self._evidence(tx, ex, ns, cid)
+        verdict = _judge.judge(ev, self.keys.sign)
+        if not verdict.ok:
+            raise AgentCheckpointError(verdict)
+        assert verdict.manifest is not None
+        blobs = {k: r.data for k, r in ev.blobs.items() if r.data is not None}
+        writes = [d for _, r in sorted(ev.writes.items()) if (d := _loads(r.data)) is not None]
+        return Loaded(verdict, verdict.manifest, blobs, writes)
+
+    def _prune(self, tx: RowTx, ex: str, ns: str, keep_last: int) -> list[str]:
+        ids = [r.name for r in tx.scan("cp", ex, ns)]
+        doomed = ids[:-keep_last] if keep_last else ids
+        kept = ids[len(doomed):]
+        if not doomed:
+            return []
+        referenced: set[str] = set()
+        for cid in kept:
+            doc = _loads(self._read(tx, ("cp", ex, ns, cid)).data)
+            if doc is None or not isinstance(doc.get("blobs"), dict):
+                referenced = {r.name for r in tx.scan("blob", ex, ns)}  # keep all: unsure
+                break
+            referenced.update(doc["blobs"])
+        tx.delete("cp", ex, ns, doomed)
+        tx.delete("wi", ex, ns, doomed)
+        for cid in doomed:
+            tx.delete("w", ex, ns, [r.name for r in _scan_writes(tx, ex, ns, cid)])
+        tx.delete("blob", ex, ns,
+                  [r.name for r in tx.scan("blob", ex, ns) if r.name not in referenced])
+        if kept:
+            self._set_meta(tx, ex, ns, floor=kept[0])
+        else:
+            tx.delete("meta", ex, ns)
+        return doomed
+
+    def _drop(self, tx: RowTx, ex: str, ns: str, ids: Sequence[str]) -> None:
+        """Delete the named checkpoints (not the oldest ones: see :meth:`prune`) with
+        their writes, recording them as deliberately dropped in the signed marker."""
+        tx.delete("cp", ex, ns, list(ids))
+        tx.delete("wi", ex, ns, list(ids))
+        for cid in ids:
+            tx.delete("w", ex, ns, [r.name for r in _scan_writes(tx, ex, ns, cid)])
+        if tx.scan("cp", ex, ns):
+            self._set_meta(tx, ex, ns, dropped=ids)
+        else:
+            tx.delete("meta", ex, ns)
+            tx.delete("blob", ex, ns)
+
+
+def _scan_writes(tx: RowTx, ex: str, ns: str, cid: str) -> list[Any]:
+    prefix = f"{cid}|"
+    return [r for r in tx.scan("w", ex, ns, prefix) if r.name.startswith(prefix)]
+
+
+def _loads(data: bytes | None) -> dict[str, Any] | None:
+    if data is None:
+        return None
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None

@@ -1,0 +1,427 @@
+"""A LangGraph checkpoint saver on sealstream's signed, verified agent store.
+
+Install with ``pip install 'sealstream[langgraph]'``; this module imports
+``langgraph`` only when it is imported itself (``import sealstream.agents`` does
+not need the extra).
+
+What it adds to LangGraph's contract:
+
+* **Every row is authenticated** against its thread, namespace and checkpoint id:
+  checkpoint manifests, channel blobs (hashed by the manifest), pending writes and
+  the per-checkpoint writes index are sealed rows (:mod:`sealstream.agents._seal`);
+  a row altered, truncated, deleted or moved is refused with the guard's verdict
+  (:class:`~sealstream.agents.checkpoint.AgentCheckpointError`). Reads fail closed.
+* **A fixed commit order.** A checkpoint, its channel blobs, its (empty) writes
+  index and the history head commit in one transaction. A task's pending writes
+  commit in one transaction *together with the signed writes index of the
+  checkpoint they belong to*, and only once that checkpoint is committed (a write
+  that arrives first waits for it, up to ``writes_wait_s``): no write ever exists
+  without its checkpoint, no index without its writes, and a crash leaves either
+  all of a task's writes or none.
+* **No pickle, fail-closed encryption.** The serializer is LangGraph's
+  ``JsonPlusSerializer`` without pickle fallback and with msgpack limited to its
+  safe types; typed ``(type, bytes)`` pairs are stored as-is and authenticated. A
+  serializer with pickle fallback is refused. With ``SEALSTREAM_ENCRYPTION_KEY``
+  every row, metadata included, is an AES-256-GCM envelope and plaintext rows are
+  refused.
+
+Capabilities: ``put``, ``put_writes``, ``get_tuple``, ``list``, ``delete_thread``,
+``delete_for_runs``, ``copy_thread`` and ``prune`` (sync and async). Deleting and
+pruning leave the effect ledger alone: it records what happened in the world.
+
+Channel blobs are content-addressed (channel, version, SHA-256 prefix): a
+checkpoint always reads back exactly the values it was given.
+
+Example::
+
+    from langgraph.graph import StateGraph
+    from sealstream.agents.langgraph import SealstreamSaver
+
+    saver = SealstreamSaver("agents.db")          # or "postgresql://..."
+    graph = builder.compile(checkpointer=saver)
+    graph.invoke(inputs, {"configurable": {"thread_id": "order-17"}})
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+    get_serializable_checkpoint_metadata,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+from sealstream.agents import judge as _judge
+from sealstream.agents._seal import FROM_ENV, seal_plain, wrap
+from sealstream.agents.checkpoint import (
+    KIND_LANGGRAPH,
+    AgentCheckpointError,
+    AgentCheckpointStore,
+    Loaded,
+    canonical_json,
+    now_ms,
+    write_name,
+)
+from sealstream.agents.judge import AgentVerdict
+from sealstream.agents.store import RowStore, RowTx
+from sealstream.errors import CheckpointError, SpecError
+
+__all__ = ["SealstreamSaver"]
+
+
+class _WaitForCheckpoint(Exception):
+    pass
+
+
+def _safe_serde() -> JsonPlusSerializer:
+    try:
+        return JsonPlusSerializer(pickle_fallback=False, allowed_msgpack_modules=None)
+    except TypeError:  # a langgraph-checkpoint without msgpack allow-lists
+        raise SpecError(
+            "SealstreamSaver needs a langgraph-checkpoint whose JsonPlusSerializer takes "
+            "allowed_msgpack_modules (upgrade: pip install -U 'sealstream[langgraph]')"
+        ) from None
+
+
+def _typed(pair: tuple[str, bytes]) -> list[str]:
+    return [pair[0], base64.b64encode(pair[1]).decode("ascii")]
+
+
+def _blob_name(channel: str, version: Any, blob: bytes) -> str:
+    """Content-addressed: two values under one version never collide."""
+    return canonical_json([channel, str(version), hashlib.sha256(blob).hexdigest()[:32]])
+
+
+def _json(data: bytes | None) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(data or b"")
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+class SealstreamSaver(BaseCheckpointSaver[Any]):
+    """LangGraph checkpoints in a sealstream agent store (SQLite path or URL, a
+    :class:`~sealstream.agents.store.RowStore`, or an
+    :class:`~sealstream.agents.checkpoint.AgentCheckpointStore` to share)."""
+
+    def __init__(self, store: AgentCheckpointStore | RowStore | str | Path, *,
+                 serde: SerializerProtocol | None = None, key: bytes | None | object = FROM_ENV,
+                 encryption_key: bytes | None | object = FROM_ENV,
+                 writes_wait_s: float = 10.0) -> None:
+        if getattr(serde, "pickle_fallback", False):
+            raise SpecError("SealstreamSaver refuses a serializer with pickle fallback: "
+                            "loading a checkpoint must never execute code")
+        super().__init__(serde=serde or _safe_serde())
+        self.store = store if isinstance(store, AgentCheckpointStore) else AgentCheckpointStore(
+            store, key=key, encryption_key=encryption_key)
+        self.writes_wait_s = writes_wait_s
+
+    def close(self) -> None:
+        self.store.close()
+
+    # ------------------------------------------------------------ helpers
+    def _dumps(self, value: Any) -> tuple[str, bytes]:
+        return self.serde.dumps_typed(value)
+
+    def _loads(self, typed: Sequence[str]) -> Any:
+        kind, data = str(typed[0]), base64.b64decode(typed[1])
+        if kind == "pickle":
+            raise CheckpointError("a stored value is a pickle; refused (no code execution)")
+        return self.serde.loads_typed((kind, data))
+
+    def _blob_value(self, data: bytes) -> tuple[bool, Any]:
+        kind, _, raw = data.partition(b"\n")
+        if kind == b"empty":
+            return False, None
+        if kind == b"pickle":
+            raise CheckpointError("a stored value is a pickle; refused (no code execution)")
+        return True, self.serde.loads_typed((kind.decode(), raw))
+
+    def _tuple(self, loaded: Loaded) -> CheckpointTuple:
+        doc = loaded.manifest
+        body = doc["body"]
+        checkpoint: Checkpoint = self._loads(body["checkpoint"])
+        values = {}
+        for channel, name in body["channels"].items():
+            if name not in loaded.blobs:
+                raise CheckpointError(f"checkpoint {doc['id']!r}: channel {channel!r} names a "
+                                      "blob its manifest does not list")
+            present, value = self._blob_value(loaded.blobs[name])
+            if present:
+                values[channel] = value
+        checkpoint["channel_values"] = values
+        thread, ns, cid = doc["execution"], doc["ns"], doc["id"]
+        writes = [(w["task_id"], w["channel"], self._loads(w["value"])) for w in loaded.writes]
+        parent = None
+        if doc["parent"]:
+            parent = {"configurable": {"thread_id": thread, "checkpoint_ns": ns,
+                                       "checkpoint_id": doc["parent"]}}
+        return CheckpointTuple(
+            config={"configurable": {"thread_id": thread, "checkpoint_ns": ns,
+                                     "checkpoint_id": cid}},
+            checkpoint=checkpoint, metadata=self._loads(body["metadata"]),
+            parent_config=parent,  # type: ignore[arg-type]
+            pending_writes=writes,
+        )
+
+    def _latest_id(self, tx: RowTx, thread: str, ns: str) -> str | None:
+        ids = [r.name for r in tx.scan("cp", thread, ns)]
+        meta = self.store._meta(tx, thread, ns)
+        head = meta.get("head") or ""
+        if head and head not in ids:
+            raise AgentCheckpointError(AgentVerdict(
+                thread, ns, head, _judge.PARTIAL, "NO_MANIFEST",
+                f"checkpoint {head!r} of {thread!r}/{ns!r} is the signed head of its history "
+                "but its rows are gone"))
+        if not ids and not head:
+            return None
+        return max(ids)
+
+    # ------------------------------------------------------------ sync API
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        conf = config["configurable"]
+        thread, ns = str(conf["thread_id"]), str(conf.get("checkpoint_ns", ""))
+        cid = get_checkpoint_id(config)
+        with self.store.rows.transaction() as tx:
+            if cid is None:
+                cid = self._latest_id(tx, thread, ns)
+                if cid is None:
+                    return None
+            elif tx.get("cp", thread, ns, cid) is None:
+                return None
+            loaded = self.store._load(tx, thread, ns, cid)
+        return None if loaded is None else self._tuple(loaded)
+
+    def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
+             before: RunnableConfig | None = None, limit: int | None = None
+             ) -> Iterator[CheckpointTuple]:
+        conf = (config or {}).get("configurable", {})
+        thread = conf.get("thread_id")
+        ns = conf.get("checkpoint_ns")
+        only = conf.get("checkpoint_id")
+        before_id = get_checkpoint_id(before) if before else None
+        with self.store.rows.transaction() as tx:
+            rows = tx.scan("cp", None if thread is None else str(thread),
+                           None if ns is None else str(ns))
+            # like get_tuple: a history whose signed head is gone is refused, not
+            # listed from what is left (nor is any row that fails authentication)
+            metas = tx.scan("meta", None if thread is None else str(thread),
+                            None if ns is None else str(ns))
+            for ex, cns in sorted({(r.execution, r.ns) for r in [*rows, *metas]}):
+                self._latest_id(tx, ex, cns)
+            keys = sorted(((r.name, r.execution, r.ns) for r in rows), reverse=True)
+            keys = [k for k in keys if (only is None or k[0] == only)
+                    and (before_id is None or k[0] < before_id)]
+            out: list[CheckpointTuple] = []
+            for cid, ex, cns in keys:
+                if limit is not None and len(out) >= limit:
+                    break
+                loaded = self.store._load(tx, ex, cns, cid)
+                assert loaded is not None
+                tup = self._tuple(loaded)
+                if filter and any(tup.metadata.get(k) != v for k, v in filter.items()):
+                    continue
+                out.append(tup)
+        yield from out
+
+    def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+            new_versions: ChannelVersions) -> RunnableConfig:
+        conf = config["configurable"]
+        thread, ns = str(conf["thread_id"]), str(conf.get("checkpoint_ns", ""))
+        parent = conf.get("checkpoint_id")
+        skeleton = dict(checkpoint)
+        values: dict[str, Any] = dict(checkpoint.get("channel_values") or {})
+        skeleton.pop("channel_values", None)
+        versions: Mapping[str, Any] = checkpoint.get("channel_versions", {})
+        channels: dict[str, str] = {}
+        blobs: dict[str, bytes] = {}
+        missing: list[str] = []
+        for channel, version in versions.items():
+            if channel in values:
+                kind, data = self._dumps(values[channel])
+                blob = kind.encode() + b"\n" + data
+            elif channel in new_versions:
+                blob = b"empty\n"
+            else:
+                missing.append(channel)  # unchanged and not given: the parent's blob
+                continue
+            name = _blob_name(channel, version, blob)
+            channels[channel], blobs[name] = name, blob
+        with self.store.rows.transaction() as tx:
+            reuse: list[str] = []
+            if missing and parent:
+                pdoc = _json(self.store._read(tx, ("cp", thread, ns, str(parent))).data)
+                pchannels = (pdoc or {}).get("body", {}).get("channels", {})
+                pversions = self._loads(pdoc["body"]["checkpoint"]).get(
+                    "channel_versions", {}) if pdoc else {}
+                for channel in missing:
+                    if channel in pchannels and pversions.get(channel) == versions[channel]:
+                        channels[channel] = pchannels[channel]
+                        reuse.append(pchannels[channel])
+            body = {
+                "checkpoint": _typed(self._dumps(skeleton)),
+                "metadata": _typed(self._dumps(
+                    get_serializable_checkpoint_metadata(config, metadata))),
+                "channels": channels,
+            }
+            self.store._commit(tx, thread, ns, str(checkpoint["id"]), kind=KIND_LANGGRAPH,
+                               parent=str(parent) if parent else None, body=body, blobs=blobs,
+                               reuse=reuse, writes=True, created_ms=now_ms(), overwrite=True)
+        return {"configurable": {"thread_id": thread, "checkpoint_ns": ns,
+                                 "checkpoint_id": checkpoint["id"]}}
+
+    def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                   task_id: str, task_path: str = "") -> None:
+        conf = config["configurable"]
+        thread, ns = str(conf["thread_id"]), str(conf.get("checkpoint_ns", ""))
+        cid = str(conf["checkpoint_id"])
+        rows = []
+        for i, (channel, value) in enumerate(writes):
+            idx = WRITES_IDX_MAP.get(channel, i)
+            rows.append((write_name(cid, task_id, idx), channel in WRITES_IDX_MAP,
+                         {"checkpoint": cid, "task_id": task_id, "task_path": task_path,
+                          "idx": idx, "channel": channel, "value": _typed(self._dumps(value))}))
+        deadline = time.monotonic() + self.writes_wait_s
+        while True:
+            try:
+                with self.store.rows.transaction() as tx:
+                    self._put_writes(tx, thread, ns, cid, rows)
+                return
+            except _WaitForCheckpoint:
+                if time.monotonic() > deadline:
+                    raise CheckpointError(
+                        f"pending writes for checkpoint {cid!r} of {thread!r}/{ns!r}: that "
+                        f"checkpoint was not committed within {self.writes_wait_s} s; writes "
+                        "are never stored without their checkpoint") from None
+                time.sleep(0.005)
+
+    def _put_writes(self, tx: RowTx, thread: str, ns: str, cid: str,
+                    rows: Sequence[tuple[str, bool, dict[str, Any]]]) -> None:
+        keys = self.store.keys
+        iaddr = ("wi", thread, ns, cid)
+        if tx.get(*iaddr, lock=True) is None:
+            raise _WaitForCheckpoint
+        row = self.store._read(tx, iaddr)
+        bad, index = _judge.judge_row(row, keys.sign, missing="NO_WRITES_INDEX")
+        if bad is not None or index is None:
+            assert bad is not None
+            raise AgentCheckpointError(bad)
+        listed = dict(index["writes"])
+        for name, replace, doc in rows:
+            addr = ("w", thread, ns, name)
+            plain = seal_plain(keys, addr, doc)
+            if replace:
+                tx.upsert(*addr, wrap(keys, addr, plain))
+            elif not tx.insert(*addr, wrap(keys, addr, plain)):
+                continue  # already written (a retried task): keep the first
+            listed[name] = _judge_digest(plain)
+        self.store.crash("inside_writes_commit")
+        tx.upsert(*iaddr, wrap(keys, iaddr, seal_plain(keys, iaddr, {
+            "checkpoint": cid, "writes": listed})))
+
+    def delete_thread(self, thread_id: str) -> None:
+        self.store.delete_execution(str(thread_id))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        if strategy not in ("keep_latest", "delete"):
+            raise ValueError(f"unknown prune strategy {strategy!r} (keep_latest or delete)")
+        for thread in thread_ids:
+            if strategy == "delete":
+                self.store.delete_execution(str(thread))
+                continue
+            for ns in self.store.namespaces(str(thread)):
+                self.store.prune(str(thread), ns, keep_last=1)
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete every checkpoint whose metadata ``run_id`` is listed, with its
+        writes, in one transaction; the history records them as dropped (signed)."""
+        wanted = {str(r) for r in run_ids}
+        if not wanted:
+            return
+        with self.store.rows.transaction() as tx:
+            doomed: dict[tuple[str, str], list[str]] = {}
+            for row in tx.scan("cp", None):
+                loaded = self.store._load(tx, row.execution, row.ns, row.name)
+                assert loaded is not None
+                metadata = self._loads(loaded.manifest["body"]["metadata"])
+                if str(metadata.get("run_id")) in wanted:
+                    doomed.setdefault((row.execution, row.ns), []).append(row.name)
+            for (thread, ns), ids in doomed.items():
+                self.store._drop(tx, thread, ns, ids)
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint (all namespaces) and its writes to another thread in
+        one transaction, re-sealed for their new address. The source must verify."""
+        src, dst = str(source_thread_id), str(target_thread_id)
+        with self.store.rows.transaction() as tx:
+            for row in tx.scan("cp", src):
+                loaded = self.store._load(tx, src, row.ns, row.name)
+                assert loaded is not None
+                doc = loaded.manifest
+                names = [n for n in doc["blobs"]]
+                self.store._commit(
+                    tx, dst, row.ns, row.name, kind=doc["kind"], parent=doc["parent"],
+                    body=doc["body"], blobs={n: loaded.blobs[n] for n in names}, reuse=(),
+                    writes=bool(doc["writes"]), created_ms=int(doc["created_ms"]),
+                    overwrite=True)
+                writes = []
+                for w in loaded.writes:
+                    body = {k: v for k, v in w.items() if k not in ("row", "signature")}
+                    writes.append((write_name(row.name, str(w["task_id"]), int(w["idx"])),
+                                   True, body))
+                if writes:
+                    self._put_writes(tx, dst, row.ns, row.name, writes)
+
+    # ------------------------------------------------------------ async API
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return await asyncio.to_thread(self.get_tuple, config)
+
+    async def alist(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
+                    before: RunnableConfig | None = None, limit: int | None = None
+                    ) -> AsyncIterator[CheckpointTuple]:
+        items = await asyncio.to_thread(
+            lambda: list(self.list(config, filter=filter, before=before, limit=limit)))
+        for item in items:
+            yield item
+
+    async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
+                   metadata: CheckpointMetadata, new_versions: ChannelVersions
+                   ) -> RunnableConfig:
+        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                          task_id: str, task_path: str = "") -> None:
+        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await asyncio.to_thread(self.delete_thread, thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        await asyncio.to_thread(self.delete_for_runs, run_ids)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
+
+
+def _judge_digest(plain: bytes) -> str:
+    return hashlib.sha256(plain).hexdigest()

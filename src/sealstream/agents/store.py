@@ -1,0 +1,469 @@
+"""Row stores for agent checkpoints: SQLite (embedded default) and PostgreSQL.
+
+Everything the agent layer persists is a *row*: an opaque, already sealed blob
+addressed by ``(space, execution, namespace, name)``::
+
+    space   what the row is: "cp" a checkpoint manifest, "blob" a channel value,
+            "w" a pending write, "wi" a checkpoint's writes index, "meta" the
+            head/retention marker of a history, "fx" an effect-ledger entry,
+            "ap" an approval request or decision
+    execution  the stable execution id (LangGraph: the thread id)
+    namespace  "" for the root graph, "child:..." for subgraphs
+    name    the row's id within its space
+
+One table holds them all; a backend only moves bytes. It never interprets a row:
+signing, encryption and verdicts live in :mod:`sealstream.agents.checkpoint`.
+
+Transactions: :meth:`RowStore.transaction` yields a :class:`RowTx`; everything done
+through it commits together or not at all (SQLite: ``BEGIN IMMEDIATE``, WAL,
+``synchronous=FULL``; PostgreSQL: one transaction, ``SELECT ... FOR UPDATE`` for
+:meth:`RowTx.get` with ``lock=True``). :meth:`RowTx.insert` is create-if-absent:
+it returns False, changing nothing, when the row exists.
+
+>>> import tempfile, pathlib
+>>> store = SqliteRowStore(pathlib.Path(tempfile.mkdtemp()) / "agents.db")
+>>> with store.transaction() as tx:
+...     tx.insert("fx", "exec-1", "", "k1", b"sealed bytes")
+True
+>>> store.get("fx", "exec-1", "", "k1")
+b'sealed bytes'
+>>> store.close()
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sealstream.errors import CheckpointError, LockHeldError
+
+_SQLITE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS agent_rows (
+    space TEXT NOT NULL,
+    execution TEXT NOT NULL,
+    ns TEXT NOT NULL,
+    name TEXT NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (space, execution, ns, name)
+);
+"""
+
+_PG_SCHEMA = """
+CREATE TABLE IF NOT EXISTS agent_rows (
+    space TEXT NOT NULL,
+    execution TEXT NOT NULL,
+    ns TEXT NOT NULL,
+    name TEXT NOT NULL,
+    data BYTEA NOT NULL,
+    PRIMARY KEY (space, execution, ns, name)
+)
+"""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One stored row, as read."""
+
+    space: str
+    execution: str
+    ns: str
+    name: str
+    data: bytes
+
+
+class RowTx(abc.ABC):
+    """The operations allowed inside one transaction."""
+
+    @abc.abstractmethod
+    def get(self, space: str, execution: str, ns: str, name: str,
+            *, lock: bool = False) -> bytes | None:
+        """The row's bytes, or None; ``lock`` holds it until the transaction ends."""
+
+    @abc.abstractmethod
+    def insert(self, space: str, execution: str, ns: str, name: str, data: bytes) -> bool:
+        """Create the row if absent; False (and no change) when it exists."""
+
+    @abc.abstractmethod
+    def upsert(self, space: str, execution: str, ns: str, name: str, data: bytes) -> None:
+        """Create or replace the row (only for mutable rows: indexes, markers)."""
+
+    @abc.abstractmethod
+    def delete(self, space: str, execution: str, ns: str | None = None,
+               names: Sequence[str] | None = None) -> int:
+        """Delete rows of ``execution`` in ``space`` (a namespace, named ones); the count."""
+
+    @abc.abstractmethod
+    def scan(self, space: str, execution: str | None, ns: str | None = None,
+             prefix: str | None = None) -> list[Row]:
+        """Rows of a space (one execution, or all with None; names starting with
+        ``prefix``), ordered by execution, namespace and name (bytewise)."""
+
+
+class RowStore(abc.ABC):
+    """A database of rows; see the module docstring.
+
+    One connection per store, shared by threads: transactions are serialized by a
+    lock (LangGraph saves from background threads).
+    """
+
+    location: str
+    _lock: threading.RLock
+
+    @abc.abstractmethod
+    def transaction(self) -> contextlib.AbstractContextManager[RowTx]:
+        """One atomic unit of work; committed when the block exits normally."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release the connection (reopened on the next use)."""
+
+    @abc.abstractmethod
+    def execution_lock(self, execution: str, ns: str, *, timeout: float = 0.0
+                       ) -> contextlib.AbstractContextManager[None]:
+        """Hold the exclusive lock of one execution (and namespace) across
+        processes and hosts sharing the store; the operating system (SQLite: an
+        ``flock`` on ``<db>.locks/<hash>.lock``) or the server (PostgreSQL: a session
+        advisory lock on its own connection) releases it when the holder dies.
+        Raises :class:`~sealstream.errors.LockHeldError` when another holder keeps
+        it for longer than ``timeout`` seconds. Not reentrant."""
+
+    def get(self, space: str, execution: str, ns: str, name: str) -> bytes | None:
+        with self.transaction() as tx:
+            return tx.get(space, execution, ns, name)
+
+    def scan(self, space: str, execution: str | None, ns: str | None = None,
+             prefix: str | None = None) -> list[Row]:
+        with self.transaction() as tx:
+            return tx.scan(space, execution, ns, prefix)
+
+    def executions(self, space: str) -> list[str]:
+        """The execution ids with rows in ``space``."""
+        return sorted({r.execution for r in self.scan(space, None)})
+
+    def __enter__(self) -> RowStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def lock_digest(execution: str, ns: str) -> bytes:
+    """The SHA-256 naming the lock of one execution and namespace."""
+    return hashlib.sha256(json.dumps(["sealstream-agent-lock", execution, ns],
+                                     separators=(",", ":")).encode()).digest()
+
+
+def _poll(try_once: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + max(0.0, timeout)
+    while not try_once():
+        if time.monotonic() >= deadline:
+            raise LockHeldError(f"{what} is held by another runner (one writer per "
+                                "execution: wait for it, or make sure it is dead)")
+        time.sleep(0.01)
+
+
+def _blob(value: Any) -> bytes:
+    """A stored value as bytes. SQLite keeps whatever type was written, so a row
+    edited by hand may come back as TEXT or INTEGER; it is read as (unverifiable)
+    bytes, never as an exception or ``bytes(n)`` (n zero bytes)."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    return str(value).encode("utf-8", "surrogateescape")
+
+
+def _where(space: str, execution: str | None, ns: str | None,
+           names: Sequence[str] | None, mark: str, prefix: str | None = None,
+           collate: str = "") -> tuple[str, list[Any]]:
+    sql, args = "space = " + mark, [space]
+    if prefix:
+        sql += f" AND name{collate} >= {mark} AND name{collate} < {mark}"
+        args.extend([prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)])
+    if execution is not None:
+        sql += " AND execution = " + mark
+        args.append(execution)
+    if ns is not None:
+        sql += " AND ns = " + mark
+        args.append(ns)
+    if names is not None:
+        sql += " AND name IN (" + ", ".join([mark] * len(names)) + ")"
+        args.extend(names)
+    return sql, args
+
+
+# ---------------------------------------------------------------------- SQLite
+class _SqliteTx(RowTx):
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._c = conn
+
+    def get(self, space: str, execution: str, ns: str, name: str,
+            *, lock: bool = False) -> bytes | None:
+        row = self._c.execute(
+            "SELECT data FROM agent_rows WHERE space = ? AND execution = ? AND ns = ? "
+            "AND name = ?", (space, execution, ns, name)).fetchone()
+        return _blob(row[0]) if row is not None else None
+
+    def insert(self, space: str, execution: str, ns: str, name: str, data: bytes) -> bool:
+        cur = self._c.execute(
+            "INSERT INTO agent_rows (space, execution, ns, name, data) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT DO NOTHING", (space, execution, ns, name, data))
+        return cur.rowcount == 1
+
+    def upsert(self, space: str, execution: str, ns: str, name: str, data: bytes) -> None:
+        self._c.execute(
+            "INSERT INTO agent_rows (space, execution, ns, name, data) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (space, execution, ns, name) DO UPDATE SET data = excluded.data",
+            (space, execution, ns, name, data))
+
+    def delete(self, space: str, execution: str, ns: str | None = None,
+               names: Sequence[str] | None = None) -> int:
+        if names is not None and not names:
+            return 0
+        where, args = _where(space, execution, ns, names, "?")
+        return int(self._c.execute(f"DELETE FROM agent_rows WHERE {where}", args).rowcount)
+
+    def scan(self, space: str, execution: str | None, ns: str | None = None,
+             prefix: str | None = None) -> list[Row]:
+        where, args = _where(space, execution, ns, None, "?", prefix)
+        rows = self._c.execute(
+            f"SELECT space, execution, ns, name, data FROM agent_rows WHERE {where} "
+            "ORDER BY execution, ns, name", args).fetchall()
+        return [Row(r[0], r[1], r[2], r[3], _blob(r[4])) for r in rows]
+
+
+class SqliteRowStore(RowStore):
+    """Rows in one SQLite file (created 0600 on first use); the embedded default."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self.location = f"sqlite:///{self.path}"
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.RLock()
+
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                if not self.path.exists():
+                    os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
+                conn = sqlite3.connect(self.path, isolation_level=None, timeout=30.0,
+                                       check_same_thread=False)
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=FULL")
+                conn.executescript(_SQLITE_SCHEMA)
+            except (OSError, sqlite3.Error) as exc:
+                raise CheckpointError(f"cannot open agent store {self.location}: {exc}") from None
+            self._conn = conn
+        return self._conn
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[RowTx]:
+        with self._lock:
+            yield from self._transaction()
+
+    def _transaction(self) -> Iterator[RowTx]:
+        conn = self._db()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise CheckpointError(f"agent store {self.location}: {exc}") from None
+        try:
+            yield _SqliteTx(conn)
+        except BaseException as exc:
+            conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise CheckpointError(f"agent store {self.location}: {exc}") from None
+            raise
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise CheckpointError(f"agent store {self.location}: commit failed: {exc}") from None
+
+    @contextlib.contextmanager
+    def execution_lock(self, execution: str, ns: str, *, timeout: float = 0.0
+                       ) -> Iterator[None]:
+        import fcntl
+
+        what = f"execution {execution!r}/{ns!r} of {self.location}"
+        folder = self.path.with_name(self.path.name + ".locks")
+        try:
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(folder / f"{lock_digest(execution, ns).hex()[:40]}.lock",
+                         os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise CheckpointError(f"cannot lock {what}: {exc}") from None
+
+        def try_once() -> bool:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            return True
+
+        try:
+            _poll(try_once, timeout, what)
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+# ------------------------------------------------------------------ PostgreSQL
+class _PgTx(RowTx):
+    def __init__(self, conn: Any) -> None:
+        self._c = conn
+
+    def get(self, space: str, execution: str, ns: str, name: str,
+            *, lock: bool = False) -> bytes | None:
+        row = self._c.execute(
+            "SELECT data FROM agent_rows WHERE space = %s AND execution = %s AND ns = %s "
+            "AND name = %s" + (" FOR UPDATE" if lock else ""),
+            (space, execution, ns, name)).fetchone()
+        return _blob(row[0]) if row is not None else None
+
+    def insert(self, space: str, execution: str, ns: str, name: str, data: bytes) -> bool:
+        cur = self._c.execute(
+            "INSERT INTO agent_rows (space, execution, ns, name, data) "
+            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            (space, execution, ns, name, data))
+        return int(cur.rowcount) == 1
+
+    def upsert(self, space: str, execution: str, ns: str, name: str, data: bytes) -> None:
+        self._c.execute(
+            "INSERT INTO agent_rows (space, execution, ns, name, data) "
+            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (space, execution, ns, name) "
+            "DO UPDATE SET data = excluded.data", (space, execution, ns, name, data))
+
+    def delete(self, space: str, execution: str, ns: str | None = None,
+               names: Sequence[str] | None = None) -> int:
+        if names is not None and not names:
+            return 0
+        where, args = _where(space, execution, ns, names, "%s")
+        return int(self._c.execute(f"DELETE FROM agent_rows WHERE {where}", args).rowcount)
+
+    def scan(self, space: str, execution: str | None, ns: str | None = None,
+             prefix: str | None = None) -> list[Row]:
+        where, args = _where(space, execution, ns, None, "%s", prefix, ' COLLATE "C"')
+        rows = self._c.execute(
+            f"SELECT space, execution, ns, name, data FROM agent_rows WHERE {where} "
+            "ORDER BY execution COLLATE \"C\", ns COLLATE \"C\", name COLLATE \"C\"",
+            args).fetchall()
+        return [Row(r[0], r[1], r[2], r[3], _blob(r[4])) for r in rows]
+
+
+class PostgresRowStore(RowStore):
+    """Rows in a PostgreSQL database (psycopg 3), for shared deployments.
+
+    Needs the ``postgres`` extra (``pip install sealstream[postgres]``).
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.location = _redact(url)
+        self._conn: Any = None
+        self._lock = threading.RLock()
+
+    def _db(self) -> Any:
+        if self._conn is None or self._conn.closed:
+            try:
+                import psycopg
+            except ImportError:
+                raise CheckpointError(
+                    "PostgreSQL agent stores need psycopg: pip install 'sealstream[postgres]'"
+                ) from None
+            try:
+                conn = psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+                conn.execute(_PG_SCHEMA)
+            except psycopg.Error as exc:
+                raise CheckpointError(
+                    f"cannot open agent store {self.location}: {str(exc).strip()}") from None
+            self._conn = conn
+        return self._conn
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[RowTx]:
+        with self._lock:
+            yield from self._transaction()
+
+    def _transaction(self) -> Iterator[RowTx]:
+        import psycopg
+
+        conn = self._db()
+        try:
+            with conn.transaction():
+                yield _PgTx(conn)
+        except psycopg.Error as exc:
+            raise CheckpointError(
+                f"agent store {self.location}: {str(exc).strip()}") from None
+
+    @contextlib.contextmanager
+    def execution_lock(self, execution: str, ns: str, *, timeout: float = 0.0
+                       ) -> Iterator[None]:
+        import psycopg
+
+        what = f"execution {execution!r}/{ns!r} of {self.location}"
+        key = int.from_bytes(lock_digest(execution, ns)[:8], "big", signed=True)
+        try:  # its own session: the store's connection is shared by threads
+            conn = psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+        except psycopg.Error as exc:
+            raise CheckpointError(f"cannot lock {what}: {str(exc).strip()}") from None
+        try:
+            try:
+                def try_once() -> bool:
+                    row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
+                    return row is not None and bool(row[0])
+
+                _poll(try_once, timeout, what)
+            except psycopg.Error as exc:
+                raise CheckpointError(f"cannot lock {what}: {str(exc).strip()}") from None
+            yield
+        finally:
+            conn.close()  # ends the session: the advisory lock goes with it
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+def _redact(url: str) -> str:
+    """``url`` without its password."""
+    head, sep, tail = url.partition("://")
+    if sep and "@" in tail:
+        cred, _, host = tail.rpartition("@")
+        user = cred.split(":", 1)[0]
+        return f"{head}://{user}:***@{host}"
+    return url
+
+
+def open_row_store(where: str | Path) -> RowStore:
+    """A row store from ``postgresql://...``, ``sqlite:///path`` or a plain file path."""
+    text = str(where)
+    if text.startswith(("postgresql://", "postgres://")):
+        return PostgresRowStore(text)
+    if text.startswith("sqlite:///"):
+        return SqliteRowStore(Path(text[len("sqlite:///"):]))
+    if "://" in text:
+        raise CheckpointError(f"unsupported agent store URL {_redact(text)!r} "
+                              "(use sqlite:///PATH or postgresql://...)")
+    return SqliteRowStore(Path(text))

@@ -126,8 +126,13 @@ POINTS = ["after_sink_prepare", "before_manifest_publish", "after_manifest_publi
           "after_commit_results", "after_retention"]
 
 
-@pytest.mark.parametrize("sink,store", CASES)
-@pytest.mark.parametrize("point", POINTS)
+# every step when the results commit with the checkpoint; the sink's own steps otherwise
+STEPS = [(sink, store, point) for sink, store in CASES for point in POINTS
+         if store == "same" or point in ("after_sink_prepare", "after_manifest_publish",
+                                         "after_commit_results")]
+
+
+@pytest.mark.parametrize("sink,store,point", STEPS)
 def test_kill_at_a_step_then_resume(tmp_path: Path, expected: Path, request: pytest.FixtureRequest,
                                     sink: str, store: str, point: str) -> None:
     pg_url = request.getfixturevalue("pg_url") if sink == "postgresql" else None
@@ -138,9 +143,10 @@ def test_kill_at_a_step_then_resume(tmp_path: Path, expected: Path, request: pyt
     assert resumed.returncode == 0, resumed.stderr
     assert_table_equals(tmp_path, sink, pg_url, expected)
     assert_files_equal(tmp_path, expected)
-    again = run(spec)  # a finished job run again changes nothing
-    assert again.returncode == 0, again.stderr
-    assert_table_equals(tmp_path, sink, pg_url, expected)
+    if point == "after_retention":
+        again = run(spec)  # a finished job run again changes nothing
+        assert again.returncode == 0, again.stderr
+        assert_table_equals(tmp_path, sink, pg_url, expected)
 
 
 @pytest.mark.parametrize("sink", ["sqlite", "postgresql"])

@@ -131,7 +131,7 @@ def run_one(name: str, sink: str, store: str, files: list[Path], pg_admin: str |
         if pg and pg_admin:
             _drop_pg_db(pg_admin, pg)
     ck = summary.get("checkpoints", {})
-    return {"wall": wall, "events": summary.get("counters", {}).get("events"),
+    return {"wall": wall, "events": summary.get("events"),
             "count": ck.get("count"), "mean_ms": ck.get("mean_ms"),
             "mean_bytes": ck.get("mean_bytes")}
 

@@ -159,6 +159,10 @@ class Checkpoints:
     every_ms: int | None = None
     keep: int = 3
     base_dir: Path = Path(".")
+    #: write deltas (only the keys whose windows changed) between full snapshots
+    incremental: bool = False
+    #: with ``incremental``: a full snapshot every this many checkpoints
+    full_every: int = 10
     #: instead of ``path``: a store URL, ``sqlite:///ckpt.db`` (relative to ``base_dir``)
     url: str | None = None
 
@@ -382,6 +386,7 @@ def validate(p: Pipeline) -> None:
         if c.every_ms is not None:
             _positive("checkpoint.every_ms", c.every_ms)
         _positive("checkpoint.keep", c.keep)
+        _positive("checkpoint.full_every", c.full_every)
         res = c.resolved.resolve()
         if c.url is None and res in seen:
             raise SpecError(f"checkpoint.path: {c.path!r} is also the {seen[res]} directory")
@@ -399,7 +404,8 @@ _SECTIONS: dict[str, set[str]] = {
     "sink": {"kind", "path", "url", "table"},
     "late": {"kind", "path", "url", "table"},
     "errors": {"kind", "path", "url", "table"},
-    "checkpoint": {"path", "url", "every_events", "every_ms", "keep"},
+    "checkpoint": {"path", "url", "every_events", "every_ms", "keep", "incremental",
+                   "full_every"},
 }
 _REQUIRED = ("pipeline", "source", "window", "aggregates", "sink")
 
@@ -436,6 +442,8 @@ def _get(section: dict[str, Any], sec: str, key: str, typ: type, default: Any = 
         raise SpecError(f"{sec}.{key}: expected an integer, got {val!r}")
     if typ is str and not isinstance(val, str):
         raise SpecError(f"{sec}.{key}: expected a string, got {val!r}")
+    if typ is bool and not isinstance(val, bool):
+        raise SpecError(f"{sec}.{key}: expected true or false, got {val!r}")
     return val
 
 
@@ -527,6 +535,8 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
             every_events=_get(c, "checkpoint", "every_events", int, None),
             every_ms=_get(c, "checkpoint", "every_ms", int, None),
             keep=_get(c, "checkpoint", "keep", int, 3),
+            incremental=_get(c, "checkpoint", "incremental", bool, False),
+            full_every=_get(c, "checkpoint", "full_every", int, 10),
             base_dir=base_dir,
         )
     sink = output("sink")

@@ -74,6 +74,7 @@ from sealstream._runtime.crash import CrashPoints
 from sealstream._runtime.merge import Batch, PartitionMerger, SourcePosition
 from sealstream.checkpoint import guard
 from sealstream.checkpoint.manifest import (
+    DELTA_NAME,
     FORMAT_VERSION,
     RECEIPTS_NAME,
     STATE_NAME,
@@ -82,12 +83,13 @@ from sealstream.checkpoint.manifest import (
     seal,
 )
 from sealstream.checkpoint.store import CheckpointStore, checkpoint_dirname
-from sealstream.errors import BadRecordError, NoValidCheckpointError
+from sealstream.errors import BadRecordError, CheckpointError, NoValidCheckpointError
 from sealstream.pipeline import ABSENT, Pipeline, definition_changes, definition_diff
 from sealstream.sinks import open_sink
 from sealstream.sinks._base import JSON_LINE, Sink
 from sealstream.sinks.database import DatabaseSink, same_database
 from sealstream.sources._base import OFFSET, PARTITION, RAW
+from sealstream.state import incremental
 from sealstream.state.codec import WATERMARK_META, decode_table, encode_table, sha256_hex
 from sealstream.watermark import POS_INF, WatermarkState, assign_watermarks, json_ms
 from sealstream.windows.aggregates import SEQ
@@ -276,6 +278,12 @@ class Job:
         self.operator: WindowOperator | None = None
         self.wm = WatermarkState.initial(len(self.partitions), pipeline.watermark.max_delay_ms)
         self._verified: set[int] = set()
+        # incremental checkpoints: keys touched since the last checkpoint, the state it
+        # saved, and the files its state depends on (role -> manifest entry)
+        self._incremental = bool(pipeline.checkpoint and pipeline.checkpoint.incremental)
+        self._touched: list[pl.DataFrame] = []
+        self._last_state: pl.DataFrame | None = None
+        self._chain: dict[str, dict[str, Any]] | None = None
         self._receipts_now: dict[str, dict[str, Any]] = {}  # this epoch's, per output
         if start is not None and len(start.positions) != len(self.partitions):
             raise ValueError(
@@ -448,8 +456,14 @@ class Job:
     def _restore(
         self, store: CheckpointStore, cid: int, doc: dict[str, Any]
     ) -> list[SourcePosition]:
-        state, meta = decode_table(store.read(doc["files"]["state"]["path"]))
+        try:
+            state, meta = incremental.load_chain(doc["files"], store.read)
+        except ValueError as exc:  # the guard verified these bytes a moment ago
+            raise CheckpointError(
+                f"checkpoint {cid} in {store.location} changed while it was restored: {exc}"
+            ) from None
         self.operator = WindowOperator(self.p, state)
+        self._remember_state(cid, doc["files"], self.operator.snapshot())
         self.wm = WatermarkState.from_json(meta[WATERMARK_META.decode()])
         by_name = {p["partition"]: SourcePosition.from_json(p) for p in doc["positions"]}
         positions = [by_name.get(n, SourcePosition.start()) for n in self.names]
@@ -552,6 +566,8 @@ class Job:
             self.wm.exhausted = [True] * n_parts
             self.wm.global_ms = POS_INF
         w_end = self.wm.current()
+        if self._incremental and events.height:
+            self._touched.append(incremental.batch_keys(events))
         out = self.operator.process(events, w_end)
         self.counters.events += events.height
         if out.fired.height:
@@ -680,19 +696,27 @@ class Job:
         cid = self.next_id
         dirname = checkpoint_dirname(cid)
         wm_json = self.wm.to_json()
-        state = encode_table(
-            self.operator.snapshot(), {WATERMARK_META.decode(): wm_json}
-        )
+        snap = self.operator.snapshot()
+        meta = {WATERMARK_META.decode(): wm_json}
+        chain = self._next_chain()
+        if chain is not None:
+            assert self._last_state is not None
+            touched = (pl.concat(self._touched) if self._touched
+                       else snap.select(incremental.KEYS).clear())
+            keys = incremental.changed_keys(self._last_state, snap, touched)
+            state, state_name = incremental.encode_delta(snap, keys, meta), DELTA_NAME
+        else:
+            state, state_name = encode_table(snap, meta), STATE_NAME
         receipt = self._close_receipts(tokens)
         receipts = json.dumps(
             {"summary": self.receipts_total, "epochs": [receipt]}, sort_keys=True, indent=1
         ).encode()
-        files: dict[str, bytes] = {STATE_NAME: state, RECEIPTS_NAME: receipts}
+        files: dict[str, bytes] = {state_name: state, RECEIPTS_NAME: receipts}
         pending = self._pending_suppression()
         if pending is not None:
             files[SUPPRESS_NAME] = pending
         entries = {}
-        for role, name in (("state", STATE_NAME), ("receipts", RECEIPTS_NAME),
+        for role, name in (("state", state_name), ("receipts", RECEIPTS_NAME),
                            ("suppress", SUPPRESS_NAME)):
             if name in files:
                 entries[role] = {"path": f"{dirname}/{name}", "sha256": sha256_hex(files[name]),
@@ -714,11 +738,14 @@ class Job:
             ],
             "files": entries,
             "state": {"open_windows": self.operator.open_windows,
-                      "sha256": entries["state"]["sha256"]},
+                      "sha256": entries["state"]["sha256"],
+                      "incremental": chain is not None},
             "receipts": self.receipts_total,
             "sinks": {role: {"epoch": self.epoch, "tokens": t} for role, t in tokens.items()},
             "counters": self.counters.to_json(),
         }
+        if chain is not None:
+            entries.update(chain)  # the base snapshot and the deltas since: verified too
         manifest = seal(body, self.key)
         # a sink in the store's database commits in the transaction that publishes
         together = [s.in_publish(self.epoch, tokens[role]) for role, s in self.sinks.items()
@@ -732,6 +759,7 @@ class Job:
         else:
             store.write_checkpoint(cid, files, manifest, crash=self.crash)
         self.crash("after_manifest_publish")
+        self._remember_state(cid, entries, snap)
         for role, sink in self.sinks.items():
             sink.commit(self.epoch, tokens[role])
             self.crash(f"after_commit_{role}")
@@ -748,6 +776,30 @@ class Job:
         self.next_id = cid + 1
         self.epoch += 1
 
+    def _next_chain(self) -> dict[str, dict[str, Any]] | None:
+        """The files the next checkpoint's delta builds on, or None when it must be a
+        full snapshot (not incremental, nothing to build on, or ``full_every`` reached)."""
+        cfg = self.p.checkpoint
+        if not self._incremental or cfg is None or self._chain is None:
+            return None
+        if self._last_state is None or len(self._chain) >= cfg.full_every:
+            return None
+        return dict(self._chain)
+
+    def _remember_state(self, cid: int, files: dict[str, Any], snap: pl.DataFrame) -> None:
+        """After checkpoint ``cid`` (written or restored): what a delta builds on next."""
+        self._touched.clear()
+        if not self._incremental:
+            return
+        self._last_state = snap
+        base, deltas = incremental.chain_roles(files)
+        if base is None:  # a full snapshot: the new base
+            self._chain = {incremental.BASE_ROLE: dict(files["state"])}
+        else:
+            chain = {r: dict(files[r]) for r in (base, *deltas)}
+            chain[f"{incremental.DELTA_ROLE}{cid:012d}"] = dict(files["state"])
+            self._chain = chain
+
     def _pending_suppression(self) -> bytes | None:
         frames = []
         for role, sup in self.suppress.items():
@@ -757,8 +809,24 @@ class Job:
             return None
         return encode_table(pl.concat(frames, how="diagonal_relaxed"))
 
+    @staticmethod
+    def _needed_by(store: CheckpointStore, kept: list[int]) -> set[int]:
+        """The checkpoints holding files that the ``kept`` checkpoints reference."""
+        needed: set[int] = set()
+        for cid in kept:
+            for rel in store.files_of(cid):
+                head = rel.split("/", 1)[0]
+                if head.startswith("cp-") and head[3:].isdigit():
+                    needed.add(int(head[3:]))
+        return needed
+
     def _retain(self, store: CheckpointStore, newest: int) -> None:
-        """Verify the newest checkpoint, then delete verified ones beyond ``keep``."""
+        """Verify the newest checkpoint, then delete verified ones beyond ``keep``.
+
+        With incremental checkpoints, a kept checkpoint's base snapshot and deltas are
+        kept too, and so is one restore point that does not depend on the newest
+        checkpoint's base (with its own chain): damage to that base then still leaves a
+        checkpoint to fall back to."""
         assert self.p.checkpoint is not None
         policy = guard.Policy(key=self.key, pipeline=self.p.name, fingerprint=self.fingerprint)
         if not self._judge(store, newest, policy).ok:
@@ -766,16 +834,27 @@ class Job:
         keep = self.p.checkpoint.keep
         verified = [newest]
         self._verified.add(newest)
+        needed = self._needed_by(store, [newest])
+        base = min(needed | {newest})
+        fallback_found = base == newest and keep > 1
         for cid in reversed(store.ids()):
             if cid >= newest:
                 continue
             ok = cid in self._verified or self._judge(store, cid, policy).ok
             if ok:
                 self._verified.add(cid)
+            if ok and not fallback_found and cid < base:
+                fallback_found = True  # the restore point that survives a damaged base
+                verified.append(cid)
+                needed |= self._needed_by(store, [cid])
+                continue
             if len(verified) < keep:
                 if ok:
                     verified.append(cid)
+                    needed |= self._needed_by(store, [cid])
                 continue
+            if cid in needed:
+                continue  # holds the base snapshot or a delta a kept checkpoint builds on
             if ok:
                 store.delete(cid)
                 self._verified.discard(cid)

@@ -33,7 +33,6 @@ refused (use a new directory).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -46,7 +45,8 @@ from sealstream.checkpoint.manifest import checkpoint_key
 from sealstream.errors import CheckpointError, SpecError
 from sealstream.pipeline import Checkpoints, Output, Pipeline
 from sealstream.sources._base import PartitionPosition
-from sealstream.state.codec import WATERMARK_META, decode_table
+from sealstream.state import incremental
+from sealstream.state.codec import WATERMARK_META
 
 MARKER = "REPLAY.json"
 SUBDIRS = {"sink": "out", "late": "late", "errors": "errors", "checkpoint": "ckpt"}
@@ -186,21 +186,19 @@ def start_from_checkpoint(p: Pipeline, cid: int) -> tuple[StartPoint, dict[str, 
             f"{v.message}; {hint}"
         )
     doc = dict(v.manifest)
-    entry = doc["files"]["state"]
-    try:
-        data = store.read(str(entry["path"]))
+    try:  # the snapshot, or the base snapshot and deltas of an incremental checkpoint
+        state, meta = incremental.load_chain(doc["files"], store.read)
     except OSError as exc:
         raise CheckpointError(
-            f"--from {cid}: cannot read {entry['path']} in {store.location} "
+            f"--from {cid}: cannot read a state file of checkpoint {cid} in {store.location} "
             f"({exc.strerror or exc}); "
             "was it deleted by retention meanwhile? choose a newer checkpoint"
         ) from None
-    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+    except ValueError as exc:
         raise CheckpointError(
-            f"--from {cid}: {entry['path']} changed while it was read (retention by a running "
+            f"--from {cid}: {exc} (changed while it was read: retention by a running "
             "job?); choose a newer checkpoint"
-        )
-    state, meta = decode_table(data)
+        ) from None
     by_name = {d["partition"]: SourcePosition.from_json(d) for d in doc["positions"]}
     names = [n for n, _ in p.source.partitions()]
     positions = tuple(by_name.get(n, SourcePosition.start()) for n in names)

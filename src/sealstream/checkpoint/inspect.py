@@ -48,6 +48,7 @@ from sealstream.checkpoint.store import (
 from sealstream.errors import CheckpointError, SpecError
 from sealstream.pipeline import NUMERIC_FUNCTIONS, Aggregate, parse_aggregate
 from sealstream.sources._base import KEY, KEY_IS_INT, FieldKind, FieldPlan
+from sealstream.state import incremental
 from sealstream.state.codec import decode_table, sha256_hex
 from sealstream.watermark import NEG_INF, POS_INF, json_ms
 from sealstream.windows.aggregates import WEND, WSTART, Accumulators
@@ -243,8 +244,10 @@ def _load(store: CheckpointStore, cid: int) -> _Loaded:
     out = _Loaded(cid, doc, error)
     recorded: set[str] = set()
     files = _dict(doc.get("files")) if doc is not None else {}
+    datas: dict[str, bytes | None] = {}
     for role, entry in sorted(files.items()):
         data, problem, fact = _read_verified(store, entry)
+        datas[role] = data
         fact["role"] = role
         out.files.append(fact)
         if isinstance(fact["path"], str):
@@ -275,6 +278,20 @@ def _load(store: CheckpointStore, cid: int) -> _Loaded:
                     out.receipts_error = "receipts are not JSON"
     if doc is not None and "state" not in files:
         out.state_error = "the manifest names no state file"
+    base, deltas = incremental.chain_roles(files)
+    if base is not None and out.state is not None:  # a delta: materialise the chain
+        try:
+            chain = [datas.get(r) for r in (base, *deltas)]
+            broken = [r for r, d in zip((base, *deltas), chain, strict=True) if d is None]
+            if broken:
+                raise ValueError(f"its {', '.join(broken)} file cannot be used")
+            state, _ = decode_table(chain[0] or b"")
+            for blob in chain[1:]:
+                state = incremental.apply_delta(state, decode_table(blob or b"")[0])
+            out.state = incremental.apply_delta(state, out.state)
+        except ValueError as exc:
+            out.state = None
+            out.state_error = f"state cannot be rebuilt from its base and deltas ({exc})"
     # files on disk that the manifest does not name (or every file, without a manifest)
     if not isinstance(store, LocalCheckpointStore):
         for rel in store.files_of(cid):

@@ -26,6 +26,8 @@ from typing import Any
 FORMAT_VERSION = 1
 MANIFEST_NAME = "MANIFEST.json"
 STATE_NAME = "state.arrow"
+#: an incremental checkpoint's state: the keys changed since its parent
+DELTA_NAME = "state.delta.arrow"
 RECEIPTS_NAME = "receipts.json"
 SUPPRESS_NAME = "suppress.arrow"
 KEY_ENV = "SEALSTREAM_CHECKPOINT_KEY"

@@ -1,0 +1,156 @@
+"""Incremental checkpoints (`[checkpoint] incremental = true`): deltas between full
+snapshots give exactly the output of full snapshots through crashes; a checkpoint
+depends on its base and deltas, which the guard verifies and retention keeps; a
+damaged base falls back to the restore point kept for that case."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+from _story import assert_same_output, make_input, reference_run, run, write_spec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sealstream.sources._base import KEY, KEY_IS_INT
+from sealstream.state import incremental
+from sealstream.state.codec import decode_table, encode_table
+
+STORY = {"errors": True, "bad_every": 97}
+
+
+@pytest.fixture(scope="module")
+def expected(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("uninterrupted")
+    reference_run(d, **STORY)
+    return d
+
+
+def _spec(d: Path, full_every: int = 3, keep: int = 3) -> Path:
+    spec = write_spec(d, make_input(d, bad_every=97), errors=True, keep=keep)
+    spec.write_text(spec.read_text().replace(
+        "[checkpoint]\n", f"[checkpoint]\nincremental = true\nfull_every = {full_every}\n"))
+    return spec
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sealstream", "checkpoints", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def _manifest(d: Path, cid: int) -> dict[str, object]:
+    doc: dict[str, object] = json.loads((d / "ckpt" / f"cp-{cid:012d}" / "MANIFEST.json")
+                                        .read_text())
+    return doc
+
+
+# ------------------------------------------------------------------ the delta algebra
+_rows = st.lists(st.tuples(st.sampled_from(["a", "b", "c", "1", "2"]), st.booleans(),
+                           st.integers(0, 4), st.integers(-3, 3)), max_size=25)
+
+
+def _state(rows: list[tuple[str, bool, int, int]]) -> pl.DataFrame:
+    uniq = {(k, ki, w): v for k, ki, w, v in rows}
+    return pl.DataFrame(
+        {KEY: [k for k, _, _ in uniq], KEY_IS_INT: [ki for _, ki, _ in uniq],
+         "window_start": [w for _, _, w in uniq], "window_end": [w + 1 for _, _, w in uniq],
+         "#count": [v for v in uniq.values()]},
+        schema={KEY: pl.String, KEY_IS_INT: pl.Boolean, "window_start": pl.Int64,
+                "window_end": pl.Int64, "#count": pl.Int64})
+
+
+@settings(max_examples=200, deadline=None)
+@given(prev_rows=_rows, new_rows=_rows, drop=st.lists(st.integers(0, 30), max_size=10))
+def test_delta_rebuilds_the_state_exactly(prev_rows: list[tuple[str, bool, int, int]],
+                                          new_rows: list[tuple[str, bool, int, int]],
+                                          drop: list[int]) -> None:
+    """Events touch some keys (any change to their rows); the watermark removes rows of
+    any key. Base + delta == the new state, row for row."""
+    prev = _state(prev_rows)
+    touched = _state(new_rows).select(incremental.KEYS).unique()
+    kept = prev.join(touched, on=incremental.KEYS, how="anti").with_row_index("i")
+    kept = kept.filter(~pl.col("i").is_in(drop)).drop("i")  # fired by the watermark
+    cur = pl.concat([kept, _state(new_rows)])
+    keys = incremental.changed_keys(prev, cur, touched)
+    delta, _ = decode_table(incremental.encode_delta(cur, keys, {"m": 1}))
+    rebuilt = incremental.apply_delta(prev, delta)
+    assert sorted(rebuilt.rows()) == sorted(cur.rows())
+
+
+def test_a_delta_is_small_when_few_keys_change() -> None:
+    n = 200_000
+    rng = random.Random(1)
+    prev = pl.DataFrame({KEY: [f"user-{i}" for i in range(n)], KEY_IS_INT: [False] * n,
+                         "window_start": [0] * n, "window_end": [60_000] * n,
+                         "#count": [rng.randint(1, 9) for _ in range(n)]})
+    touched = prev.sample(n // 100, seed=2).select(incremental.KEYS)
+    cur = prev.with_columns(
+        pl.when(pl.col(KEY).is_in(touched[KEY].implode())).then(pl.col("#count") + 1)
+        .otherwise(pl.col("#count")).alias("#count"))
+    full = len(encode_table(cur, {"m": 1}))
+    delta = len(incremental.encode_delta(cur, incremental.changed_keys(prev, cur, touched),
+                                         {"m": 1}))
+    assert delta <= 0.05 * full, (delta, full)
+
+
+# ------------------------------------------------------------------ end to end
+def test_output_equals_full_snapshots_and_chains_are_verified(tmp_path: Path,
+                                                              expected: Path) -> None:
+    spec = _spec(tmp_path)
+    res = run(spec)
+    assert res.returncode == 0, res.stderr
+    assert_same_output(tmp_path, expected)
+    listed = json.loads(_cli("list", str(tmp_path / "ckpt"), "--json").stdout)["checkpoints"]
+    newest = listed[-1]
+    doc = _manifest(tmp_path, newest["id"])
+    files = doc["files"]
+    assert isinstance(files, dict)
+    if "base" in files:  # the newest is a delta: it names its base and the deltas since
+        assert str(files["state"]["path"]).endswith("state.delta.arrow")
+        assert any(f.endswith("/state.arrow") for f in newest["files"])
+    kinds = [("base" in _manifest(tmp_path, c["id"])["files"]) for c in listed]  # type: ignore
+    verified = json.loads(_cli("verify", str(tmp_path / "ckpt"), "--json").stdout)
+    assert {c["verdict"] for c in verified["checkpoints"]} == {"ATOMIC_CHECKPOINT"}
+    assert kinds  # retention kept every checkpoint a kept one depends on
+    shown = json.loads(_cli("inspect", str(tmp_path / "ckpt"), "--json").stdout)
+    assert shown["state"]["read"] is True
+
+
+@pytest.mark.parametrize("point", ["after_write_state", "before_manifest_publish",
+                                   "after_manifest_publish", "after_retention"])
+@pytest.mark.parametrize("nth", [2, 4, 5])
+def test_kill_then_resume_from_a_delta(tmp_path: Path, expected: Path, point: str,
+                                       nth: int) -> None:
+    spec = _spec(tmp_path)
+    crashed = run(spec, crash_at=f"{point}:{nth}")
+    assert crashed.returncode == -9, crashed.stderr
+    resumed = run(spec)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_output(tmp_path, expected)
+
+
+def test_damaged_base_falls_back_to_the_kept_restore_point(tmp_path: Path,
+                                                           expected: Path) -> None:
+    spec = _spec(tmp_path, full_every=3, keep=2)
+    assert run(spec, crash_at="after_retention:8").returncode == -9
+    listed = json.loads(_cli("list", str(tmp_path / "ckpt"), "--json").stdout)["checkpoints"]
+    newest = listed[-1]["id"]
+    files = _manifest(tmp_path, newest)["files"]
+    assert isinstance(files, dict) and "base" in files, "checkpoint 8 should be a delta"
+    base = tmp_path / "ckpt" / str(files["base"]["path"])
+    data = bytearray(base.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    base.write_bytes(bytes(data))
+    verified = json.loads(_cli("verify", str(tmp_path / "ckpt"), "--json").stdout)
+    judged = {c["id"]: c["verdict"] for c in verified["checkpoints"]}
+    assert judged[newest] == "INCONSISTENT_STATE"
+    fallback = verified["resume_from"]
+    assert fallback is not None and fallback < int(str(base.parent.name)[3:])
+    resumed = run(spec)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_output(tmp_path, expected)

@@ -154,3 +154,19 @@ def test_damaged_base_falls_back_to_the_kept_restore_point(tmp_path: Path,
     resumed = run(spec)
     assert resumed.returncode == 0, resumed.stderr
     assert_same_output(tmp_path, expected)
+
+
+@pytest.mark.parametrize("first,then", [(False, True), (True, False)])
+def test_switching_incremental_on_or_off_between_runs(tmp_path: Path, expected: Path,
+                                                      first: bool, then: bool) -> None:
+    spec = _spec(tmp_path)
+    text = spec.read_text()
+    plain = text.replace("incremental = true\n", "")
+    spec.write_text(text if first else plain)
+    assert run(spec, crash_at="after_retention:5").returncode == -9
+    spec.write_text(text if then else plain)
+    resumed = run(spec)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_output(tmp_path, expected)
+    verified = json.loads(_cli("verify", str(tmp_path / "ckpt"), "--json").stdout)
+    assert {c["verdict"] for c in verified["checkpoints"]} == {"ATOMIC_CHECKPOINT"}

@@ -90,6 +90,9 @@ class PaymentProvider:
             return None
         return {"payment_id": row[0], "payee": row[1], "amount_cents": row[2]}
 
+    def close(self) -> None:
+        self.conn.close()
+
     def counts(self) -> dict[str, int]:
         def one(sql: str) -> int:
             return int(self.conn.execute(sql).fetchone()[0])
@@ -176,6 +179,8 @@ def step(work: Path) -> int:
         approval = ledger.approval(APPROVAL)
         if approval is None or approval.status == "pending":
             print(f"[agent] still waiting for approval {APPROVAL}")
+            saver.close()
+            provider.close()
             return 0
         print(f"[agent] approval {approval.status}: resuming")
         graph.invoke(Command(resume=approval.status), config, durability="sync")
@@ -203,6 +208,7 @@ def step(work: Path) -> int:
             namespace="summary"))
         print(f"[agent] finished; summary checkpoint {saved.checkpoint_id} saved")
     saver.close()
+    provider.close()
     return 0
 
 
@@ -219,7 +225,9 @@ def history(work: Path) -> None:
     for approval in [ledger.approval(APPROVAL)]:
         assert approval is not None
         print(f"  approval {approval.approval_id}: {approval.status} by {approval.by}")
-    counts = PaymentProvider(work / "provider.db").counts()
+    provider = PaymentProvider(work / "provider.db")
+    counts = provider.counts()
+    provider.close()
     print(f"provider: {counts['payments']} payment(s), {counts['submits']} submit request(s), "
           f"{counts['lookups']} lookup(s)")
     saver.close()
@@ -247,7 +255,9 @@ def story(work: Path) -> int:
     code = run_child(work, crash="after_call:1")
     print(f"   agent process exited with {code}"
           + (" (killed by SIGKILL)" if code == -signal.SIGKILL else ""))
-    print("   provider now:", PaymentProvider(work / "provider.db").counts())
+    provider = PaymentProvider(work / "provider.db")
+    print("   provider now:", provider.counts())
+    provider.close()
     print("== 4. resume after the crash")
     run_child(work)
     print("== 5. verified history")
@@ -288,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "history":
         history(work)
         return 0
+    if any(work.iterdir()):  # the story needs a fresh state: never reuse leftovers
+        parser.error(f"--dir {work} is not empty; the story starts from nothing "
+                     "(omit --dir to use a new temporary directory)")
     return story(work)
 
 

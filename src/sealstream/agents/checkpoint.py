@@ -173,9 +173,15 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _esc(part: str) -> str:
+    """``part`` with ``%`` and ``|`` escaped, so ``|`` separates name parts unambiguously
+    (checkpoint "a" must not own the writes of checkpoint "a|b")."""
+    return part.replace("%", "%25").replace("|", "%7C")
+
+
 def write_name(checkpoint_id: str, task_id: str, idx: int) -> str:
     """A pending write's row name; sorts by checkpoint, task, then index."""
-    return f"{checkpoint_id}|{task_id}|{idx:+07d}"
+    return f"{_esc(checkpoint_id)}|{_esc(task_id)}|{idx:+07d}"
 
 
 class AgentCheckpointStore:
@@ -437,7 +443,7 @@ class AgentCheckpointStore:
 
 
 def _scan_writes(tx: RowTx, ex: str, ns: str, cid: str) -> list[Any]:
-    prefix = f"{cid}|"
+    prefix = f"{_esc(cid)}|"
     return [r for r in tx.scan("w", ex, ns, prefix) if r.name.startswith(prefix)]
 
 

@@ -47,7 +47,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-import json
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -106,14 +105,6 @@ def _typed(pair: tuple[str, bytes]) -> list[str]:
 def _blob_name(channel: str, version: Any, blob: bytes) -> str:
     """Content-addressed: two values under one version never collide."""
     return canonical_json([channel, str(version), hashlib.sha256(blob).hexdigest()[:32]])
-
-
-def _json(data: bytes | None) -> dict[str, Any] | None:
-    try:
-        doc = json.loads(data or b"")
-    except ValueError:
-        return None
-    return doc if isinstance(doc, dict) else None
 
 
 class SealstreamSaver(BaseCheckpointSaver[Any]):
@@ -266,11 +257,15 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
             channels[channel], blobs[name] = name, blob
         with self.store.rows.transaction() as tx:
             reuse: list[str] = []
-            if missing and parent:
-                pdoc = _json(self.store._read(tx, ("cp", thread, ns, str(parent))).data)
-                pchannels = (pdoc or {}).get("body", {}).get("channels", {})
-                pversions = self._loads(pdoc["body"]["checkpoint"]).get(
-                    "channel_versions", {}) if pdoc else {}
+            if missing and parent and tx.get("cp", thread, ns, str(parent)) is not None:
+                # the parent must verify before any of its blobs is reused: a blob
+                # re-hashed into this new, signed manifest would otherwise launder
+                # a tampered value (raises AgentCheckpointError with the verdict)
+                ploaded = self.store._load(tx, thread, ns, str(parent))
+                assert ploaded is not None
+                pdoc = ploaded.manifest
+                pchannels = pdoc["body"]["channels"]
+                pversions = self._loads(pdoc["body"]["checkpoint"]).get("channel_versions", {})
                 for channel in missing:
                     if channel in pchannels and pversions.get(channel) == versions[channel]:
                         channels[channel] = pchannels[channel]

@@ -219,12 +219,13 @@ class EffectLedger:
                 return effect.result
             return self._reconcile(tool, effect)
         with self.rows.transaction() as tx:
-            seq = self._count(tx) + 1
+            counts = self._counts(tx)
+            seq = int(counts.get("count", 0)) + 1
             fresh = self._put(tx, f"{key}|intent", {"key": key, "tool": tool.name,
                                                     "step": str(step), "args": dict(args),
                                                     "seq": seq, "created_ms": now_ms()})
             if fresh:
-                self._set_count(tx, seq)
+                self._set_counts(tx, {**counts, "count": seq})
         if not fresh:  # another runner recorded it in between: never call twice
             return self._perform(tool, step, args)
         self._crash("after_intent")
@@ -286,6 +287,10 @@ class EffectLedger:
                 first = self._get(tx, f"{key}|outcome")  # recorded first: that one stands
                 assert first is not None
                 stored = first["result"]
+            counts = self._counts(tx)
+            done = set(counts.get("done") or [])
+            if key not in done:  # the signed list of keys with an outcome
+                self._set_counts(tx, {**counts, "done": sorted(done | {key})})
         return stored
 
     def effect(self, key: str) -> Effect | None:
@@ -293,8 +298,11 @@ class EffectLedger:
         with self.rows.transaction() as tx:
             intent = self._get(tx, f"{key}|intent")
             outcome = self._get(tx, f"{key}|outcome")
+            done = self._counts(tx).get("done") or [] if outcome is None else []
         if outcome is not None and intent is None:
             raise AgentCheckpointError(self._missing_intent(key))
+        if outcome is None and key in done:  # deleted: never mistaken for an open intent
+            raise AgentCheckpointError(self._missing_outcome(key))
         if intent is None:
             return None
         return _effect(intent, outcome)
@@ -327,10 +335,12 @@ class EffectLedger:
         for row in reads:
             bad, doc = _judge.judge_row(row, self.keys.sign)
             name = row.addr[3]
+            key, _, kind = name.partition("|")
             if bad is not None or doc is None:
                 out.append(bad or self._missing_intent(name))
+                if kind == "outcome":  # present (if damaged): not also reported missing
+                    outcomes.add(key)
                 continue
-            key, _, kind = name.partition("|")
             (intents if kind == "intent" else outcomes).add(key)
             if kind == "intent" and isinstance(doc.get("seq"), int):
                 seqs.add(doc["seq"])
@@ -345,6 +355,12 @@ class EffectLedger:
                 out.append(bad)
             elif doc is not None:
                 count = int(doc.get("count", 0))
+                for key in sorted(set(doc.get("done") or []) - outcomes):
+                    out.append(self._missing_outcome(key))
+        elif intents:
+            out.append(AgentVerdict(
+                self.execution_id, self.namespace, "count", _judge.PARTIAL, "ROW_MISSING",
+                f"ledger of {self.execution_id!r}: its signed intent count is gone"))
         for seq in range(1, count + 1):
             if seq not in seqs:
                 out.append(AgentVerdict(
@@ -442,13 +458,22 @@ class EffectLedger:
             names = [r.name for r in tx.scan("fx", self.execution_id, self.namespace)]
             return {n: d for n in names if (d := self._get(tx, n)) is not None}
 
-    def _count(self, tx: RowTx) -> int:
+    def _counts(self, tx: RowTx) -> dict[str, Any]:
+        """The signed ledger marker: ``count`` of intents, ``done`` keys with an outcome."""
         doc = self._get(tx, "count", space="fxm", lock=True)
-        return int(doc["count"]) if doc is not None else 0
+        if doc is None:
+            return {"count": 0, "done": []}
+        return {"count": int(doc["count"]), "done": list(doc.get("done") or [])}
 
-    def _set_count(self, tx: RowTx, count: int) -> None:
+    def _set_counts(self, tx: RowTx, counts: Mapping[str, Any]) -> None:
         addr = self._addr("fxm", "count")
-        tx.upsert(*addr, seal_doc(self.keys, addr, {"count": count}))
+        tx.upsert(*addr, seal_doc(self.keys, addr, {"count": int(counts.get("count", 0)),
+                                                   "done": list(counts.get("done") or [])}))
+
+    def _missing_outcome(self, key: str) -> AgentVerdict:
+        return AgentVerdict(self.execution_id, self.namespace, key, _judge.PARTIAL,
+                            "OUTCOME_MISSING", f"ledger of {self.execution_id!r}: effect "
+                            f"{key[:12]} has a recorded outcome whose row is gone")
 
     def _missing_intent(self, key: str) -> AgentVerdict:
         return AgentVerdict(self.execution_id, self.namespace, key, _judge.PARTIAL,

@@ -279,13 +279,20 @@ class SqliteRowStore(RowStore):
         try:
             yield _SqliteTx(conn)
         except BaseException as exc:
-            conn.execute("ROLLBACK")
+            # SQLite may already have rolled back (SQLITE_FULL, IOERR, ...): the
+            # original error is the one to report, never "no transaction is active"
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
             if isinstance(exc, sqlite3.Error):
                 raise CheckpointError(f"agent store {self.location}: {exc}") from None
             raise
         try:
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
+            # a failed COMMIT (SQLITE_BUSY, ...) leaves the transaction open: end it,
+            # or every later BEGIN on this connection would fail
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
             raise CheckpointError(f"agent store {self.location}: commit failed: {exc}") from None
 
     @contextlib.contextmanager

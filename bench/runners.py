@@ -1,12 +1,13 @@
 """One-shot peers of the benchmark, each run in a fresh child process.
 
-    python -m bench.runners {polars,duckdb,bytewax} --out FILE [--size-ms N]
-                            [--max-delay-ms N] FILE.jsonl [FILE.jsonl ...]
+    python -m bench.runners {polars,duckdb,polars-parquet,duckdb-parquet,bytewax}
+                            --out FILE [--size-ms N] [--max-delay-ms N]
+                            [--recovery-dir DIR --epoch-ms N] FILE [FILE ...]
 
-Each reads every JSONL partition, assigns ``window_start = ts // size * size``,
-groups by ``(user, window_start)``, computes ``n = count`` and
-``total = sum(amount)`` and writes one JSON object per result line to ``--out``
-with the same fields as a sealstream result (``key``, ``window_start``,
+Each reads every partition (JSONL, or Parquet for the ``-parquet`` runners),
+assigns ``window_start = ts // size * size``, groups by ``(user, window_start)``,
+computes ``n = count`` and ``total = sum(amount)`` and writes one JSON object
+per result line to ``--out`` with the same fields as a sealstream result (``key``, ``window_start``,
 ``window_end``, ``n``, ``total``), so that every contender pays for parsing and
 for writing its output. Imports happen inside the runner so that a child only
 loads what it needs (their cost is part of the measured process).
@@ -19,16 +20,28 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def run_polars(files: list[str], out: Path, size_ms: int, max_delay_ms: int) -> None:
     import polars as pl
 
     schema = {"user": pl.String, "ts": pl.Int64, "amount": pl.Float64}
+    _polars_group(pl.scan_ndjson(files, schema=schema), out, size_ms)
+
+
+def run_polars_parquet(files: list[str], out: Path, size_ms: int, max_delay_ms: int) -> None:
+    import polars as pl
+
+    _polars_group(pl.scan_parquet(files).select("user", "ts", "amount"), out, size_ms)
+
+
+def _polars_group(lf: Any, out: Path, size_ms: int) -> None:
+    import polars as pl
+
     start = pl.col("ts") // size_ms * size_ms
     result = (
-        pl.scan_ndjson(files, schema=schema)
-        .group_by(pl.col("user").alias("key"), start.alias("window_start"))
+        lf.group_by(pl.col("user").alias("key"), start.alias("window_start"))
         .agg(n=pl.len().cast(pl.Int64), total=pl.col("amount").sum())
         .select(
             "key",
@@ -43,6 +56,17 @@ def run_polars(files: list[str], out: Path, size_ms: int, max_delay_ms: int) -> 
 
 
 def run_duckdb(files: list[str], out: Path, size_ms: int, max_delay_ms: int) -> None:
+    _duckdb_group(
+        files, out, size_ms,
+        "read_ndjson({files}, columns = {{'user': 'VARCHAR', 'ts': 'BIGINT', 'amount': 'DOUBLE'}})",
+    )
+
+
+def run_duckdb_parquet(files: list[str], out: Path, size_ms: int, max_delay_ms: int) -> None:
+    _duckdb_group(files, out, size_ms, "read_parquet({files})")
+
+
+def _duckdb_group(files: list[str], out: Path, size_ms: int, source: str) -> None:
     import duckdb
 
     con = duckdb.connect()
@@ -56,8 +80,7 @@ def run_duckdb(files: list[str], out: Path, size_ms: int, max_delay_ms: int) -> 
                    (ts // {size_ms}) * {size_ms} + {size_ms} AS window_end,
                    count(*) AS n,
                    sum(amount) AS total
-            FROM read_ndjson({file_list},
-                             columns = {{'user': 'VARCHAR', 'ts': 'BIGINT', 'amount': 'DOUBLE'}})
+            FROM {source.format(files=file_list)}
             GROUP BY ALL
         ) TO '{target}' (FORMAT JSON)
         """
@@ -65,12 +88,20 @@ def run_duckdb(files: list[str], out: Path, size_ms: int, max_delay_ms: int) -> 
     con.close()
 
 
-def run_bytewax(files: list[str], out: Path, size_ms: int, max_delay_ms: int) -> None:
+def run_bytewax(
+    files: list[str],
+    out: Path,
+    size_ms: int,
+    max_delay_ms: int,
+    recovery_dir: Path | None = None,
+    epoch_ms: int | None = None,
+) -> None:
     """A bytewax (>= 0.20, ``bytewax.operators.windowing``) event-time dataflow.
 
-    Unverified here: bytewax is not installed in the project's venv. Note that
-    bytewax's EventClock also advances the watermark with system time, so its
-    lateness is not the deterministic per-event watermark of sealstream.
+    With ``recovery_dir`` its recovery is on (an SQLite store per partition,
+    snapshots every ``epoch_ms``), the counterpart of sealstream's checkpoints.
+    The EventClock's system-time getter is pinned, so its watermark advances
+    with event time only (``max event time - max_delay``), as sealstream's does.
     """
     from datetime import UTC, datetime, timedelta
 
@@ -82,6 +113,7 @@ def run_bytewax(files: list[str], out: Path, size_ms: int, max_delay_ms: int) ->
     from bytewax.testing import run_main
 
     epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    pinned = datetime(2000, 1, 1, tzinfo=UTC)
     flow = Dataflow("bench")
     inputs = [op.input(f"in{i}", flow, FileSource(Path(f))) for i, f in enumerate(files)]
     merged = op.merge("merge", *inputs) if len(inputs) > 1 else inputs[0]
@@ -90,6 +122,7 @@ def run_bytewax(files: list[str], out: Path, size_ms: int, max_delay_ms: int) ->
     clock = win.EventClock(
         ts_getter=lambda r: epoch + timedelta(milliseconds=r["ts"]),
         wait_for_system_duration=timedelta(milliseconds=max_delay_ms),
+        now_getter=lambda: pinned,
     )
     windower = win.TumblingWindower(length=timedelta(milliseconds=size_ms), align_to=epoch)
 
@@ -113,14 +146,27 @@ def run_bytewax(files: list[str], out: Path, size_ms: int, max_delay_ms: int) ->
     with out.open("w") as fh:
         saved, sys.stdout = sys.stdout, fh
         try:
-            run_main(flow)
+            if recovery_dir is None:
+                run_main(flow)
+            else:
+                from bytewax.recovery import RecoveryConfig, init_db_dir
+
+                recovery_dir.mkdir(parents=True, exist_ok=True)
+                init_db_dir(recovery_dir, 1)
+                run_main(
+                    flow,
+                    epoch_interval=timedelta(milliseconds=epoch_ms or 1_000),
+                    recovery_config=RecoveryConfig(recovery_dir),
+                )
         finally:
             sys.stdout = saved
 
 
-RUNNERS: dict[str, Callable[[list[str], Path, int, int], None]] = {
+RUNNERS: dict[str, Callable[..., None]] = {
     "polars": run_polars,
     "duckdb": run_duckdb,
+    "polars-parquet": run_polars_parquet,
+    "duckdb-parquet": run_duckdb_parquet,
     "bytewax": run_bytewax,
 }
 
@@ -131,10 +177,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--size-ms", type=int, default=60_000)
     ap.add_argument("--max-delay-ms", type=int, default=1_000)
+    ap.add_argument("--recovery-dir", type=Path, help="bytewax: recovery on, stored here")
+    ap.add_argument("--epoch-ms", type=int, help="bytewax: snapshot interval")
     ap.add_argument("files", nargs="+")
     args = ap.parse_args(argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    RUNNERS[args.runner](args.files, args.out, args.size_ms, args.max_delay_ms)
+    if args.runner == "bytewax":
+        run_bytewax(args.files, args.out, args.size_ms, args.max_delay_ms,
+                    args.recovery_dir, args.epoch_ms)
+    else:
+        RUNNERS[args.runner](args.files, args.out, args.size_ms, args.max_delay_ms)
     return 0
 
 

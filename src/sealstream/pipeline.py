@@ -163,6 +163,9 @@ class Checkpoints:
     incremental: bool = False
     #: with ``incremental``: a full snapshot every this many checkpoints
     full_every: int = 10
+    #: encode, write and publish checkpoints on a writer thread while processing
+    #: continues (sinks commit after the publish either way)
+    asynchronous: bool = True
     #: instead of ``path``: a store URL, ``sqlite:///ckpt.db`` (relative to ``base_dir``)
     url: str | None = None
 
@@ -405,7 +408,7 @@ _SECTIONS: dict[str, set[str]] = {
     "late": {"kind", "path", "url", "table"},
     "errors": {"kind", "path", "url", "table"},
     "checkpoint": {"path", "url", "every_events", "every_ms", "keep", "incremental",
-                   "full_every"},
+                   "full_every", "asynchronous"},
 }
 _REQUIRED = ("pipeline", "source", "window", "aggregates", "sink")
 
@@ -537,6 +540,7 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
             keep=_get(c, "checkpoint", "keep", int, 3),
             incremental=_get(c, "checkpoint", "incremental", bool, False),
             full_every=_get(c, "checkpoint", "full_every", int, 10),
+            asynchronous=_get(c, "checkpoint", "asynchronous", bool, True),
             base_dir=base_dir,
         )
     sink = output("sink")

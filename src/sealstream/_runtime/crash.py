@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 
 ENV = "SEALSTREAM_CRASH_AT"
 POINTS = (
@@ -44,10 +45,13 @@ class CrashPoints:
             name, _, n = part.partition(":")
             self.targets[name] = int(n) if n.isdigit() else 1
         self.seen: dict[str, int] = {}
+        self._lock = threading.Lock()  # the checkpoint writer thread counts too
 
     def __call__(self, point: str) -> None:
         if not self.targets:
             return
-        self.seen[point] = self.seen.get(point, 0) + 1
-        if self.targets.get(point) == self.seen[point]:
+        with self._lock:
+            self.seen[point] = self.seen.get(point, 0) + 1
+            hit = self.targets.get(point) == self.seen[point]
+        if hit:
             os.kill(os.getpid(), signal.SIGKILL)

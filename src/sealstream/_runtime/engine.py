@@ -59,11 +59,14 @@ how ``sealstream replay`` re-runs an interval into an isolated destination
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import hashlib
 import json
 import secrets
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,6 +100,18 @@ from sealstream.windows.operator import WindowOperator
 
 ROLES = ("results", "late", "errors")
 DEFINITION_REASONS = ("FINGERPRINT_MISMATCH", "OTHER_PIPELINE")
+
+
+@dataclass
+class _InFlight:
+    """A checkpoint captured at a consistent point, being written."""
+
+    cid: int
+    epoch: int
+    tokens: dict[str, list[str]]
+    started: float
+    blocked_s: float  # processing-thread time spent capturing it
+    future: Future[tuple[dict[str, Any], int]]
 
 
 class DefinitionMismatchError(NoValidCheckpointError):
@@ -187,11 +202,15 @@ class CheckpointStats:
     last_at: float | None = None
     last_ms: float = 0.0
     last_bytes: int = 0
+    #: time the processing thread spent on checkpoints (capture and commit), the
+    #: rest of ``total_ms`` overlapped with processing
+    blocked_ms: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {
             "count": self.count,
             "mean_ms": self.total_ms / self.count if self.count else 0.0,
+            "mean_blocking_ms": self.blocked_ms / self.count if self.count else 0.0,
             "mean_bytes": self.total_bytes / self.count if self.count else 0.0,
             "last_id": self.last_id,
         }
@@ -284,6 +303,9 @@ class Job:
         self._touched: list[pl.DataFrame] = []
         self._last_state: pl.DataFrame | None = None
         self._chain: dict[str, dict[str, Any]] | None = None
+        # asynchronous checkpoints: the writer thread and the checkpoint in flight
+        self._writer: ThreadPoolExecutor | None = None
+        self._inflight: _InFlight | None = None
         self._receipts_now: dict[str, dict[str, Any]] = {}  # this epoch's, per output
         if start is not None and len(start.positions) != len(self.partitions):
             raise ValueError(
@@ -394,7 +416,11 @@ class Job:
         self.next_id = store.max_id_ever() + 1
         self.positions = positions
         self._start_sources(positions)
-        self._loop(checkpoint=store)
+        try:
+            self._loop(checkpoint=store)
+            self._await_checkpoint(store)  # the last one is published before the run ends
+        finally:
+            self._drain_checkpoint()
 
     def _fresh_start(self) -> list[SourcePosition]:
         """Operator, watermark and positions when there is no checkpoint to resume."""
@@ -463,7 +489,10 @@ class Job:
                 f"checkpoint {cid} in {store.location} changed while it was restored: {exc}"
             ) from None
         self.operator = WindowOperator(self.p, state)
-        self._remember_state(cid, doc["files"], self.operator.snapshot())
+        self._touched.clear()
+        if self._incremental:
+            self._last_state = self.operator.snapshot()
+        self._remember_chain(cid, doc["files"])
         self.wm = WatermarkState.from_json(meta[WATERMARK_META.decode()])
         by_name = {p["partition"]: SourcePosition.from_json(p) for p in doc["positions"]}
         positions = [by_name.get(n, SourcePosition.start()) for n in self.names]
@@ -516,6 +545,9 @@ class Job:
             dirty = dirty or n > 0 or batch.bad.height > 0 or self._positions_moved(batch)
             self.positions = batch.positions
             self.crash("batch")
+            if (checkpoint is not None and self._inflight is not None
+                    and self._inflight.future.done()):
+                self._await_checkpoint(checkpoint)  # published: commit its epoch's output
             if self.progress is not None:
                 self.progress(self)
             if checkpoint is None or cfg is None:
@@ -569,6 +601,10 @@ class Job:
         if self._incremental and events.height:
             self._touched.append(incremental.batch_keys(events))
         out = self.operator.process(events, w_end)
+        if self._incremental and out.fired.height:
+            # firing may rewrite a key's rows without an event of it (sliding windows'
+            # fragments narrow as their windows fire): those keys changed too
+            self._touched.append(incremental.batch_keys(out.fired))
         self.counters.events += events.height
         if out.fired.height:
             results = self.operator.finalize(out.fired)
@@ -689,39 +725,39 @@ class Job:
 
     # ================================================================ checkpoint
     def _checkpoint(self, store: CheckpointStore) -> None:
+        """Take a checkpoint at this consistent point (between two batches).
+
+        What the checkpoint records is captured here, on the processing thread: sink
+        tokens (staged output fsynced), the window state (an immutable frame),
+        watermark, positions, receipts and counters; then the next epoch starts.
+        Encoding the state, writing the files and publishing the manifest happen on a
+        writer thread while processing continues (``asynchronous = true``, the
+        default); sinks commit the epoch only after the manifest is published
+        (:meth:`_await_checkpoint`). At most one checkpoint is in flight.
+        """
+        self._await_checkpoint(store)
         assert self.operator is not None
         t0 = time.monotonic()
-        tokens = {role: s.prepare(self.epoch) for role, s in self.sinks.items()}
+        epoch = self.epoch
+        tokens = {role: s.prepare(epoch) for role, s in self.sinks.items()}
         self.crash("after_sink_prepare")
         cid = self.next_id
-        dirname = checkpoint_dirname(cid)
-        wm_json = self.wm.to_json()
+        # deep copies: processing goes on mutating the watermark and positions while
+        # the writer thread encodes what was true at this point
+        wm_json = copy.deepcopy(self.wm.to_json())
         snap = self.operator.snapshot()
-        meta = {WATERMARK_META.decode(): wm_json}
         chain = self._next_chain()
+        touched = None
         if chain is not None:
-            assert self._last_state is not None
             touched = (pl.concat(self._touched) if self._touched
                        else snap.select(incremental.KEYS).clear())
-            keys = incremental.changed_keys(self._last_state, snap, touched)
-            state, state_name = incremental.encode_delta(snap, keys, meta), DELTA_NAME
-        else:
-            state, state_name = encode_table(snap, meta), STATE_NAME
+        last_state = self._last_state
         receipt = self._close_receipts(tokens)
         receipts = json.dumps(
             {"summary": self.receipts_total, "epochs": [receipt]}, sort_keys=True, indent=1
         ).encode()
-        files: dict[str, bytes] = {state_name: state, RECEIPTS_NAME: receipts}
         pending = self._pending_suppression()
-        if pending is not None:
-            files[SUPPRESS_NAME] = pending
-        entries = {}
-        for role, name in (("state", state_name), ("receipts", RECEIPTS_NAME),
-                           ("suppress", SUPPRESS_NAME)):
-            if name in files:
-                entries[role] = {"path": f"{dirname}/{name}", "sha256": sha256_hex(files[name]),
-                                 "bytes": len(files[name])}
-        body = {
+        body: dict[str, Any] = {
             "format": FORMAT_VERSION,
             "id": cid,
             "parent": self.parent,
@@ -729,27 +765,85 @@ class Job:
             "fingerprint": self.fingerprint,
             "definition": self.p.fingerprint_fields(),
             "created_ms": int(time.time() * 1000),
-            "epoch": self.epoch,
+            "epoch": epoch,
             "lateness_ms": self.p.window.allowed_lateness_ms,
             "watermark": wm_json,
             "positions": [
                 {"partition": n, **pos.to_json()}
                 for n, pos in zip(self.names, self.positions, strict=True)
             ],
-            "files": entries,
+            "files": {},
             "state": {"open_windows": self.operator.open_windows,
-                      "sha256": entries["state"]["sha256"],
                       "incremental": chain is not None},
-            "receipts": self.receipts_total,
-            "sinks": {role: {"epoch": self.epoch, "tokens": t} for role, t in tokens.items()},
+            "receipts": dict(self.receipts_total),
+            "sinks": {role: {"epoch": epoch, "tokens": t} for role, t in tokens.items()},
             "counters": self.counters.to_json(),
         }
+        body = copy.deepcopy(body)
+        body["watermark"] = wm_json
+        # a sink in the store's database commits in the transaction that publishes
+        together = [s.in_publish(epoch, tokens[role]) for role, s in self.sinks.items()
+                    if isinstance(s, DatabaseSink) and s.transactional and tokens[role]]
+        # the consistent point is behind us: the next epoch starts now
+        self._touched.clear()
+        if self._incremental:
+            self._last_state = snap
+        self.parent = cid
+        self.next_id = cid + 1
+        self.epoch += 1
+
+        def write() -> tuple[dict[str, Any], int]:
+            return self._write_checkpoint(store, cid, snap, wm_json, chain, touched,
+                                          last_state, receipts, pending, body, together)
+
+        cfg = self.p.checkpoint
+        if cfg is not None and cfg.asynchronous:
+            if self._writer is None:
+                self._writer = ThreadPoolExecutor(1, thread_name_prefix="sealstream-ckpt")
+            future = self._writer.submit(write)
+        else:
+            future = Future()
+            try:
+                future.set_result(write())
+            except BaseException as exc:  # noqa: BLE001 - re-raised by _await_checkpoint
+                future.set_exception(exc)
+        self._inflight = _InFlight(cid, epoch, tokens, t0, time.monotonic() - t0, future)
+        if cfg is None or not cfg.asynchronous or self.stop_when is not None:
+            self._await_checkpoint(store)
+
+    def _write_checkpoint(
+        self, store: CheckpointStore, cid: int, snap: pl.DataFrame, wm_json: Any,
+        chain: dict[str, dict[str, Any]] | None, touched: pl.DataFrame | None,
+        last_state: pl.DataFrame | None, receipts: bytes, pending: bytes | None,
+        body: dict[str, Any], together: list[Callable[[Any], None]],
+    ) -> tuple[dict[str, Any], int]:
+        """Encode, write and publish checkpoint ``cid`` (on the writer thread): the
+        manifest is published only after its files are durable."""
+        meta = {WATERMARK_META.decode(): wm_json}
+        # in key order: the file compresses better (neighbouring keys share prefixes)
+        # and holds the same bytes whatever the processing history
+        snap = snap.sort(incremental.KEYS + ["window_start", "window_end"])
+        if chain is not None:
+            assert last_state is not None and touched is not None
+            keys = incremental.changed_keys(last_state, snap, touched)
+            state, state_name = incremental.encode_delta(snap, keys, meta), DELTA_NAME
+        else:
+            state, state_name = encode_table(snap, meta), STATE_NAME
+        files: dict[str, bytes] = {state_name: state, RECEIPTS_NAME: receipts}
+        if pending is not None:
+            files[SUPPRESS_NAME] = pending
+        dirname = checkpoint_dirname(cid)
+        entries: dict[str, Any] = {}
+        for role, name in (("state", state_name), ("receipts", RECEIPTS_NAME),
+                           ("suppress", SUPPRESS_NAME)):
+            if name in files:
+                entries[role] = {"path": f"{dirname}/{name}", "sha256": sha256_hex(files[name]),
+                                 "bytes": len(files[name])}
+        body["state"]["sha256"] = entries["state"]["sha256"]
         if chain is not None:
             entries.update(chain)  # the base snapshot and the deltas since: verified too
+        body["files"] = entries
         manifest = seal(body, self.key)
-        # a sink in the store's database commits in the transaction that publishes
-        together = [s.in_publish(self.epoch, tokens[role]) for role, s in self.sinks.items()
-                    if isinstance(s, DatabaseSink) and s.transactional and tokens[role]]
         if together:
             def in_publish(conn: Any) -> None:
                 for commit in together:
@@ -759,22 +853,42 @@ class Job:
         else:
             store.write_checkpoint(cid, files, manifest, crash=self.crash)
         self.crash("after_manifest_publish")
-        self._remember_state(cid, entries, snap)
+        return entries, sum(len(b) for b in files.values()) + len(manifest)
+
+    def _await_checkpoint(self, store: CheckpointStore) -> None:
+        """Finish the checkpoint in flight: wait until it is published, then commit the
+        sinks' output of its epoch and apply retention (on the processing thread)."""
+        job = self._inflight
+        if job is None:
+            return
+        self._inflight = None
+        waited = time.monotonic()
+        entries, size = job.future.result()
+        blocked = job.blocked_s + (time.monotonic() - waited)
+        self._remember_chain(job.cid, entries)
         for role, sink in self.sinks.items():
-            sink.commit(self.epoch, tokens[role])
+            sink.commit(job.epoch, job.tokens[role])
             self.crash(f"after_commit_{role}")
-        self._retain(store, cid)
+        self._retain(store, job.cid)
         self.crash("after_retention")
-        size = sum(len(b) for b in files.values()) + len(manifest)
-        dt = (time.monotonic() - t0) * 1000
+        dt = (time.monotonic() - job.started) * 1000
         st = self.ck_stats
         st.count += 1
         st.total_ms += dt
+        st.blocked_ms += blocked * 1000
         st.total_bytes += size
-        st.last_id, st.last_at, st.last_ms, st.last_bytes = cid, time.monotonic(), dt, size
-        self.parent = cid
-        self.next_id = cid + 1
-        self.epoch += 1
+        st.last_id, st.last_at, st.last_ms, st.last_bytes = job.cid, time.monotonic(), dt, size
+
+    def _drain_checkpoint(self) -> None:
+        """After a failure: let the writer finish (its files are durable and harmless;
+        recovery commits or discards its epoch), never leave it writing unlocked."""
+        job, self._inflight = self._inflight, None
+        if job is not None:
+            with contextlib.suppress(BaseException):
+                job.future.result()
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
 
     def _next_chain(self) -> dict[str, dict[str, Any]] | None:
         """The files the next checkpoint's delta builds on, or None when it must be a
@@ -786,12 +900,11 @@ class Job:
             return None
         return dict(self._chain)
 
-    def _remember_state(self, cid: int, files: dict[str, Any], snap: pl.DataFrame) -> None:
-        """After checkpoint ``cid`` (written or restored): what a delta builds on next."""
-        self._touched.clear()
+    def _remember_chain(self, cid: int, files: dict[str, Any]) -> None:
+        """After checkpoint ``cid`` is published or restored: the files a delta builds
+        on next (its base snapshot and the deltas since)."""
         if not self._incremental:
             return
-        self._last_state = snap
         base, deltas = incremental.chain_roles(files)
         if base is None:  # a full snapshot: the new base
             self._chain = {incremental.BASE_ROLE: dict(files["state"])}

@@ -285,3 +285,4 @@ class Accumulators:
             # column (for columnar sinks) falls back to Float64
             value = ints.cast(pl.Int64) if in_range else ints.cast(pl.Float64)
         return value, frag
+

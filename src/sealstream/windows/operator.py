@@ -2,9 +2,21 @@
 
 Input batches are events in read order with their watermark ``__w`` (the
 global watermark before each event) and arrival sequence ``__seq``. The open
-window state is a Polars frame keyed by ``(__key, __kint, window_start,
+state is a Polars frame keyed by ``(__key, __kint, window_start,
 window_end)`` holding accumulator columns (see :mod:`.aggregates`); it is
 exactly what a checkpoint stores.
+
+For sessions and tumbling windows a state row is one open window. For sliding
+windows a row is a *fragment* ``[a, b)`` (``a`` in ``window_start``, ``b`` in
+``window_end``) that belongs to every window ``[s, s + size)`` with ``s`` a
+multiple of ``slide`` and ``b - size <= s <= a``: a pane ``[p, p + slide)``
+(when ``size % slide == 0``) collects the events all of whose windows were open
+for them, and belongs to the ``size / slide`` windows that contain it; a window
+``[s, s + size)`` collects the events of the pairs judged one by one (an event
+late for some of its windows and not others, or every event when
+``size % slide != 0``). A window's result combines its fragments when it fires
+(:meth:`WindowOperator._fire_fixed`); a plain window row is the fragment of one
+window, so tumbling state and older sliding state read the same way.
 
 Off-by-one rules (semantics sections 3-4): windows are half-open
 ``[start, end)``; a pair (event, window) is late when ``end + lateness <= W``;
@@ -28,7 +40,7 @@ import polars as pl
 
 from sealstream.pipeline import Pipeline, Session, Sliding, Tumbling
 from sealstream.sources._base import KEY, KEY_IS_INT, TIME
-from sealstream.watermark import WATERMARK
+from sealstream.watermark import POS_INF, WATERMARK
 from sealstream.windows.aggregates import GROUP, SEQ, WEND, WSTART, Accumulators
 
 LABEL = "__label"
@@ -71,25 +83,59 @@ class WindowOperator:
                 )
             state = state.cast(self.schema)  # type: ignore[arg-type]  # Decimal -> Int128
         self.state = state
+        w = self.window
+        self.size_ms = w.size_ms if isinstance(w, Tumbling | Sliding) else 0
+        self.slide_ms = w.slide_ms if isinstance(w, Sliding) else self.size_ms
+        # the most windows a fragment (or an event) belongs to
+        self.copies = -(-self.size_ms // self.slide_ms) if self.slide_ms else 1
+        self._open: tuple[pl.DataFrame, int] | None = None
 
     def snapshot(self) -> pl.DataFrame:
         return self.state
 
     @property
     def open_windows(self) -> int:
-        return self.state.height
+        """How many windows hold state (not fragments: a pane counts once per window)."""
+        if self.size_ms == self.slide_ms or not self.state.height:
+            return self.state.height
+        if self._open is None or self._open[0] is not self.state:
+            slide, a = self.slide_ms, pl.col(WSTART)
+            oldest = -((self.size_ms - pl.col(WEND)) // slide) * slide
+            windows = (
+                self.state.lazy()
+                .select(KEY, KEY_IS_INT, pl.int_ranges(oldest, a + slide, slide).alias("__s"))
+                .explode("__s")
+                .unique()
+                .select(pl.len())
+                .collect()
+                .item()
+            )
+            self._open = (self.state, int(windows))
+        return self._open[1]
+
+    def open_window_table(self) -> pl.DataFrame:
+        """The open windows as rows of the window schema, each combining its fragments
+        (what would fire if the watermark jumped to +inf now; the state is unchanged)."""
+        if self.size_ms == self.slide_ms:
+            return self.state
+        saved = self.state
+        try:
+            return self._fire_fixed(POS_INF)
+        finally:
+            self.state = saved
 
     # ------------------------------------------------------------------ batch
     def process(self, events: pl.DataFrame, w_end: int) -> Output:
         """Apply a batch (sorted in read order), then fire windows closed by ``w_end``."""
         if isinstance(self.window, Session):
             late = self._sessions(events, self.window)
+            closed = (pl.col(WEND) + self.lateness) <= w_end
+            fired = self.state.filter(closed)
+            if fired.height:
+                self.state = self.state.filter(~closed)
         else:
             late = self._fixed(events)
-        closed = (pl.col(WEND) + self.lateness) <= w_end
-        fired = self.state.filter(closed)
-        if fired.height:
-            self.state = self.state.filter(~closed)
+            fired = self._fire_fixed(w_end)
         return Output(fired=fired, late=late)
 
     def finalize(self, fired: pl.DataFrame) -> pl.DataFrame:
@@ -97,51 +143,137 @@ class WindowOperator:
 
     # ----------------------------------------------------- tumbling / sliding
     def _fixed(self, events: pl.DataFrame) -> pl.DataFrame:
+        """Add a batch to the fragment state; return its late events.
+
+        Every live event goes to one fragment: its pane ``[base, base + slide)``
+        when all its windows are open for it (``size % slide == 0``; tumbling
+        windows are their own panes), else — some of its older windows are
+        closed for it, or ``size % slide != 0`` — to each of its open windows
+        ``[s, s + size)``, judged pair by pair as the contract says.
+        """
         if not events.height:
             return events
-        w = self.window
-        assert isinstance(w, Tumbling | Sliding)
-        lat = self.lateness
-        t = pl.col(TIME)
+        size, slide, lat = self.size_ms, self.slide_ms, self.lateness
+        t, wm = pl.col(TIME), pl.col(WATERMARK)
         needed = [KEY, KEY_IS_INT, TIME, SEQ, WATERMARK, *self.acc.input_columns()]
-        slide = w.size_ms if isinstance(w, Tumbling) else w.slide_ms
         base = (t // slide) * slide
         # an event is late when even its newest window is closed
-        late_event = (base + w.size_ms + lat) <= pl.col(WATERMARK)
+        late_event = (base + size + lat) <= wm
         late = events.filter(late_event)
-        live = events.lazy().select(needed).filter(~late_event).with_columns(base.alias("__base"))
-        if isinstance(w, Tumbling):
-            pairs = live.rename({"__base": WSTART})
+        live = events.lazy().select(needed).filter(~late_event).with_columns(base.alias(WSTART))
+        if slide == size:
+            pairs = live.with_columns((pl.col(WSTART) + size).alias(WEND))
+        elif size % slide == 0:
+            # the oldest window of an event in pane p ends at p + slide
+            on_time = (pl.col(WSTART) + (slide + lat)) > wm
+            panes = live.filter(on_time).with_columns((pl.col(WSTART) + slide).alias(WEND))
+            pairs = pl.concat([panes, self._explode(live.filter(~on_time))], how="vertical")
         else:
-            assert isinstance(w, Sliding)
-            copies = -(-w.size_ms // w.slide_ms)
-            frames = []
-            for k in range(copies):
-                s = pl.col("__base") - k * w.slide_ms
-                frames.append(
-                    live.with_columns(s.alias(WSTART)).filter(
-                        ((pl.col(WSTART) + w.size_ms) > t)
-                        & ((pl.col(WSTART) + (w.size_ms + lat)) > pl.col(WATERMARK))
-                    )
-                )
-            pairs = pl.concat(frames, how="vertical").drop("__base")
+            pairs = self._explode(live)
         if self.acc.needs_order():
             pairs = pairs.sort([TIME, SEQ])
-        partial = (
-            pairs.group_by([KEY, KEY_IS_INT, WSTART])
-            .agg(self.acc.partial())
-            .with_columns((pl.col(WSTART) + w.size_ms).alias(WEND))
-            .collect()
-        )
-        self._merge(partial, GROUP)
+        partial = pairs.group_by(GROUP).agg(self.acc.partial()).collect()
+        self._merge(partial)
         return late
 
-    def _merge(self, partial: pl.DataFrame, keys: list[str]) -> None:
+    def _explode(self, live: pl.LazyFrame) -> pl.LazyFrame:
+        """One row per (event, open window of the event), ``WSTART`` holding its pane start."""
+        size, slide, lat = self.size_ms, self.slide_ms, self.lateness
+        t = pl.col(TIME)
+        frames = []
+        for k in range(self.copies):
+            s = pl.col(WSTART) - k * slide
+            frames.append(
+                live.with_columns(s.alias("__s")).filter(
+                    ((pl.col("__s") + size) > t)
+                    & ((pl.col("__s") + (size + lat)) > pl.col(WATERMARK))
+                )
+            )
+        return (
+            pl.concat(frames, how="vertical")
+            .drop(WSTART)
+            .rename({"__s": WSTART})
+            .with_columns((pl.col(WSTART) + size).alias(WEND))
+        )
+
+    def _merge(self, partial: pl.DataFrame) -> None:
+        """Merge fragment partials into the state, combining equal fragments.
+
+        Only the state rows that meet a partial row (same key and span) are
+        regrouped with it; a cheap filter on ``window_start`` first narrows the
+        state to the rows that can.
+        """
         if not partial.height:
             return
         partial = partial.select(list(self.schema)).cast(self.schema)  # type: ignore[arg-type]
-        both = pl.concat([self.state, partial], how="vertical")
-        self.state = both.group_by(keys).agg(self.acc.combine()).select(list(self.schema))
+        if not self.state.height:
+            self.state = partial
+            return
+        hit = pl.col(WSTART).is_in(partial.get_column(WSTART).unique().implode())
+        touched = self.state.filter(hit)
+        ids = partial.select(GROUP)
+        meet = touched.join(ids, on=GROUP, how="semi")
+        if not meet.height:
+            self.state = pl.concat([self.state, partial], how="vertical")
+            return
+        apart = touched.join(ids, on=GROUP, how="anti")
+        merged = (
+            pl.concat([meet, partial], how="vertical")
+            .group_by(GROUP)
+            .agg(self.acc.combine())
+            .select(list(self.schema))
+        )
+        self.state = pl.concat([self.state.filter(~hit), apart, merged], how="vertical")
+
+    def _fire_fixed(self, w_end: int) -> pl.DataFrame:
+        """Fire every window closed by ``w_end`` that has not fired yet.
+
+        A fragment ``[a, b)`` belongs to the windows ``s`` (multiples of
+        ``slide``) with ``b - size <= s <= a``. A window fires once the watermark
+        reaches ``s + size + lateness``: its result combines every fragment that
+        belongs to it. Afterwards a fragment whose newest window (``s = a``) fired
+        is dropped, and the others are narrowed (``b`` raised) so that they no
+        longer belong to the windows that fired: the state alone says which
+        windows are still to fire, so nothing fires twice, across restores too.
+        """
+        size, slide, lat = self.size_ms, self.slide_ms, self.lateness
+        st = self.state
+        if slide == size:  # every fragment is exactly one window
+            closed = (pl.col(WEND) + lat) <= w_end
+            fired = st.filter(closed)
+            if fired.height:
+                self.state = st.filter(~closed)
+            return fired
+        a, b = pl.col(WSTART), pl.col(WEND)
+        oldest = -((size - b) // slide) * slide  # smallest multiple of slide >= b - size
+        due = (oldest + (size + lat)) <= w_end
+        cand = st.filter(due)
+        if not cand.height:
+            return st.clear()
+        # the first window start that stays open after this firing
+        nxt = (w_end - size - lat) // slide * slide + slide
+        # each fragment's closed windows: oldest .. min(a, nxt - slide), step slide
+        newest = pl.min_horizontal(a, pl.lit(nxt - slide, dtype=pl.Int64))
+        fired = (
+            cand.lazy()
+            .select(
+                KEY,
+                KEY_IS_INT,
+                pl.int_ranges(oldest, newest + slide, slide, dtype=pl.Int64).alias(WSTART),
+                *self.acc.schema(),
+            )
+            .explode(WSTART)
+            .group_by([KEY, KEY_IS_INT, WSTART])
+            .agg(self.acc.combine())
+            .with_columns((pl.col(WSTART) + size).alias(WEND))
+            .select(list(self.schema))
+            .collect()
+        )
+        keep = cand.filter((a + (size + lat)) > w_end).with_columns(
+            pl.max_horizontal(b, pl.lit(nxt + size, dtype=pl.Int64)).alias(WEND)
+        )
+        self.state = pl.concat([st.filter(~due), keep], how="vertical")
+        return fired
 
     # ---------------------------------------------------------------- session
     def _sessions(self, events: pl.DataFrame, w: Session) -> pl.DataFrame:

@@ -21,10 +21,12 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/mypy
 	SEALSTREAM_TEST_PG="$${SEALSTREAM_TEST_PG:-$$(scripts/pg-test-server)}" \
-	  $(PY) -m pytest -W error -p no:cacheprovider -n 2
+	  $(PY) -m pytest -W error -p no:cacheprovider -n 2 --dist worksteal
 
 bench: $(STAMP)
 	$(PY) -m bench
+	$(PY) -m bench.store_cost
+	$(PY) -m bench.incremental
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench

@@ -106,12 +106,14 @@ def test_kill_then_resume_from_a_database(tmp_path: Path, expected: Path, point:
     assert "sealstream_test@" not in (listed.stdout + verified.stdout + pruned.stdout)
 
 
-@pytest.mark.parametrize("db", ["sqlite", "postgresql"])
-@pytest.mark.parametrize("blob,how,verdict", [
-    ("state.arrow", "flip", "INCONSISTENT_STATE"),
-    ("state.arrow", "truncate", "PARTIAL_CHECKPOINT_REJECT"),
-    ("receipts.json", "delete", "PARTIAL_CHECKPOINT_REJECT"),
-    ("MANIFEST.json", "delete", "PARTIAL_CHECKPOINT_REJECT"),
+# each damage on one of the two databases (the contract suite does all on both)
+@pytest.mark.parametrize("db,blob,how,verdict", [
+    ("sqlite", "state.arrow", "flip", "INCONSISTENT_STATE"),
+    ("postgresql", "state.arrow", "flip", "INCONSISTENT_STATE"),
+    ("sqlite", "state.arrow", "truncate", "PARTIAL_CHECKPOINT_REJECT"),
+    ("postgresql", "receipts.json", "delete", "PARTIAL_CHECKPOINT_REJECT"),
+    ("sqlite", "MANIFEST.json", "delete", "PARTIAL_CHECKPOINT_REJECT"),
+    ("postgresql", "MANIFEST.json", "delete", "PARTIAL_CHECKPOINT_REJECT"),
 ])
 def test_corrupt_newest_checkpoint_falls_back(tmp_path: Path, expected: Path, db: str,
                                               blob: str, how: str, verdict: str,

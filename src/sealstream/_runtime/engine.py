@@ -86,7 +86,12 @@ from sealstream.checkpoint.manifest import (
     seal,
 )
 from sealstream.checkpoint.store import CheckpointStore, checkpoint_dirname
-from sealstream.errors import BadRecordError, CheckpointError, NoValidCheckpointError
+from sealstream.errors import (
+    BadRecordError,
+    CheckpointError,
+    NoValidCheckpointError,
+    SealstreamError,
+)
 from sealstream.pipeline import ABSENT, Pipeline, definition_changes, definition_diff
 from sealstream.sinks import open_sink
 from sealstream.sinks._base import JSON_LINE, Sink
@@ -419,6 +424,17 @@ class Job:
         try:
             self._loop(checkpoint=store)
             self._await_checkpoint(store)  # the last one is published before the run ends
+        except SealstreamError:
+            # processing failed while a checkpoint was being written: when that write
+            # failed too, report it - it is the earlier failure (a synchronous run would
+            # have stopped there, before processing the next epoch)
+            job, self._inflight = self._inflight, None
+            if job is not None:
+                try:
+                    job.future.result()
+                except SealstreamError as first:
+                    raise first from None
+            raise
         finally:
             self._drain_checkpoint()
 

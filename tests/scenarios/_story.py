@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -212,3 +214,18 @@ def newest_checkpoint(d: Path) -> Path:
 
 def wait_a_bit() -> None:
     time.sleep(0.01)
+
+
+def uninterrupted(**story: Any) -> Any:
+    """A module-scoped ``expected`` fixture: the output directory of an uninterrupted
+    run of the story (``reference_run`` keywords). In a test module::
+
+        expected = uninterrupted(errors=True, bad_every=97)
+    """
+    @pytest.fixture(scope="module")
+    def expected(tmp_path_factory: pytest.TempPathFactory) -> Path:
+        d = tmp_path_factory.mktemp("uninterrupted")
+        reference_run(d, **story)
+        return d
+
+    return expected

@@ -15,8 +15,8 @@ from _story import (
     assert_same_output,
     committed,
     make_input,
-    reference_run,
     run,
+    uninterrupted,
     write_spec,
 )
 
@@ -27,11 +27,7 @@ INCONSISTENT = "INCONSISTENT_STATE"
 ATOMIC = "ATOMIC_CHECKPOINT"
 
 
-@pytest.fixture(scope="module")
-def expected(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("uninterrupted")
-    reference_run(d, keep=20)
-    return d
+expected = uninterrupted(keep=20)
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ from _story import (
     assert_same_output,
     committed,
     make_input,
-    reference_run,
     run,
+    uninterrupted,
     write_spec,
 )
 
@@ -20,11 +20,7 @@ from sealstream._runtime.crash import POINTS
 STORY = {"errors": True, "bad_every": 97}
 
 
-@pytest.fixture(scope="module")
-def expected(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("uninterrupted")
-    reference_run(d, **STORY)
-    return d
+expected = uninterrupted(**STORY)
 
 
 def _story(d: Path) -> Path:

@@ -21,9 +21,9 @@ from _story import (
     assert_same_output,
     committed,
     make_input,
-    reference_run,
     run,
     run_killed_randomly,
+    uninterrupted,
     write_spec,
 )
 
@@ -31,11 +31,7 @@ STORY = {"errors": True, "bad_every": 97}
 AGGS = ("n", "total", "low", "high", "avg", "first_i", "last_amount")
 
 
-@pytest.fixture(scope="module")
-def expected(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("uninterrupted")
-    reference_run(d, **STORY)
-    return d
+expected = uninterrupted(**STORY)
 
 
 def _spec(d: Path, sink: str, store: str, pg_url: str | None) -> Path:

@@ -14,16 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from _story import assert_same_output, make_input, reference_run, run, write_spec
+from _story import assert_same_output, make_input, run, uninterrupted, write_spec
 
 STORY = {"errors": True, "bad_every": 97}
 
 
-@pytest.fixture(scope="module")
-def expected(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("uninterrupted")
-    reference_run(d, **STORY)
-    return d
+expected = uninterrupted(**STORY)
 
 
 def _sqlite_story(d: Path, name: str = "story") -> Path:

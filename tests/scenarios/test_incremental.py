@@ -13,7 +13,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from _story import assert_same_output, make_input, reference_run, run, write_spec
+from _story import assert_same_output, make_input, reference_run, run, uninterrupted, write_spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,11 +24,7 @@ from sealstream.state.codec import decode_table, encode_table
 STORY = {"errors": True, "bad_every": 97}
 
 
-@pytest.fixture(scope="module")
-def expected(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("uninterrupted")
-    reference_run(d, **STORY)
-    return d
+expected = uninterrupted(**STORY)
 
 
 def _spec(d: Path, full_every: int = 3, keep: int = 3) -> Path:

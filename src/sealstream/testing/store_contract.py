@@ -171,6 +171,41 @@ class StoreContract:
         """The stored bytes of every blob of ``cid`` kept after ``move_aside``."""
         raise NotImplementedError
 
+    def pipelines_in(self, store: CheckpointStore) -> list[str] | None:
+        """For a store several pipelines share (a database): the pipeline names it
+        holds, sorted. None (the default) for a store that belongs to one job, which
+        skips :meth:`test_pipelines_sharing_the_store_are_isolated`."""
+        return None
+
+    def test_pipelines_sharing_the_store_are_isolated(self, tmp_path: Path) -> None:
+        """Each pipeline sees only its own checkpoints, ids, retention and lock."""
+        a = self.make_store(tmp_path, "a")
+        b = self.make_store(tmp_path, "b")
+        if self.pipelines_in(a) is None:
+            pytest.skip("this store belongs to one job")
+        a.ensure_root()
+        files, manifest = sample_checkpoint(1, pipeline="a")
+        a.write_checkpoint(1, files, manifest)
+        files, manifest = sample_checkpoint(1, pipeline="b")
+        b.write_checkpoint(1, files, manifest)  # the same id, another pipeline
+        files, manifest = sample_checkpoint(2, 1, pipeline="b")
+        b.write_checkpoint(2, files, manifest)
+        assert a.ids() == [1] and b.ids() == [1, 2]
+        assert self.pipelines_in(a) == ["a", "b"]
+        b.move_aside(2, "test")
+        assert a.max_id_ever() == 1 and b.max_id_ever() == 2
+        a.delete(1)
+        assert a.ids() == [] and b.ids() == [1]
+        policy = guard.Policy(key=SIGNING_KEY, pipeline="b")
+        assert guard.judge(b.evidence(1), None, policy).ok
+        with a.locked():  # one writer per job, not per store
+            assert b.is_locked() is None
+            with b.locked():
+                held = a.is_locked()
+                assert held is not None and '"pid"' in held
+        a.close()
+        b.close()
+
     # ------------------------------------------------------------ helpers
     def _store(self, tmp_path: Path, **kw: Any) -> CheckpointStore:
         store = self.make_store(tmp_path, **kw)

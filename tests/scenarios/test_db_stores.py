@@ -197,8 +197,9 @@ def test_passwords_never_appear_in_output(tmp_path: Path, request: pytest.Fixtur
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     seen = res.stdout + res.stderr + (tmp_path / "s.json").read_text()
+    ids = [str(c["id"]) for c in json.loads(_cli("list", url, "--json").stdout)["checkpoints"]]
     for args in (["list", url], ["verify", url, "--json"], ["inspect", url],
-                 ["diff", url, "8", "9"], ["prune", url, "--keep", "2", "--dry-run"]):
+                 ["diff", url, *ids[-2:]], ["prune", url, "--keep", "2", "--dry-run"]):
         out = _cli(*args)
         assert out.returncode == 0, (args, out.stderr)
         seen += out.stdout + out.stderr

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sealstream.checkpoint.sqlite_store import immediate
 from sealstream.errors import CheckpointError, LockHeldError
 
 _SQLITE_SCHEMA = """
@@ -273,27 +274,10 @@ class SqliteRowStore(RowStore):
     def _transaction(self) -> Iterator[RowTx]:
         conn = self._db()
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            with immediate(conn):  # reports the original error; a failed COMMIT is ended
+                yield _SqliteTx(conn)
         except sqlite3.Error as exc:
             raise CheckpointError(f"agent store {self.location}: {exc}") from None
-        try:
-            yield _SqliteTx(conn)
-        except BaseException as exc:
-            # SQLite may already have rolled back (SQLITE_FULL, IOERR, ...): the
-            # original error is the one to report, never "no transaction is active"
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.Error):
-                raise CheckpointError(f"agent store {self.location}: {exc}") from None
-            raise
-        try:
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            # a failed COMMIT (SQLITE_BUSY, ...) leaves the transaction open: end it,
-            # or every later BEGIN on this connection would fail
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-            raise CheckpointError(f"agent store {self.location}: commit failed: {exc}") from None
 
     @contextlib.contextmanager
     def execution_lock(self, execution: str, ns: str, *, timeout: float = 0.0

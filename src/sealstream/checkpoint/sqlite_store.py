@@ -84,6 +84,27 @@ CREATE TABLE IF NOT EXISTS rejected (
 """
 
 
+@contextlib.contextmanager
+def immediate(conn: sqlite3.Connection) -> Iterator[None]:
+    """One write transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``) on an autocommit
+    connection. On an error the original exception propagates, never "no transaction
+    is active" (SQLite may already have rolled back after SQLITE_FULL or IOERR), and a
+    failed COMMIT is rolled back so the connection stays usable."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        raise
+    try:
+        conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        raise sqlite3.OperationalError(f"commit failed: {exc}") from exc
+
+
 def _stamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -229,17 +250,12 @@ class SqliteCheckpointStore(CheckpointStore):
             if crash is not None:
                 crash("before_manifest_publish")
             # the publish: one committed transaction whose INSERT fails if present
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with immediate(conn):
                 if in_publish is not None:
                     in_publish(conn)
                 conn.execute(
                     "INSERT INTO checkpoint_files (pipeline, id, name, data) "
                     "VALUES (?, ?, ?, ?)", (self.pipeline, cid, mrel, sealed))
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
         except sqlite3.Error as exc:
             if claimed and not conn.in_transaction and self._raw(mrel) is None:
                 with contextlib.suppress(sqlite3.Error):
@@ -251,16 +267,11 @@ class SqliteCheckpointStore(CheckpointStore):
             ) from None
 
     def _drop(self, conn: sqlite3.Connection, cid: int) -> None:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with immediate(conn):
             conn.execute("DELETE FROM checkpoint_files WHERE pipeline = ? AND id = ?",
                          (self.pipeline, cid))
             conn.execute("DELETE FROM checkpoints WHERE pipeline = ? AND id = ?",
                          (self.pipeline, cid))
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
 
     def move_aside(self, cid: int, reason: str) -> str | None:
         """Move checkpoint ``cid``'s rows to ``rejected`` (kept, never deleted) in one
@@ -270,28 +281,23 @@ class SqliteCheckpointStore(CheckpointStore):
             return None
         stamp = _stamp()
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with immediate(conn):  # nothing deleted when it was gone: commits nothing
                 gone = conn.execute(
                     "DELETE FROM checkpoints WHERE pipeline = ? AND id = ?",
                     (self.pipeline, cid)).rowcount == 0
-                if gone:
-                    conn.execute("ROLLBACK")
-                    return None
-                cur = conn.execute(
-                    "INSERT INTO rejected (pipeline, id, reason, moved_at, name, data) "
-                    "SELECT pipeline, id, ?, ?, name, data FROM checkpoint_files "
-                    "WHERE pipeline = ? AND id = ?", (reason, stamp, self.pipeline, cid))
-                if cur.rowcount == 0:  # no blob at all: keep a row saying so
-                    conn.execute(
-                        "INSERT INTO rejected (pipeline, id, reason, moved_at) "
-                        "VALUES (?, ?, ?, ?)", (self.pipeline, cid, reason, stamp))
-                conn.execute("DELETE FROM checkpoint_files WHERE pipeline = ? AND id = ?",
-                             (self.pipeline, cid))
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
+                if not gone:
+                    cur = conn.execute(
+                        "INSERT INTO rejected (pipeline, id, reason, moved_at, name, data) "
+                        "SELECT pipeline, id, ?, ?, name, data FROM checkpoint_files "
+                        "WHERE pipeline = ? AND id = ?", (reason, stamp, self.pipeline, cid))
+                    if cur.rowcount == 0:  # no blob at all: keep a row saying so
+                        conn.execute(
+                            "INSERT INTO rejected (pipeline, id, reason, moved_at) "
+                            "VALUES (?, ?, ?, ?)", (self.pipeline, cid, reason, stamp))
+                    conn.execute("DELETE FROM checkpoint_files WHERE pipeline = ? AND id = ?",
+                                 (self.pipeline, cid))
+            if gone:
+                return None
         except sqlite3.Error as exc:
             raise CheckpointError(
                 f"cannot move checkpoint {cid} aside in {self.location}: {exc}") from None

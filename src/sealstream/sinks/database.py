@@ -248,13 +248,10 @@ class DatabaseSink(Sink):
             with conn.transaction():
                 yield
             return
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        from sealstream.checkpoint.sqlite_store import immediate
+
+        with immediate(conn):
             yield
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
 
     def _existing_columns(self, conn: Any) -> dict[str, str] | None:
         if self.dialect == "sqlite":

@@ -12,6 +12,7 @@ from typing import Any
 
 import polars as pl
 import pytest
+from _helpers import read_chunks, with_raw
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -40,17 +41,7 @@ def read_all(
     """Every chunk of a partition: (events, bad, chunks)."""
     kw = {} if block_bytes is None else {"block_bytes": block_bytes}
     reader = JsonlReader(str(path), path, plan, position, **kw)
-    chunks = []
-    try:
-        while (c := reader.next_chunk(chunk)) is not None:
-            assert c.events.height + c.bad.height <= chunk
-            chunks.append(c)
-            assert len(chunks) < 100_000
-    finally:
-        reader.close()
-    events = pl.concat([c.events for c in chunks]) if chunks else pl.DataFrame()
-    bad = pl.concat([c.bad for c in chunks]) if chunks else pl.DataFrame()
-    return events, bad, chunks
+    return read_chunks(reader, chunk)
 
 
 def write(tmp_path: Path, text: str | bytes, name: str = "p.jsonl") -> Path:
@@ -596,7 +587,7 @@ def test_resume_from_a_position_equals_continuing(tmp_path: Path, stop_after: in
     head = first[:stop_after]
     pos = PartitionPosition.from_json(json.loads(json.dumps(head[-1].position.to_json())))
     rest_ev, rest_bad, _ = read_all(path, chunk=3, position=pos)
-    ev = pl.concat([c.events for c in head] + [rest_ev])
+    ev = pl.concat([with_raw(c) for c in head] + [rest_ev])
     bad = pl.concat([c.bad for c in head] + [rest_bad])
     assert ev.equals(whole_ev)
     assert bad.equals(whole_bad)

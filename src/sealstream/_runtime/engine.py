@@ -70,6 +70,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from sealstream import sources
@@ -391,12 +392,14 @@ class Job:
 
     # ================================================================ no checkpoints
     def _run_unchecked(self) -> None:
+        # sources first: a partition that cannot be read stops the run before any
+        # output is touched
+        self.positions = self._fresh_start()
+        self._start_sources(self.positions)
         for sink in self.sinks.values():
             sink.recover({})
         self.suppress = self._committed_ids(None)
         self.epoch = self._max_committed_epoch() + 1
-        self.positions = self._fresh_start()
-        self._start_sources(self.positions)
         self._loop(checkpoint=None)
         tokens = {role: s.prepare(self.epoch) for role, s in self.sinks.items()}
         for role, s in self.sinks.items():
@@ -406,11 +409,12 @@ class Job:
     def _run_checked(self, store: CheckpointStore) -> None:
         resume = self._recover(store)
         if resume is None:
+            positions = self._fresh_start()
+            self._start_sources(positions)  # before any output is touched
             for sink in self.sinks.values():
                 sink.recover({})
             self.suppress = self._committed_ids(None)
             self.epoch = self._max_committed_epoch() + 1
-            positions = self._fresh_start()
             self.parent: int | None = None
             self.receipts_total: dict[str, Any] = {
                 "results": 0, "late": 0, "errors": 0, "digest": ""
@@ -420,7 +424,6 @@ class Job:
             positions = self._restore(store, cid, doc)
         self.next_id = store.max_id_ever() + 1
         self.positions = positions
-        self._start_sources(positions)
         try:
             self._loop(checkpoint=store)
             self._await_checkpoint(store)  # the last one is published before the run ends
@@ -512,6 +515,9 @@ class Job:
         self.wm = WatermarkState.from_json(meta[WATERMARK_META.decode()])
         by_name = {p["partition"]: SourcePosition.from_json(p) for p in doc["positions"]}
         positions = [by_name.get(n, SourcePosition.start()) for n in self.names]
+        # a partition that changed since the checkpoint stops the run here, before
+        # any output is touched (its prepared output stays prepared for a later run)
+        self._start_sources(positions)
         c = doc.get("counters", {})
         for k in Counters().to_json():
             setattr(self.counters, k, int(c.get(k, 0)))
@@ -633,7 +639,7 @@ class Job:
                 self._receipt("results", results)
         if out.late.height:
             self.counters.late_events += out.late.height
-            late = self._late_frame(out.late)
+            late = self._late_frame(out.late, batch)
             late = self._suppressed("late", late, ["_partition", "_offset"])
             if "late" in self.sinks and late.height:
                 self.sinks["late"].write(self.epoch, late)
@@ -653,7 +659,13 @@ class Job:
         self.suppress[role] = sup.join(hit.select(cols), on=cols, how="anti", nulls_equal=True)
         return frame.join(sup, on=cols, how="anti", nulls_equal=True)
 
-    def _late_frame(self, late: pl.DataFrame) -> pl.DataFrame:
+    def _late_frame(self, late: pl.DataFrame, batch: Batch) -> pl.DataFrame:
+        late = late.with_columns(
+            batch.raw_texts(
+                late[PARTITION].to_numpy().astype(np.int32, copy=False),
+                late[OFFSET].to_numpy().astype(np.int64, copy=False),
+            ).alias(RAW)
+        )
         names = pl.Series("__pname", [json.dumps(n) for n in self.names], dtype=pl.String)
         pname = pl.lit(names).get(pl.col(PARTITION))
         raw = pl.col(RAW).str.strip_chars()

@@ -14,19 +14,23 @@ reached their end.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import polars as pl
 
 from sealstream.sources._base import (
     BAD_SCHEMA,
     OFFSET,
     PARTITION,
+    RAW,
     Chunk,
     FieldPlan,
     PartitionPosition,
     PartitionReader,
+    RawSpan,
 )
 
 _INF = 2**62
@@ -77,6 +81,37 @@ class Batch:
     finished: bool
     empty_and_done: list[bool]
     """Partitions that reached their end without a record left to read."""
+    raw: list[list[RawSpan]] = field(default_factory=list)
+    """Per partition, where the raw text of this batch's events comes from."""
+
+    def raw_texts(
+        self, partitions: npt.NDArray[np.int32], offsets: npt.NDArray[np.int64]
+    ) -> pl.Series:
+        """The raw JSON text of this batch's events ``(partition, offset)``, in order."""
+        n = len(offsets)
+        if n == 0:
+            return pl.Series(RAW, [], dtype=pl.String)
+        order: list[npt.NDArray[np.int64]] = []
+        parts: list[pl.Series] = []
+        found = np.zeros(n, np.bool_)
+        for q, spans in enumerate(self.raw):
+            in_q = partitions == q
+            if not in_q.any():
+                continue
+            for span in spans:
+                sel = np.flatnonzero(in_q & (offsets >= span.first) & (offsets <= span.last))
+                if len(sel):
+                    order.append(sel)
+                    parts.append(span.texts(offsets[sel]))
+                    found[sel] = True
+        if not found.all():
+            miss = int(np.flatnonzero(~found)[0])
+            raise KeyError(
+                f"no raw text for partition {int(partitions[miss])} offset {int(offsets[miss])}"
+            )
+        idx = np.concatenate(order)
+        texts = pl.concat(parts, how="vertical", rechunk=False).rename(RAW)
+        return texts.gather(pl.Series(np.argsort(idx, kind="stable"), dtype=pl.Int64))
 
 
 class _Buffer:
@@ -91,6 +126,7 @@ class _Buffer:
         self.eof = False
         self.last_offset: int | None = None
         self.emitted = start
+        self.spans: list[RawSpan] = []  # of the chunks with buffered events
 
     def fill(self, max_records: int) -> None:
         chunk: Chunk | None = self.reader.next_chunk(max_records)
@@ -104,6 +140,8 @@ class _Buffer:
             bad = bad.filter(pl.col("_offset") >= self.skip_below)
         if ev.height:
             self.events.append(ev)
+            if chunk.raw is not None:
+                self.spans.append(chunk.raw)
         if bad.height:
             self.bad.append(bad)
         if chunk.last_offset is not None:
@@ -144,7 +182,10 @@ class PartitionMerger:
         bound = min(live) if live else _INF
         ev_parts: list[pl.DataFrame] = []
         bad_parts: list[pl.DataFrame] = []
+        raw: list[list[RawSpan]] = []
         for q, buf in enumerate(self.buffers):
+            raw.append([s for s in buf.spans if s.first < bound])
+            buf.spans = [s for s in buf.spans if s.last >= bound]
             taken, buf.events = _split(buf.events, bound)
             taken_bad, buf.bad = _split(buf.bad, bound, column="_offset")
             if taken is not None:
@@ -183,6 +224,7 @@ class PartitionMerger:
             last_offsets=[b.last_offset if b.eof else None for b in self.buffers],
             finished=finished,
             empty_and_done=[b.eof and b.last_offset is None for b in self.buffers],
+            raw=raw,
         )
 
     def size_hint(self) -> tuple[int, int] | None:

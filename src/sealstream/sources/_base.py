@@ -26,10 +26,12 @@ Event columns (``Chunk.events``), in this order:
 ``__s:<f>``        String     only for fields of kind ``"any"``: the value as
                               JSON text when it is not a number (``"abc"`` with
                               its quotes, ``true``, ``{"a":1}``), else null
-``__raw``          String     the record as one JSON object text, no newline
-                              (JSONL: the line as written; CSV: header -> text;
-                              Parquet: the row encoded as JSON)
 =================  =========  ==================================================
+
+The record as one JSON object text (JSONL: the line as written, no newline;
+CSV: header -> text; Parquet: the row encoded as JSON) is not a column: it
+is looked up on demand through ``Chunk.raw`` (:class:`RawSpan`), for the few
+events that are written out as they were read (late events).
 
 Bad records (``Chunk.bad``): ``_offset`` Int64, ``_line`` Int64 (1-based line
 in the file, or 1-based row for Parquet), ``_reason`` String (one readable
@@ -44,10 +46,15 @@ ISO-8601 string, or has a non-numeric, non-null value in a field of kind
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import polars as pl
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 FieldKind = Literal["numeric", "any"]
 
@@ -56,6 +63,7 @@ KEY = "__key"
 KEY_IS_INT = "__kint"
 TIME = "__t"
 RAW = "__raw"
+"""The column a record's raw JSON text takes where it is written out."""
 PARTITION = "__p"  # added by the runtime, not by sources
 
 
@@ -99,7 +107,6 @@ class FieldPlan:
             schema[float_col(name)] = pl.Float64()
             if self.fields[name] == "any":
                 schema[json_col(name)] = pl.String()
-        schema[RAW] = pl.String()
         return schema
 
 
@@ -126,6 +133,22 @@ class PartitionPosition:
         return cls(int(data["offset"]), int(data["byte_offset"]), dict(data.get("identity", {})))
 
 
+RawTexts = Callable[["npt.NDArray[np.int64]"], pl.Series]
+"""Offsets of records -> their raw JSON text (a String Series in that order)."""
+
+
+@dataclass(frozen=True)
+class RawSpan:
+    """Where the raw text of the events with offsets ``first..last`` of one
+    partition comes from. Events do not carry their text (building it for
+    every event costs more than the rest of typing); the few that need it
+    (late events) are looked up while their batch is handled."""
+
+    first: int
+    last: int
+    texts: RawTexts
+
+
 @dataclass
 class Chunk:
     """Consecutive records of one partition.
@@ -142,6 +165,8 @@ class Chunk:
     last_offset: int | None
     position: PartitionPosition
     eof: bool
+    raw: RawSpan | None = None
+    """The raw text of the chunk's events (None when it has none)."""
 
 
 class PartitionReader(Protocol):

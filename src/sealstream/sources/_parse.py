@@ -14,8 +14,9 @@ then the value fields):
                    ``false`` (4), JSON text (5); may be null where unused
 ========  =======  ===========================================================
 
-plus ``__off`` (offset), ``__raw`` (the event's raw JSON text) and ``__braw``
-(the text a bad record shows). :class:`Typer` then turns those columns
+plus ``__off`` (offset) and, optionally, ``__braw`` (the text a bad record
+shows; without it :class:`Typer` asks a lookup for the bad records' texts
+only). :class:`Typer` then turns those columns
 into the events and bad records of ``_base``; the rules live there once, for
 every format: they depend on each value only, never on the chunk.
 """
@@ -25,7 +26,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +49,8 @@ from ._base import (
     Chunk,
     FieldPlan,
     PartitionPosition,
+    RawSpan,
+    RawTexts,
     float_col,
     int_col,
     json_col,
@@ -72,7 +77,7 @@ def roles(plan: FieldPlan) -> list[str]:
 
 
 def cls_schema(n_fields: int) -> dict[str, pl.DataType]:
-    schema: dict[str, pl.DataType] = {OFFSET: pl.Int64(), RAW: pl.String(), "__braw": pl.String()}
+    schema: dict[str, pl.DataType] = {OFFSET: pl.Int64()}
     for j in range(n_fields):
         schema[f"k{j}"] = pl.Int8()
         schema[f"i{j}"] = pl.Int64()
@@ -83,6 +88,13 @@ def cls_schema(n_fields: int) -> dict[str, pl.DataType]:
 
 def empty_events(plan: FieldPlan) -> pl.DataFrame:
     return pl.DataFrame(schema=plan.event_schema())
+
+
+def no_texts(offsets: I64Array) -> pl.Series:
+    """The text lookup of a block without records."""
+    if len(offsets):
+        raise KeyError("no record has a text in an empty block")
+    return pl.Series(RAW, [], dtype=pl.String)
 
 
 def empty_bad() -> pl.DataFrame:
@@ -246,7 +258,6 @@ class Typer:
                 )
                 self._json_fields[len(self._events)] = (j, with_str)
                 self._events.append(plain)
-        self._events.append(pl.col(RAW))
         reason: Any = (
             pl.when(kk == MISSING)
             .then(pl.lit(f"missing key field {plan.key!r}"))
@@ -273,8 +284,14 @@ class Typer:
             pl.col("__braw").alias("_raw"),
         ]
 
-    def __call__(self, cls: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-        """Events and bad records of ``cls``, both in its order."""
+    def __call__(
+        self, cls: pl.DataFrame, texts: RawTexts | None = None
+    ) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """Events and bad records of ``cls``, both in its order.
+
+        A bad record shows its text: the ``__braw`` column of ``cls`` if it has
+        one, else ``texts`` of its offset (asked only for the bad ones).
+        """
         if cls.height and (cls["k1"] == STRING).any():
             cls = cls.with_columns(iso_ms(cls["t1"]).alias("__iso"))
             cls = cls.with_columns(self._time_iso)
@@ -292,6 +309,11 @@ class Typer:
         events = good.select(exprs)
         if bad_rows is None:
             return events, pl.DataFrame(schema=BAD_SCHEMA)
+        if "__braw" not in bad_rows.columns:
+            if texts is None:
+                raise ValueError("Typer: classified records need __braw or a texts lookup")
+            offs = bad_rows[OFFSET].to_numpy().astype(np.int64, copy=False)
+            bad_rows = bad_rows.with_columns(texts(offs).alias("__braw"))
         return events, bad_rows.select(self._bad).cast(BAD_SCHEMA)  # type: ignore[arg-type]
 
 
@@ -301,6 +323,23 @@ class Typer:
 
 DEFAULT_BLOCK_BYTES = 8 << 20
 TAIL_BYTES = 4096
+PARSE_AHEAD = 2
+_PROBE_BYTES = 1 << 16
+"""Blocks of one reader being parsed in the background, beyond the one served."""
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def parse_pool() -> ThreadPoolExecutor:
+    """The threads that parse blocks (numpy and polars release the GIL while they
+    work, so parsing runs beside the engine on the other cores)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            workers = max(2, min(4, os.cpu_count() or 2))
+            _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sealstream-parse")
+        return _POOL
 
 
 def _sha(data: bytes) -> str:
@@ -334,6 +373,8 @@ class ParsedBlock:
     buf: bytes
     start_byte: int
     prev_tail: bytes
+    texts: RawTexts
+    """The raw JSON text of the block's events, by offset."""
     cursor: int = 0
     ev_off: I64Array = field(init=False)
     bad_off: I64Array = field(init=False)
@@ -481,7 +522,7 @@ class LineFileReader:
         except OSError as e:
             raise SourceError(f"cannot read {str(path)!r}: {e.strerror or e}") from e
         self._queue: deque[ParsedBlock] = deque()
-        self._ahead: deque[tuple[_RawBlock, Any]] = deque()
+        self._ahead: deque[Future[ParsedBlock]] = deque()
         self._raw_done = False
         self._last_block: ParsedBlock | None = None
         self._finished = False
@@ -496,7 +537,9 @@ class LineFileReader:
         self._start_line, self._start_byte = line, byte
         self._tail = self._pread(max(0, byte - TAIL_BYTES), min(TAIL_BYTES, byte))
         self._start_tail = self._tail
-        self._raw_line, self._raw_byte, self._read_pos = line, byte, byte
+        self._raw_byte, self._read_pos = byte, byte
+        self._lines_after: Future[int] = Future()  # offset of the line after the cut blocks
+        self._lines_after.set_result(line)
         self._consumed = byte
         self._f.seek(byte)
 
@@ -517,8 +560,9 @@ class LineFileReader:
         return data.rfind(b"\n") + 1
 
     def _prepare(self, buf: bytes) -> Any:
-        """Start work on a block as soon as it is cut (before earlier blocks are
-        parsed); the result is passed to :meth:`_parse_block`."""
+        """Called on the reading thread, in block order, as each block is cut;
+        the result is passed to :meth:`_parse_block` (which runs on a parse
+        thread, possibly beside the parsing of the reader's other blocks)."""
         return None
 
     def _parse_block(
@@ -571,30 +615,56 @@ class LineFileReader:
 
     # -- reading -----------------------------------------------------------
     def _next_raw(self) -> bool:
-        """Parse the next block into the queue; False at end of file.
+        """Queue the next parsed block; False at end of file.
 
-        One block is cut ahead and handed to :meth:`_prepare` (JSONL starts
-        decoding it in the background) while the current one is parsed.
+        Blocks are cut here, in order, and parsed on the parse threads, up to
+        :data:`PARSE_AHEAD` of them ahead of the one being served. A block's
+        first line offset is known when it is cut (its newlines are counted),
+        so blocks parse independently; an error parsing one is raised here,
+        when the reader reaches it.
         """
-        while len(self._ahead) < 2 and not self._raw_done:
+        while len(self._ahead) < PARSE_AHEAD + 1 and not self._raw_done:
             raw = self._cut_block()
             if raw is None:
                 self._raw_done = True
-            else:
-                self._ahead.append((raw, self._prepare(raw.buf)))
+                break
+            lines_before, self._lines_after = self._lines_after, Future()
+            self._ahead.append(
+                parse_pool().submit(
+                    self._parse_task, raw, lines_before, self._lines_after, self._prepare(raw.buf)
+                )
+            )
         if not self._ahead:
             return False
-        raw, prepared = self._ahead.popleft()
-        blk = self._parse_block(
-            raw.buf, raw.start, self._raw_line, raw.final, raw.prev_tail, prepared
-        )
-        self._raw_line += blk.newlines
+        blk = self._ahead.popleft().result()
         self._last_block = blk
         self._queue.append(blk)
         return True
 
+    def _parse_task(
+        self,
+        raw: _RawBlock,
+        lines_before: Future[int],
+        lines_after: Future[int],
+        prepared: Any,
+    ) -> ParsedBlock:
+        """Parse one block on a parse thread. Its first line's offset comes from
+        the block before (which counts its newlines first thing), so blocks
+        parse side by side; the count is handed on even if parsing fails."""
+        try:
+            first_line = lines_before.result()
+            lines_after.set_result(first_line + raw.buf.count(b"\n"))
+        except BaseException as e:
+            if not lines_after.done():
+                lines_after.set_exception(e)
+            raise
+        return self._parse_block(raw.buf, raw.start, first_line, raw.final, raw.prev_tail, prepared)
+
     def _cut_block(self) -> _RawBlock | None:
         """Read on to the next block of whole records, or None at end of file."""
+        direct = self._direct_block()
+        if direct is not None:
+            return direct
         while True:
             if self._read_pos >= self._size:
                 if not self._pending:
@@ -628,6 +698,33 @@ class LineFileReader:
             buf = b"".join((self._pending, memoryview(data)[:cut]))
             self._pending = data[cut:]
             return self._raw(buf, final=False)
+
+    def _direct_block(self) -> _RawBlock | None:
+        """The next block read in one ``pread`` that ends at its last newline, when
+        records end at every newline (the default :meth:`_cut`) and nothing is
+        pending; None to take the general path. A small read of the block's end
+        finds the cut first, so the block's bytes are never copied again."""
+        if (
+            type(self)._cut is not LineFileReader._cut
+            or self._pending
+            or self._skip_partial
+            or self._size - self._read_pos <= self._block_bytes
+        ):
+            return None
+        end = self._read_pos + self._block_bytes
+        probe = self._pread(
+            max(self._read_pos, end - _PROBE_BYTES), min(_PROBE_BYTES, end - self._read_pos)
+        )
+        nl = probe.rfind(b"\n")
+        if nl < 0:
+            return None
+        cut = end - len(probe) + nl + 1
+        buf = self._pread(self._read_pos, cut - self._read_pos)
+        if len(buf) != cut - self._read_pos:  # the file shrank meanwhile: general path
+            return None
+        self._read_pos = cut
+        self._f.seek(cut)
+        return self._raw(buf, final=False)
 
     def _raw(self, buf: bytes, final: bool) -> _RawBlock:
         raw = _RawBlock(buf, self._raw_byte, final, self._tail)
@@ -683,10 +780,13 @@ class LineFileReader:
             self._finished = True
             pos = self._end_position()
         self._consumed = pos.byte_offset
-        return Chunk(events, bad, hi, pos, eof)
+        return Chunk(events, bad, hi, pos, eof, RawSpan(lo, hi, blk.texts))
 
     def size_hint(self) -> tuple[int, int] | None:
         return self._consumed, self._size
 
     def close(self) -> None:
+        for fut in self._ahead:
+            fut.cancel()
+        self._ahead.clear()
         self._f.close()

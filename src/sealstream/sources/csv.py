@@ -37,7 +37,7 @@ import numpy.typing as npt
 import polars as pl
 
 from ..errors import SourceError
-from ._base import OFFSET, RAW, FieldPlan, PartitionPosition
+from ._base import OFFSET, RAW, FieldPlan, PartitionPosition, RawTexts
 from ._parse import (
     DEFAULT_BLOCK_BYTES,
     FLOAT,
@@ -52,6 +52,7 @@ from ._parse import (
     cls_schema,
     empty_bad,
     empty_events,
+    no_texts,
     nonblank_mask,
     string_views,
 )
@@ -181,10 +182,21 @@ class CsvReader(LineFileReader):
             end_byte = start_byte + (int(term[-1]) + 1 if len(term) else 0)
         if len(rec_idx) == 0:
             events, bad = empty_events(self._plan), empty_bad()
+            texts: RawTexts = no_texts
         else:
-            events, bad = self._type_block(buf, a, starts[rec_idx], stops[rec_idx], rec_off)
+            events, bad, texts = self._type_block(buf, a, starts[rec_idx], stops[rec_idx], rec_off)
         return ParsedBlock(
-            events, bad, rec_off, rec_end, end_line, end_byte, len(nl), buf, start_byte, prev_tail
+            events,
+            bad,
+            rec_off,
+            rec_end,
+            end_line,
+            end_byte,
+            len(nl),
+            buf,
+            start_byte,
+            prev_tail,
+            texts,
         )
 
     def _type_block(
@@ -194,7 +206,7 @@ class CsvReader(LineFileReader):
         starts: I64Array,
         stops: I64Array,
         rec_off: I64Array,
-    ) -> tuple[pl.DataFrame, pl.DataFrame]:
+    ) -> tuple[pl.DataFrame, pl.DataFrame, RawTexts]:
         m = len(self._header)
         names = [f"c{i}" for i in range(m)]
         utf8_ok = True
@@ -253,7 +265,29 @@ class CsvReader(LineFileReader):
         events, typed_bad = self._typer(self._classify(frame, names))
         if bad.height:
             typed_bad = pl.concat([typed_bad, bad]).sort("_offset")
-        return events, typed_bad
+        return events, typed_bad, self._texts(frame.select(OFFSET, *names))
+
+    def _texts(self, fields: pl.DataFrame) -> RawTexts:
+        """Offsets -> each record as a JSON object (header -> text), from its fields."""
+        raw = self._raw_json()
+
+        def texts(offsets: I64Array) -> pl.Series:
+            want = pl.DataFrame({OFFSET: pl.Series(offsets, dtype=pl.Int64)})
+            rows = want.join(fields, on=OFFSET, how="left", maintain_order="left")
+            return rows.select(raw).to_series()
+
+        return texts
+
+    def _raw_json(self) -> pl.Expr:
+        names = [f"c{i}" for i in range(len(self._header))]
+        header_names = _unique(self._header)
+        return (
+            pl.struct(
+                [pl.col(c).fill_null("").alias(h) for c, h in zip(names, header_names, strict=True)]
+            )
+            .struct.json_encode()
+            .alias(RAW)
+        )
 
     @staticmethod
     def _contiguous(starts: I64Array, stops: I64Array) -> bool:
@@ -314,11 +348,7 @@ class CsvReader(LineFileReader):
         return frame.select(self._cls_exprs)
 
     def _classify_exprs(self, names: list[str]) -> list[pl.Expr]:
-        header_names = _unique(self._header)
-        raw = pl.struct(
-            [pl.col(c).fill_null("").alias(h) for c, h in zip(names, header_names, strict=True)]
-        ).struct.json_encode()
-        exprs: list[pl.Expr] = [pl.col(OFFSET), raw.alias(RAW), pl.col("__braw")]
+        exprs: list[pl.Expr] = [pl.col(OFFSET), pl.col("__braw")]
         for j, field in enumerate(self._roles):
             text: pl.Expr
             if field in self._header:

@@ -2,17 +2,18 @@
 
 The good path is columnar: a block of whole lines is decoded by
 ``polars.read_ndjson`` with a schema holding only the fields the plan reads,
-newlines and blank lines are found with numpy, and ``__raw`` is built from the
-block's bytes without a per-line loop. Polars' decoder forgets the difference
+newlines and blank lines are found with numpy, and a line's text is a
+zero-copy view of the block's bytes, built (without a per-line loop) only for
+the rows that need it. Polars' decoder forgets the difference
 between ``2`` and ``2.0`` (Float64 columns) and between ``"12"`` and ``12``
 (String columns), so exactly the rows where that matters are checked against
-the token as written (a regex on ``__raw``); rows the regex cannot settle (the
+the token as written (a regex on the line's text); rows the regex cannot settle (the
 field name appears more than once in the line) are decoded with ``json``.
 
 Each field is decoded as Int64, Float64 or String, learned from the first
 lines and widened when a block holds a value that does not fit (that block is
-then decoded as String); results never depend on that choice. Polars decodes a
-block in a background thread while numpy scans its lines.
+then decoded as String); results never depend on that choice. Blocks are parsed
+on the parse threads of ``_parse`` (several at once, beside the engine).
 
 A block that polars cannot decode (invalid JSON, a line that is not an object,
 invalid UTF-8) is split into groups of lines; groups that still fail are
@@ -30,14 +31,14 @@ from __future__ import annotations
 
 import functools
 import json
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
 
-from ._base import OFFSET, RAW, FieldPlan, PartitionPosition
+from ._base import OFFSET, FieldPlan, PartitionPosition, RawTexts
 from ._parse import (
     BOOL,
     DEFAULT_BLOCK_BYTES,
@@ -56,6 +57,7 @@ from ._parse import (
     empty_events,
     first_bytes,
     line_spans,
+    no_texts,
     nonblank_mask,
     py_classify,
     string_views,
@@ -69,16 +71,6 @@ _WS = "[ \t\r\n]*"
 # polars raises ComputeError & co; a Rust panic surfaces as PanicException (a BaseException)
 _POLARS_ERRORS = (Exception, pl.exceptions.PanicException)
 _AMBIGUOUS_FIRST = np.frombuffer(b"-0123456789tf{[", np.uint8)
-
-
-_EXECUTOR: ThreadPoolExecutor | None = None
-
-
-def _executor() -> ThreadPoolExecutor:
-    global _EXECUTOR
-    if _EXECUTOR is None:
-        _EXECUTOR = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sealstream-jsonl")
-    return _EXECUTOR
 
 
 def _reject_constant(name: str) -> Any:
@@ -156,8 +148,13 @@ def _classify_tokens(values: pl.Series, tok: pl.Series) -> pl.DataFrame:
 Cols = dict[str, "pl.Series | None"]
 
 
-def _classify_column(v: pl.Series, raw: pl.Series, name: str, need_text: bool) -> Cols:
-    """The k/i/x/t columns of one decoded column (None: all null)."""
+Take = Callable[[I64Array], pl.Series]
+"""Row positions of a decoded block -> those rows' line texts."""
+
+
+def _classify_column(v: pl.Series, take: Take, name: str, need_text: bool) -> Cols:
+    """The k/i/x/t columns of one decoded column (None: all null); ``take`` gives
+    the line text of the rows whose token must be read as written."""
     n = v.len()
     nulls = v.is_null().to_numpy() if v.null_count() else np.zeros(n, np.bool_)
     if v.dtype == pl.Int64:
@@ -189,10 +186,11 @@ def _classify_column(v: pl.Series, raw: pl.Series, name: str, need_text: bool) -
         cols["k"] = pl.Series(k)
         return cols
     sel = pl.Series(rows, dtype=pl.UInt32)
-    sub = _classify_tokens(values, _tokens(raw.gather(sel), name))
+    texts = take(rows.astype(np.int64, copy=False))
+    sub = _classify_tokens(values, _tokens(texts, name))
     unsettled = sub["k"].is_null().arg_true()
     if unsettled.len():
-        lines = raw.gather(sel.gather(unsettled)).to_list()
+        lines = texts.gather(unsettled).to_list()
         recs = pl.DataFrame(
             [py_classify(json.loads(line).get(name)) for line in lines],
             schema=_SUB_SCHEMA,
@@ -281,19 +279,14 @@ class JsonlReader(LineFileReader):
         except _POLARS_ERRORS:
             return None
 
-    def _classify(
-        self, df: pl.DataFrame, raw: pl.Series, off: I64Array, relearn: bool
-    ) -> pl.DataFrame:
-        """Decoded fields -> the classified columns of ``_parse`` (per role)."""
-        cols: dict[str, pl.Series] = {
-            OFFSET: pl.Series(OFFSET, off, dtype=pl.Int64),
-            RAW: raw.rename(RAW),
-            "__braw": raw.rename("__braw"),
-        }
+    def _classify(self, df: pl.DataFrame, take: Take, off: I64Array, relearn: bool) -> pl.DataFrame:
+        """Decoded fields -> the classified columns of ``_parse`` (per role);
+        ``take`` gives the text of rows of ``df`` by position."""
+        cols: dict[str, pl.Series] = {OFFSET: pl.Series(OFFSET, off, dtype=pl.Int64)}
         all_null: list[pl.Expr] = []
         learned: dict[str, set[int]] = {}
         for j, name in enumerate(self._roles):
-            c = _classify_column(df[name], raw, name, need_text=j == 0)
+            c = _classify_column(df[name], take, name, need_text=j == 0)
             for part in "kixt":
                 series = c.get(part)
                 if series is None:
@@ -311,12 +304,13 @@ class JsonlReader(LineFileReader):
         return pl.DataFrame(cols).with_columns(all_null).select(self._schema.keys())
 
     # -- blocks --------------------------------------------------------------
-    def _prepare(self, buf: bytes) -> Future[tuple[pl.DataFrame, bool] | None]:
-        # polars decodes in the background (it releases the GIL) while the
-        # blocks before this one are typed and numpy finds this one's lines
+    def _prepare(self, buf: bytes) -> dict[str, pl.DataType]:
+        # the types each block is decoded with, learned from the first block's
+        # first lines (and widened by blocks that need it: results never depend
+        # on them, only the speed does)
         if self._dtypes is None:
             self._dtypes = self._guess(buf[: 1 << 16].split(b"\n")[:100])
-        return _executor().submit(self._decode, buf, dict(self._dtypes))
+        return dict(self._dtypes)
 
     def _parse_block(
         self,
@@ -327,7 +321,6 @@ class JsonlReader(LineFileReader):
         prev_tail: bytes,
         prepared: Any,
     ) -> ParsedBlock:
-        decoding: Future[tuple[pl.DataFrame, bool] | None] = prepared
         a = np.frombuffer(buf, np.uint8)
         starts, stops, n_complete, partial = line_spans(a)
         nonblank = nonblank_mask(a, starts, stops)
@@ -340,10 +333,10 @@ class JsonlReader(LineFileReader):
             end_line = first_line + n_complete
             end_byte = start_byte + (int(stops[n_complete - 1]) if n_complete else 0)
         if len(rec_idx) == 0:
-            decoding.result()
             events, bad = empty_events(self._plan), empty_bad()
+            texts: RawTexts = no_texts
         else:
-            events, bad = self._type_block(buf, a, starts, stops, rec_idx, rec_off, decoding)
+            events, bad, texts = self._type_block(buf, a, starts, stops, rec_idx, rec_off, prepared)
         return ParsedBlock(
             events,
             bad,
@@ -355,6 +348,7 @@ class JsonlReader(LineFileReader):
             buf,
             start_byte,
             prev_tail,
+            texts,
         )
 
     def _type_block(
@@ -365,8 +359,9 @@ class JsonlReader(LineFileReader):
         stops: I64Array,
         rec_idx: I64Array,
         rec_off: I64Array,
-        decoding: Future[tuple[pl.DataFrame, bool] | None],
-    ) -> tuple[pl.DataFrame, pl.DataFrame]:
+        dtypes: dict[str, pl.DataType],
+    ) -> tuple[pl.DataFrame, pl.DataFrame, RawTexts]:
+        """Events, bad records and the text lookup of a block's records."""
         utf8_ok = True
         if a.max() >= 0x80:
             try:
@@ -381,18 +376,25 @@ class JsonlReader(LineFileReader):
             lens = rec_stops - rec_starts
             lens -= a[rec_stops - 1] == 10
             lens -= (lens > 0) & (a[np.maximum(rec_starts + lens - 1, 0)] == 13)
-            raw = string_views(buf, a, rec_starts, lens)
-            decoded = decoding.result()
+
+            def take(rows: I64Array) -> pl.Series:
+                return string_views(buf, a, rec_starts[rows], lens[rows])
+
+            def texts(offsets: I64Array) -> pl.Series:
+                return take(np.searchsorted(rec_off, offsets).astype(np.int64, copy=False))
+
+            decoded = self._decode(buf, dtypes)
             if decoded is not None and decoded[0].height == len(rec_idx):
-                cls = self._classify(decoded[0], raw, rec_off, decoded[1])
-                return self._typer(cls)
+                cls = self._classify(decoded[0], take, rec_off, decoded[1])
+                return (*self._typer(cls, texts), texts)
+            raw = take(np.arange(len(rec_idx), dtype=np.int64))
         else:
-            decoding.result()
             raw = pl.Series(
                 [_strip_eol(buf[starts[r] : stops[r]]).decode("utf-8", "replace") for r in rec_idx],
                 dtype=pl.String,
             )
-        return self._slow_block(buf, starts, stops, rec_idx, rec_off, raw, utf8_ok)
+        events, bad = self._slow_block(buf, starts, stops, rec_idx, rec_off, raw, utf8_ok)
+        return events, bad, _series_texts(raw, rec_off)
 
     def _slow_block(
         self,
@@ -420,7 +422,10 @@ class JsonlReader(LineFileReader):
                     if decoded[1]:  # types were relearned: classify on its own
                         parts.append(
                             self._classify(
-                                decoded[0], raw.slice(g0, g1 - g0), rec_off[g0:g1], True
+                                decoded[0],
+                                _series_take(raw.slice(g0, g1 - g0)),
+                                rec_off[g0:g1],
+                                True,
                             )
                         )
                     else:  # classified together below: one pass, not one per span
@@ -469,7 +474,7 @@ class JsonlReader(LineFileReader):
             parts.append(
                 self._classify(
                     pl.concat([d for d, _, _ in group], how="vertical"),
-                    raw.gather(pl.Series(idx, dtype=pl.Int64)),
+                    _series_take(raw.gather(pl.Series(idx, dtype=pl.Int64))),
                     rec_off[idx],
                     False,
                 )
@@ -478,7 +483,7 @@ class JsonlReader(LineFileReader):
             cls = pl.concat(parts, how="vertical_relaxed").sort(OFFSET)
         else:
             cls = pl.DataFrame(schema=self._schema)
-        events, bad = self._typer(cls)
+        events, bad = self._typer(cls, _series_texts(raw, rec_off))
         if bad_off:
             lines = [o + self.line_delta for o in bad_off]
             bad = pl.concat([bad, bad_frame(bad_off, lines, bad_reason, bad_raw)]).sort("_offset")
@@ -502,7 +507,9 @@ class JsonlReader(LineFileReader):
         decoded = self._decode(joined)
         sel = pl.Series(rows, dtype=pl.Int64)
         if decoded is not None and decoded[0].height == len(rows):
-            return [self._classify(decoded[0], raw.gather(sel), rec_off[rows], decoded[1])]
+            return [
+                self._classify(decoded[0], _series_take(raw.gather(sel)), rec_off[rows], decoded[1])
+            ]
         if len(rows) == 1:
             r = rows[0]
             bad_off.append(int(rec_off[r]))
@@ -515,6 +522,16 @@ class JsonlReader(LineFileReader):
         ) + self._decode_lines(
             buf, starts, stops, rec_idx, rec_off, raw, rows[mid:], bad_off, bad_reason, bad_raw
         )
+
+
+def _series_take(raw: pl.Series) -> Take:
+    """Row positions -> texts, from a Series of every row's text."""
+    return lambda rows: raw.gather(pl.Series(rows, dtype=pl.Int64))
+
+
+def _series_texts(raw: pl.Series, rec_off: I64Array) -> RawTexts:
+    """Offsets -> texts, from the texts of the records at ``rec_off`` (ascending)."""
+    return lambda offsets: raw.gather(pl.Series(np.searchsorted(rec_off, offsets), dtype=pl.Int64))
 
 
 def _line_problem(line: bytes) -> str | None:

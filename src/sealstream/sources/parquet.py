@@ -7,8 +7,10 @@ before it). Offsets and ``byte_offset`` are row indices; ``_line`` is the
 (a key from one has ``__kint`` True), float and decimal columns floats,
 string columns strings (a time from one must be ISO-8601), booleans and
 nested values "other"; a time column may also be a timestamp or date (converted
-to ms since the epoch; naive timestamps are taken as UTC). ``__raw`` is the row
-encoded as JSON. The file must have the key and time columns (else
+to ms since the epoch; naive timestamps are taken as UTC). A record's raw text
+(for late events and bad records) is the row encoded as JSON, built only for
+those rows. Batches are typed on the parse threads, ahead of the one served.
+The file must have the key and time columns (else
 :class:`SourceError`); a value column it lacks is null in every row.
 
 The identity of a position is the file's size and a hash of its footer
@@ -20,7 +22,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +36,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import SourceError
-from ._base import OFFSET, RAW, Chunk, FieldPlan, PartitionPosition
+from ._base import OFFSET, RAW, Chunk, FieldPlan, PartitionPosition, RawSpan, RawTexts
 from ._parse import (
     BOOL,
     FLOAT,
     INT,
     MISSING,
     OTHER,
+    PARSE_AHEAD,
     STRING,
     I64Array,
     Typer,
@@ -45,6 +52,8 @@ from ._parse import (
     empty_bad,
     empty_events,
     json_str,
+    no_texts,
+    parse_pool,
     roles,
 )
 
@@ -94,6 +103,23 @@ def _row_json(frame: pl.DataFrame) -> pl.Expr:
     return pl.struct(cols).struct.json_encode()
 
 
+@dataclass
+class _Typed:
+    """One batch of rows, typed: rows ``first..end-1``."""
+
+    events: pl.DataFrame
+    bad: pl.DataFrame
+    first: int
+    end: int
+    texts: RawTexts
+    ev_off: I64Array = dc_field(init=False)
+    bad_off: I64Array = dc_field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ev_off = self.events[OFFSET].to_numpy().astype(np.int64, copy=False)
+        self.bad_off = self.bad["_offset"].to_numpy().astype(np.int64, copy=False)
+
+
 class ParquetReader:
     """A Parquet file as a partition. See the module docstring."""
 
@@ -129,11 +155,9 @@ class ParquetReader:
         self._consumed = start
         self._batch_rows = max(1, batch_rows)
         self._batches = self._iter_from(start)
-        self._events = empty_events(plan)
-        self._bad = empty_bad()
-        self._ev_off: I64Array = np.zeros(0, np.int64)
-        self._bad_off: I64Array = np.zeros(0, np.int64)
-        self._buffered_end = start  # rows [self._next_row, self._buffered_end) are typed
+        self._ahead: deque[Future[_Typed]] = deque()
+        self._batches_done = False
+        self._typed = _Typed(empty_events(plan), empty_bad(), start, start, no_texts)
         self._finished = False
 
     def _check(self, position: PartitionPosition | None) -> int:
@@ -179,12 +203,12 @@ class ParquetReader:
         except (OSError, pa.ArrowException) as e:
             raise SourceError(f"cannot read {str(self._path)!r}: {e}") from e
 
-    def _type(self, first_row: int, batch: pa.RecordBatch) -> None:
+    def _type(self, first_row: int, batch: pa.RecordBatch) -> _Typed:
+        """Type one batch (on a parse thread)."""
         frame = pl.from_arrow(batch)
         assert isinstance(frame, pl.DataFrame)
         exprs: list[pl.Expr] = [
             pl.int_range(first_row, first_row + frame.height, dtype=pl.Int64).alias(OFFSET),
-            _row_json(frame).alias(RAW),
         ]
         for j, field in enumerate(self._roles):
             if field in frame.columns:
@@ -202,37 +226,51 @@ class ParquetReader:
             if frame.height
             else pl.DataFrame(schema=cls_schema(len(self._roles)))
         )
-        cls = cls.with_columns(pl.col(RAW).alias("__braw"))
-        self._events, self._bad = self._typer(cls)
-        self._ev_off = self._events[OFFSET].to_numpy().astype(np.int64, copy=False)
-        self._bad_off = self._bad["_offset"].to_numpy().astype(np.int64, copy=False)
-        self._next_row = first_row
-        self._buffered_end = first_row + frame.height
+        row_json = _row_json(frame)
+
+        def texts(offsets: I64Array) -> pl.Series:
+            rows = pl.Series(np.asarray(offsets, np.int64) - first_row, dtype=pl.Int64)
+            return frame[rows].select(row_json.alias(RAW)).to_series()
+
+        events, bad = self._typer(cls, texts)
+        return _Typed(events, bad, first_row, first_row + frame.height, texts)
+
+    def _next_typed(self) -> _Typed | None:
+        """The next typed batch, keeping up to PARSE_AHEAD more typing behind it."""
+        while len(self._ahead) < PARSE_AHEAD + 1 and not self._batches_done:
+            item = next(self._batches, None)
+            if item is None:
+                self._batches_done = True
+                break
+            self._ahead.append(parse_pool().submit(self._type, *item))
+        return self._ahead.popleft().result() if self._ahead else None
 
     def next_chunk(self, max_records: int) -> Chunk | None:
         if max_records < 1:
             raise ValueError(f"max_records must be at least 1, got {max_records}")
         if self._finished:
             return None
-        if self._next_row >= self._buffered_end:
-            item = next(self._batches, None)
+        typed = self._typed
+        if self._next_row >= typed.end:
+            item = self._next_typed()
             if item is None:
                 self._finished = True
                 pos = PartitionPosition(self._next_row, self._next_row, dict(self._identity))
                 return Chunk(empty_events(self._plan), empty_bad(), None, pos, eof=True)
-            self._type(*item)
+            self._typed = typed = item
+            self._next_row = item.first
         lo = self._next_row
-        hi = min(self._buffered_end, lo + max_records) - 1
-        e0, e1 = np.searchsorted(self._ev_off, [lo, hi + 1])
-        b0, b1 = np.searchsorted(self._bad_off, [lo, hi + 1])
-        events = self._events.slice(int(e0), int(e1 - e0))
-        bad = self._bad.slice(int(b0), int(b1 - b0))
+        hi = min(typed.end, lo + max_records) - 1
+        e0, e1 = np.searchsorted(typed.ev_off, [lo, hi + 1])
+        b0, b1 = np.searchsorted(typed.bad_off, [lo, hi + 1])
+        events = typed.events.slice(int(e0), int(e1 - e0))
+        bad = typed.bad.slice(int(b0), int(b1 - b0))
         self._next_row = hi + 1
         self._consumed = hi + 1
         eof = hi + 1 >= self._rows
         self._finished = eof
         pos = PartitionPosition(hi + 1, hi + 1, dict(self._identity))
-        return Chunk(events, bad, hi, pos, eof)
+        return Chunk(events, bad, hi, pos, eof, RawSpan(lo, hi, typed.texts))
 
     def size_hint(self) -> tuple[int, int] | None:
         if self._rows == 0:
@@ -240,6 +278,9 @@ class ParquetReader:
         return int(self._size * self._consumed / self._rows), self._size
 
     def close(self) -> None:
+        for fut in self._ahead:
+            fut.cancel()
+        self._ahead.clear()
         self._file.close()
 
     def identity(self) -> dict[str, Any]:

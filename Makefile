@@ -4,7 +4,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench lint typecheck clean
+FLINK_VENV := bench/.flink-venv
+
+.PHONY: demo test bench bench-flink lint typecheck clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,14 +25,26 @@ test: $(STAMP)
 	SEALSTREAM_TEST_PG="$${SEALSTREAM_TEST_PG:-$$(scripts/pg-test-server)}" \
 	  $(PY) -m pytest -W error -p no:cacheprovider -n 2 --dist worksteal
 
-bench: $(STAMP)
+bench: $(STAMP) bench-flink
 	$(PY) -m bench
 	$(PY) -m bench.store_cost
 	$(PY) -m bench.incremental
+
+# The PyFlink peer runs in its own venv (apache-flink pins its own pyarrow, numpy
+# and pandas). Best effort: without Java or the package the peer is skipped.
+bench-flink:
+	@if ! command -v java >/dev/null; then \
+	  echo "bench-flink: no java on PATH; the PyFlink peer will be skipped"; \
+	elif ! $(FLINK_VENV)/bin/python -c "import pyflink" 2>/dev/null; then \
+	  echo "bench-flink: installing apache-flink into $(FLINK_VENV) (a few minutes, once)"; \
+	  ( $(PYTHON) -m venv $(FLINK_VENV) && \
+	    $(FLINK_VENV)/bin/python -m pip install --quiet "apache-flink>=2.0,<3" ) || \
+	  echo "bench-flink: could not install apache-flink; the PyFlink peer will be skipped"; \
+	fi
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) demo-run bench/data bench/work
+	rm -rf $(VENV) $(FLINK_VENV) demo-run bench/data bench/work

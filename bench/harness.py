@@ -24,6 +24,13 @@ from bench.report import Result, SweepPoint, ratios, render_markdown, write_char
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
+FLINK_ENV = "SEALSTREAM_BENCH_PYFLINK"
+
+
+def flink_python() -> Path:
+    """The Python with apache-flink: $SEALSTREAM_BENCH_PYFLINK, else bench/.flink-venv."""
+    given = os.environ.get(FLINK_ENV)
+    return Path(given) if given else ROOT / "bench" / ".flink-venv" / "bin" / "python"
 
 STANDARD = {"events": 2_000_000, "keys": 10_000, "partitions": 3, "many_keys": 1_000_000}
 QUICK = {"events": 100_000, "keys": 1_000, "partitions": 3, "many_keys": 100_000}
@@ -362,6 +369,50 @@ def build_configs(
             data=data,
         )
 
+    def pyflink_config() -> Config:
+        def command(wd: Path) -> list[str]:
+            src = wd / "in"  # Flink's filesystem source reads a directory
+            shutil.rmtree(src, ignore_errors=True)
+            src.mkdir(parents=True)
+            for p in files:
+                (src / p.name).symlink_to(p.resolve())
+            return [
+                str(flink_python()),
+                str(ROOT / "bench" / "pyflink_job.py"),
+                "--in-dir", str(src),
+                "--out", str(wd / "out"),
+                "--size-ms", str(w.size_ms),
+                "--max-delay-ms", str(w.max_delay_ms),
+                "--parallelism", str(len(files)),
+                "--checkpoint-ms", str(w.checkpoint_every_ms),
+                "--checkpoint-dir", str(wd / "ckpt"),
+            ]
+
+        def output(wd: Path) -> list[Path]:
+            out = wd / "out"
+            return sorted(p for p in out.rglob("part-*") if p.is_file()) if out.is_dir() else []
+
+        def available() -> tuple[bool, str]:
+            py = flink_python()
+            if not py.is_file():
+                return False, f"no PyFlink Python at {py} (make bench-flink, or set {FLINK_ENV})"
+            if shutil.which("java") is None:
+                return False, "Flink needs Java 11+ on PATH"
+            return True, ""
+
+        return Config(
+            name="pyflink",
+            group="peer",
+            description=(
+                f"PyFlink SQL TUMBLE, streaming, watermark {w.max_delay_ms} ms, "
+                f"{len(files)} readers, checkpoint every {w.checkpoint_every_ms} ms "
+                "(the JVM is not in the CPU and RSS figures)"
+            ),
+            command=command,
+            output=output,
+            available=available,
+        )
+
     def state_config() -> Config:
         def command(wd: Path) -> list[str]:
             return [PY, "-m", "bench.state", "--windows", str(w.many_keys),
@@ -385,7 +436,8 @@ def build_configs(
         sealstream_config(w, engine, work_root, "sealstream-ckpt",
                           f"the same, checkpoint every {ck} ms", files, ckpt_ms=ck),
         sealstream_config(w, engine, work_root, "sealstream-parquet",
-                          "python -m sealstream run, Parquet input, tumbling", parquet),
+                          f"python -m sealstream run, Parquet input, tumbling, checkpoint every "
+                          f"{ck} ms", parquet, ckpt_ms=ck),
         sealstream_config(
             w, engine, work_root, "sealstream-sliding",
             f"JSONL, sliding {w.size_ms // 1000} s / {w.slide_ms // 1000} s", files,
@@ -411,6 +463,7 @@ def build_configs(
             f"bytewax EventClock + TumblingWindower fold_window, recovery on, epoch {ck} ms",
             peer, extra=("--recovery-dir", "{wd}/ckpt", "--epoch-ms", str(ck)), data="peer",
         ),
+        pyflink_config(),
         state_config(),
     ]
 

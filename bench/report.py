@@ -103,15 +103,18 @@ def ratios(results: list[Result]) -> list[tuple[str, str, str]]:
     out.append(("session / tumbling events/s", _pct(rate("sealstream-session"), tumbling),
                 ">= 33 %"))
     out.append(("checkpointed / unchecked events/s",
-                _pct(rate("sealstream-ckpt"), tumbling), ""))
-    for fmt, name in (("jsonl", "sealstream"), ("parquet", "sealstream-parquet")):
+                _pct(rate("sealstream-ckpt"), tumbling), ">= 95 %"))
+    for fmt, name, target in (("jsonl", "sealstream-ckpt", ">= 60 %"),
+                              ("parquet", "sealstream-parquet", ">= 50 %")):
         best = fastest_one_shot(results, fmt)
         if best is not None:
             out.append((f"{name} / fastest {fmt} one-shot ({best.name}) events/s",
-                        _pct(rate(name), best.rate), ">= 60 %" if fmt == "jsonl" else ""))
-    if "bytewax" in by:
-        out.append(("sealstream-ckpt / bytewax (recovery on) events/s",
-                    f"{(rate('sealstream-ckpt') or 0) / (rate('bytewax') or 1):.1f}x", ""))
+                        _pct(rate(name), best.rate), target))
+    for peer, what, target in (("bytewax", "bytewax (recovery on)", "> 100x"),
+                               ("pyflink", "PyFlink SQL (checkpoints on)", "> 1x")):
+        if peer in by:
+            out.append((f"sealstream-ckpt / {what} events/s",
+                        f"{(rate('sealstream-ckpt') or 0) / (rate(peer) or 1):.1f}x", target))
     return out
 
 

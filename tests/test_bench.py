@@ -96,7 +96,8 @@ def test_report_has_ratios_state_and_sweeps() -> None:
         return r
 
     results = [res("sealstream", "sealstream", 2.0), res("sealstream-sliding", "sealstream", 4.0),
-               res("duckdb", "one-shot", 1.0)]
+               res("sealstream-ckpt", "sealstream", 2.5), res("duckdb", "one-shot", 1.0),
+               res("pyflink", "peer", 5.0)]
     state = Result("state", "state", "state", "ok")
     state.runs = [Run(1.0, 1024, 0, summary={
         "windows": 10, "process_s": 0.5, "restore_s": 0.1, "state_bytes": 80,
@@ -104,7 +105,9 @@ def test_report_has_ratios_state_and_sweeps() -> None:
     results.append(state)
     got = dict((a, b) for a, b, _ in ratios(results))
     assert got["sliding / tumbling events/s"] == "50 %"
-    assert got["sealstream / fastest jsonl one-shot (duckdb) events/s"] == "50 %"
+    assert got["checkpointed / unchecked events/s"] == "80 %"
+    assert got["sealstream-ckpt / fastest jsonl one-shot (duckdb) events/s"] == "40 %"
+    assert got["sealstream-ckpt / PyFlink SQL (checkpoints on) events/s"] == "2.0x"
     md = render_markdown(W, results, [SweepPoint("keys", 3, results[0])],
                          {"date": "now", "versions": {}}, 1)
     assert "| sealstream | jsonl | 1,000 | 2.00 | 500 | 100 (100) | 150 % | 2.00x |" in md

@@ -1,5 +1,10 @@
 """The job: recovery, the batch loop, and the checkpoint/commit protocol.
 
+This module holds recovery and the loop; writing checkpoints (steps 2-6
+below) is :mod:`sealstream._runtime.persist`, the refusal of another
+definition's state :mod:`sealstream._runtime.fit`, and the run's figures
+:mod:`sealstream._runtime.summary`.
+
 Commit protocol, per epoch (an epoch is the output between two checkpoints):
 
 1. Batches are applied: events get their watermark, windows aggregate, closed
@@ -59,15 +64,11 @@ how ``sealstream replay`` re-runs an interval into an isolated destination
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import hashlib
 import json
 import secrets
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -75,100 +76,33 @@ import polars as pl
 
 from sealstream import sources
 from sealstream._runtime.crash import CrashPoints
+from sealstream._runtime.fit import DefinitionMismatchError, definition_mismatch
 from sealstream._runtime.merge import Batch, PartitionMerger, SourcePosition
+from sealstream._runtime.persist import ROLES, Checkpointing
+from sealstream._runtime.summary import CheckpointStats, Counters, RunSummary
 from sealstream.checkpoint import guard
 from sealstream.checkpoint.manifest import (
-    DELTA_NAME,
-    FORMAT_VERSION,
-    RECEIPTS_NAME,
-    STATE_NAME,
-    SUPPRESS_NAME,
     checkpoint_key,
-    seal,
 )
-from sealstream.checkpoint.store import CheckpointStore, checkpoint_dirname
+from sealstream.checkpoint.store import CheckpointStore
 from sealstream.errors import (
     BadRecordError,
     CheckpointError,
     NoValidCheckpointError,
     SealstreamError,
 )
-from sealstream.pipeline import ABSENT, Pipeline, definition_changes, definition_diff
+from sealstream.pipeline import Pipeline
 from sealstream.sinks import open_sink
-from sealstream.sinks._base import JSON_LINE, Sink
+from sealstream.sinks._base import JSON_LINE
 from sealstream.sinks.database import DatabaseSink, same_database
 from sealstream.sources._base import OFFSET, PARTITION, RAW
 from sealstream.state import incremental
-from sealstream.state.codec import WATERMARK_META, decode_table, encode_table, sha256_hex
-from sealstream.watermark import POS_INF, WatermarkState, assign_watermarks, json_ms
+from sealstream.state.codec import WATERMARK_META, decode_table
+from sealstream.watermark import POS_INF, WatermarkState, assign_watermarks
 from sealstream.windows.aggregates import SEQ
 from sealstream.windows.operator import WindowOperator
 
-ROLES = ("results", "late", "errors")
 DEFINITION_REASONS = ("FINGERPRINT_MISMATCH", "OTHER_PIPELINE")
-
-
-@dataclass
-class _InFlight:
-    """A checkpoint captured at a consistent point, being written."""
-
-    cid: int
-    epoch: int
-    tokens: dict[str, list[str]]
-    started: float
-    blocked_s: float  # processing-thread time spent capturing it
-    future: Future[tuple[dict[str, Any], int]]
-
-
-class DefinitionMismatchError(NoValidCheckpointError):
-    """The newest checkpoints were written by a different pipeline definition.
-
-    ``changes`` lists ``"setting: old -> new"`` lines (checkpoint -> spec).
-    """
-
-    def __init__(self, message: str, checkpoint_id: int, changes: list[str]) -> None:
-        super().__init__(message)
-        self.checkpoint_id = checkpoint_id
-        self.changes = changes
-
-
-def definition_mismatch(
-    root: object, cid: int, recorded: Any, pipeline: Pipeline
-) -> DefinitionMismatchError:
-    """The refusal for checkpoint ``cid`` whose manifest recorded ``recorded``
-    (its ``definition``; None when absent) for a job running ``pipeline``."""
-    new = pipeline.fingerprint_fields()
-    if isinstance(recorded, dict):
-        changes = definition_diff(recorded, new)
-        added = [
-            k.split(".", 1)[1]
-            for k, old, _ in definition_changes(recorded, new)
-            if k.startswith("aggregates.") and old is ABSENT
-        ]
-    else:
-        changes = ["(the checkpoint does not record its definition; only its fingerprint "
-                   "differs)"]
-        added = []
-    lines = [
-        f"{root}: checkpoint {cid} was written by a different pipeline definition; its saved "
-        "state does not fit this spec. Changed (checkpoint -> spec):",
-        *(f"  {c}" for c in changes),
-    ]
-    if added:
-        lines.append(
-            f"Added aggregate(s) {', '.join(repr(a) for a in added)}: windows already open "
-            "have not kept them for the events they have seen, so resuming would emit wrong "
-            "values; they cannot be added to saved state."
-        )
-    lines += [
-        "Nothing was deleted. Ways forward:",
-        "  - recompute with the new definition into a new destination: "
-        "sealstream replay SPEC --from start --to NEW_DIR",
-        "  - or start over explicitly: sealstream run SPEC --start-over (moves the "
-        "checkpoints aside; output already committed is not repeated, so point the outputs "
-        "at new directories to get results of the new definition only)",
-    ]
-    return DefinitionMismatchError("\n".join(lines), cid, changes)
 
 
 @dataclass(frozen=True)
@@ -186,78 +120,21 @@ class StartPoint:
     description: str = "start"
 
 
-@dataclass
-class Counters:
-    events: int = 0
-    late_events: int = 0
-    bad_records: int = 0
-    windows_fired: int = 0
-    results_written: int = 0
-    suppressed: int = 0
-
-    def to_json(self) -> dict[str, int]:
-        return dict(self.__dict__)
-
-
-@dataclass
-class CheckpointStats:
-    count: int = 0
-    total_ms: float = 0.0
-    total_bytes: int = 0
-    last_id: int | None = None
-    last_at: float | None = None
-    last_ms: float = 0.0
-    last_bytes: int = 0
-    #: time the processing thread spent on checkpoints (capture and commit), the
-    #: rest of ``total_ms`` overlapped with processing
-    blocked_ms: float = 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "count": self.count,
-            "mean_ms": self.total_ms / self.count if self.count else 0.0,
-            "mean_blocking_ms": self.blocked_ms / self.count if self.count else 0.0,
-            "mean_bytes": self.total_bytes / self.count if self.count else 0.0,
-            "last_id": self.last_id,
-        }
-
-
-@dataclass
-class RunSummary:
-    """What a run did; printed by the CLI and written by ``--summary-json``."""
-
-    pipeline: str
-    counters: Counters
-    checkpoints: CheckpointStats
-    seconds: float
-    resumed_from: int | None
-    rejected: list[dict[str, Any]] = field(default_factory=list)
-    open_windows: int = 0
-    watermark_ms: int | None = None
-    replay: dict[str, Any] | None = None
-    stopped_early: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        c = self.counters.to_json()
-        return {
-            "pipeline": self.pipeline,
-            **c,
-            "seconds": round(self.seconds, 6),
-            "events_per_second": round(c["events"] / self.seconds, 1) if self.seconds else None,
-            "checkpoints": self.checkpoints.to_json(),
-            "resumed_from": self.resumed_from,
-            "rejected": self.rejected,
-            "open_windows": self.open_windows,
-            "watermark_ms": json_ms(self.watermark_ms),
-            **({"replay": self.replay} if self.replay is not None else {}),
-            **({"stopped_early": True} if self.stopped_early else {}),
-        }
-
-
 ProgressFn = Callable[["Job"], None]
 
+__all__ = [
+    "CheckpointStats",
+    "Counters",
+    "DefinitionMismatchError",
+    "Job",
+    "ProgressFn",
+    "RunSummary",
+    "StartPoint",
+    "definition_mismatch",
+]
 
-class Job:
+
+class Job(Checkpointing):
     """Runs a pipeline to the end of its input, exactly once across restarts.
 
     >>> # job = Job(load_spec("spec.toml")); summary = job.run()
@@ -295,24 +172,24 @@ class Job:
         self.store: CheckpointStore | None = (
             pipeline.checkpoint.open_store(pipeline.name) if pipeline.checkpoint else None
         )
-        self.sinks: dict[str, Sink] = {}
+        self.sinks = {}
         self.resumed_from: int | None = None
         self.rejected: list[dict[str, Any]] = []
         self.started = time.monotonic()
         self.merger: PartitionMerger | None = None
-        self.operator: WindowOperator | None = None
+        self.operator = None
         self.wm = WatermarkState.initial(len(self.partitions), pipeline.watermark.max_delay_ms)
-        self._verified: set[int] = set()
+        self._verified = set()
         # incremental checkpoints: keys touched since the last checkpoint, the state it
         # saved, and the files its state depends on (role -> manifest entry)
         self._incremental = bool(pipeline.checkpoint and pipeline.checkpoint.incremental)
-        self._touched: list[pl.DataFrame] = []
-        self._last_state: pl.DataFrame | None = None
-        self._chain: dict[str, dict[str, Any]] | None = None
+        self._touched = []
+        self._last_state = None
+        self._chain = None
         # asynchronous checkpoints: the writer thread and the checkpoint in flight
-        self._writer: ThreadPoolExecutor | None = None
-        self._inflight: _InFlight | None = None
-        self._receipts_now: dict[str, dict[str, Any]] = {}  # this epoch's, per output
+        self._writer = None
+        self._inflight = None
+        self._receipts_now = {}  # this epoch's, per output
         if start is not None and len(start.positions) != len(self.partitions):
             raise ValueError(
                 f"start point has {len(start.positions)} positions for "
@@ -415,8 +292,8 @@ class Job:
                 sink.recover({})
             self.suppress = self._committed_ids(None)
             self.epoch = self._max_committed_epoch() + 1
-            self.parent: int | None = None
-            self.receipts_total: dict[str, Any] = {
+            self.parent = None
+            self.receipts_total = {
                 "results": 0, "late": 0, "errors": 0, "digest": ""
             }
         else:
@@ -493,10 +370,6 @@ class Job:
             f"[{found}]; nothing was deleted. Inspect with 'sealstream checkpoints verify "
             f"{store.location}', or run again with --start-over to move them aside and start fresh"
         )
-
-    @staticmethod
-    def _judge(store: CheckpointStore, cid: int, policy: guard.Policy) -> guard.Verdict:
-        return guard.judge(store.evidence(cid), store.verified_parent(cid, policy.key), policy)
 
     def _restore(
         self, store: CheckpointStore, cid: int, doc: dict[str, Any]
@@ -710,295 +583,3 @@ class Job:
         if frame.height:
             self.sinks["errors"].write(self.epoch, frame)
             self._receipt("errors", frame)
-
-    # ================================================================ receipts
-    def _receipt(self, role: str, frame: pl.DataFrame) -> None:
-        rec = self._receipts_now.setdefault(role, {"count": 0, "ids": []})
-        rec["count"] += frame.height
-        if role == "results":
-            ids = pl.concat_str(
-                [pl.col("key"), pl.col("__kint").cast(pl.String), pl.col("window_start")
-                 .cast(pl.String), pl.col("window_end").cast(pl.String)], separator="|"
-            )
-            end = int(frame.select(pl.col("window_end").max()).item())
-            prev = rec.get("max_window_end")
-            rec["max_window_end"] = end if prev is None else max(prev, end)
-        else:
-            ids = pl.concat_str([pl.col("_partition"), pl.col("_offset").cast(pl.String)],
-                                separator="|")
-        rec["ids"].append(frame.select(ids.alias("id")))
-
-    def _close_receipts(self, tokens: dict[str, list[str]]) -> dict[str, Any]:
-        entry: dict[str, Any] = {"epoch": self.epoch}
-        for role in ROLES:
-            rec = self._receipts_now.get(role)
-            if rec is None:
-                entry[role] = {"count": 0, "digest": hashlib.sha256(b"").hexdigest(),
-                               "tokens": tokens.get(role, [])}
-                continue
-            ids = pl.concat(rec["ids"]).sort("id")["id"].str.join("\n").item()
-            digest = hashlib.sha256(ids.encode()).hexdigest()
-            entry[role] = {"count": rec["count"], "digest": digest,
-                           "tokens": tokens.get(role, [])}
-            if "max_window_end" in rec:
-                entry[role]["max_window_end"] = rec["max_window_end"]
-            self.receipts_total[role] = int(self.receipts_total.get(role, 0)) + rec["count"]
-        self.receipts_total["digest"] = hashlib.sha256(
-            (str(self.receipts_total.get("digest", "")) + json.dumps(entry, sort_keys=True))
-            .encode()
-        ).hexdigest()
-        self.receipts_total["last_epoch"] = self.epoch
-        self._receipts_now.clear()
-        return entry
-
-    # ================================================================ checkpoint
-    def _checkpoint(self, store: CheckpointStore) -> None:
-        """Take a checkpoint at this consistent point (between two batches).
-
-        What the checkpoint records is captured here, on the processing thread: sink
-        tokens (staged output fsynced), the window state (an immutable frame),
-        watermark, positions, receipts and counters; then the next epoch starts.
-        Encoding the state, writing the files and publishing the manifest happen on a
-        writer thread while processing continues (``asynchronous = true``, the
-        default); sinks commit the epoch only after the manifest is published
-        (:meth:`_await_checkpoint`). At most one checkpoint is in flight.
-        """
-        self._await_checkpoint(store)
-        assert self.operator is not None
-        t0 = time.monotonic()
-        epoch = self.epoch
-        tokens = {role: s.prepare(epoch) for role, s in self.sinks.items()}
-        self.crash("after_sink_prepare")
-        cid = self.next_id
-        # deep copies: processing goes on mutating the watermark and positions while
-        # the writer thread encodes what was true at this point
-        wm_json = copy.deepcopy(self.wm.to_json())
-        snap = self.operator.snapshot()
-        chain = self._next_chain()
-        touched = None
-        if chain is not None:
-            touched = (pl.concat(self._touched) if self._touched
-                       else snap.select(incremental.KEYS).clear())
-        last_state = self._last_state
-        receipt = self._close_receipts(tokens)
-        receipts = json.dumps(
-            {"summary": self.receipts_total, "epochs": [receipt]}, sort_keys=True, indent=1
-        ).encode()
-        pending = self._pending_suppression()
-        body: dict[str, Any] = {
-            "format": FORMAT_VERSION,
-            "id": cid,
-            "parent": self.parent,
-            "pipeline": self.p.name,
-            "fingerprint": self.fingerprint,
-            "definition": self.p.fingerprint_fields(),
-            "created_ms": int(time.time() * 1000),
-            "epoch": epoch,
-            "lateness_ms": self.p.window.allowed_lateness_ms,
-            "watermark": wm_json,
-            "positions": [
-                {"partition": n, **pos.to_json()}
-                for n, pos in zip(self.names, self.positions, strict=True)
-            ],
-            "files": {},
-            "state": {"open_windows": self.operator.open_windows,
-                      "incremental": chain is not None},
-            "receipts": dict(self.receipts_total),
-            "sinks": {role: {"epoch": epoch, "tokens": t} for role, t in tokens.items()},
-            "counters": self.counters.to_json(),
-        }
-        body = copy.deepcopy(body)
-        body["watermark"] = wm_json
-        # a sink in the store's database commits in the transaction that publishes
-        together = [s.in_publish(epoch, tokens[role]) for role, s in self.sinks.items()
-                    if isinstance(s, DatabaseSink) and s.transactional and tokens[role]]
-        # the consistent point is behind us: the next epoch starts now
-        self._touched.clear()
-        if self._incremental:
-            self._last_state = snap
-        self.parent = cid
-        self.next_id = cid + 1
-        self.epoch += 1
-
-        def write() -> tuple[dict[str, Any], int]:
-            return self._write_checkpoint(store, cid, snap, wm_json, chain, touched,
-                                          last_state, receipts, pending, body, together)
-
-        cfg = self.p.checkpoint
-        if cfg is not None and cfg.asynchronous:
-            if self._writer is None:
-                self._writer = ThreadPoolExecutor(1, thread_name_prefix="sealstream-ckpt")
-            future = self._writer.submit(write)
-        else:
-            future = Future()
-            try:
-                future.set_result(write())
-            except BaseException as exc:  # noqa: BLE001 - re-raised by _await_checkpoint
-                future.set_exception(exc)
-        self._inflight = _InFlight(cid, epoch, tokens, t0, time.monotonic() - t0, future)
-        if cfg is None or not cfg.asynchronous or self.stop_when is not None:
-            self._await_checkpoint(store)
-
-    def _write_checkpoint(
-        self, store: CheckpointStore, cid: int, snap: pl.DataFrame, wm_json: Any,
-        chain: dict[str, dict[str, Any]] | None, touched: pl.DataFrame | None,
-        last_state: pl.DataFrame | None, receipts: bytes, pending: bytes | None,
-        body: dict[str, Any], together: list[Callable[[Any], None]],
-    ) -> tuple[dict[str, Any], int]:
-        """Encode, write and publish checkpoint ``cid`` (on the writer thread): the
-        manifest is published only after its files are durable."""
-        meta = {WATERMARK_META.decode(): wm_json}
-        # in key order: the file compresses better (neighbouring keys share prefixes)
-        # and holds the same bytes whatever the processing history
-        snap = snap.sort(incremental.KEYS + ["window_start", "window_end"])
-        if chain is not None:
-            assert last_state is not None and touched is not None
-            keys = incremental.changed_keys(last_state, snap, touched)
-            state, state_name = incremental.encode_delta(snap, keys, meta), DELTA_NAME
-        else:
-            state, state_name = encode_table(snap, meta), STATE_NAME
-        files: dict[str, bytes] = {state_name: state, RECEIPTS_NAME: receipts}
-        if pending is not None:
-            files[SUPPRESS_NAME] = pending
-        dirname = checkpoint_dirname(cid)
-        entries: dict[str, Any] = {}
-        for role, name in (("state", state_name), ("receipts", RECEIPTS_NAME),
-                           ("suppress", SUPPRESS_NAME)):
-            if name in files:
-                entries[role] = {"path": f"{dirname}/{name}", "sha256": sha256_hex(files[name]),
-                                 "bytes": len(files[name])}
-        body["state"]["sha256"] = entries["state"]["sha256"]
-        if chain is not None:
-            entries.update(chain)  # the base snapshot and the deltas since: verified too
-        body["files"] = entries
-        manifest = seal(body, self.key)
-        if together:
-            def in_publish(conn: Any) -> None:
-                for commit in together:
-                    commit(conn)
-            store.write_checkpoint(cid, files, manifest, crash=self.crash,
-                                   in_publish=in_publish)
-        else:
-            store.write_checkpoint(cid, files, manifest, crash=self.crash)
-        self.crash("after_manifest_publish")
-        return entries, sum(len(b) for b in files.values()) + len(manifest)
-
-    def _await_checkpoint(self, store: CheckpointStore) -> None:
-        """Finish the checkpoint in flight: wait until it is published, then commit the
-        sinks' output of its epoch and apply retention (on the processing thread)."""
-        job = self._inflight
-        if job is None:
-            return
-        self._inflight = None
-        waited = time.monotonic()
-        entries, size = job.future.result()
-        blocked = job.blocked_s + (time.monotonic() - waited)
-        self._remember_chain(job.cid, entries)
-        for role, sink in self.sinks.items():
-            sink.commit(job.epoch, job.tokens[role])
-            self.crash(f"after_commit_{role}")
-        self._retain(store, job.cid)
-        self.crash("after_retention")
-        dt = (time.monotonic() - job.started) * 1000
-        st = self.ck_stats
-        st.count += 1
-        st.total_ms += dt
-        st.blocked_ms += blocked * 1000
-        st.total_bytes += size
-        st.last_id, st.last_at, st.last_ms, st.last_bytes = job.cid, time.monotonic(), dt, size
-
-    def _drain_checkpoint(self) -> None:
-        """After a failure: let the writer finish (its files are durable and harmless;
-        recovery commits or discards its epoch), never leave it writing unlocked."""
-        job, self._inflight = self._inflight, None
-        if job is not None:
-            with contextlib.suppress(BaseException):
-                job.future.result()
-        if self._writer is not None:
-            self._writer.shutdown(wait=True)
-            self._writer = None
-
-    def _next_chain(self) -> dict[str, dict[str, Any]] | None:
-        """The files the next checkpoint's delta builds on, or None when it must be a
-        full snapshot (not incremental, nothing to build on, or ``full_every`` reached)."""
-        cfg = self.p.checkpoint
-        if not self._incremental or cfg is None or self._chain is None:
-            return None
-        if self._last_state is None or len(self._chain) >= cfg.full_every:
-            return None
-        return dict(self._chain)
-
-    def _remember_chain(self, cid: int, files: dict[str, Any]) -> None:
-        """After checkpoint ``cid`` is published or restored: the files a delta builds
-        on next (its base snapshot and the deltas since)."""
-        if not self._incremental:
-            return
-        base, deltas = incremental.chain_roles(files)
-        if base is None:  # a full snapshot: the new base
-            self._chain = {incremental.BASE_ROLE: dict(files["state"])}
-        else:
-            chain = {r: dict(files[r]) for r in (base, *deltas)}
-            chain[f"{incremental.DELTA_ROLE}{cid:012d}"] = dict(files["state"])
-            self._chain = chain
-
-    def _pending_suppression(self) -> bytes | None:
-        frames = []
-        for role, sup in self.suppress.items():
-            if sup.height:
-                frames.append(sup.with_columns(pl.lit(role).alias("__role")))
-        if not frames:
-            return None
-        return encode_table(pl.concat(frames, how="diagonal_relaxed"))
-
-    @staticmethod
-    def _needed_by(store: CheckpointStore, kept: list[int]) -> set[int]:
-        """The checkpoints holding files that the ``kept`` checkpoints reference."""
-        needed: set[int] = set()
-        for cid in kept:
-            for rel in store.files_of(cid):
-                head = rel.split("/", 1)[0]
-                if head.startswith("cp-") and head[3:].isdigit():
-                    needed.add(int(head[3:]))
-        return needed
-
-    def _retain(self, store: CheckpointStore, newest: int) -> None:
-        """Verify the newest checkpoint, then delete verified ones beyond ``keep``.
-
-        With incremental checkpoints, a kept checkpoint's base snapshot and deltas are
-        kept too, and so is one restore point that does not depend on the newest
-        checkpoint's base (with its own chain): damage to that base then still leaves a
-        checkpoint to fall back to."""
-        assert self.p.checkpoint is not None
-        policy = guard.Policy(key=self.key, pipeline=self.p.name, fingerprint=self.fingerprint)
-        if not self._judge(store, newest, policy).ok:
-            return
-        keep = self.p.checkpoint.keep
-        verified = [newest]
-        self._verified.add(newest)
-        needed = self._needed_by(store, [newest])
-        base = min(needed | {newest})
-        fallback_found = base == newest and keep > 1
-        for cid in reversed(store.ids()):
-            if cid >= newest:
-                continue
-            ok = cid in self._verified or self._judge(store, cid, policy).ok
-            if ok:
-                self._verified.add(cid)
-            if ok and not fallback_found and cid < base:
-                fallback_found = True  # the restore point that survives a damaged base
-                verified.append(cid)
-                needed |= self._needed_by(store, [cid])
-                continue
-            if len(verified) < keep:
-                if ok:
-                    verified.append(cid)
-                    needed |= self._needed_by(store, [cid])
-                continue
-            if cid in needed:
-                continue  # holds the base snapshot or a delta a kept checkpoint builds on
-            if ok:
-                store.delete(cid)
-                self._verified.discard(cid)
-            else:
-                store.move_aside(cid, "superseded-invalid")
-

@@ -1,0 +1,383 @@
+"""Writing checkpoints: receipts, capture at a consistent point, the writer
+thread, publishing, committing the epoch's output, retention.
+
+:class:`Checkpointing` is mixed into :class:`sealstream._runtime.engine.Job`:
+the job owns the state (operator, watermark, positions, sinks, epoch) and the
+loop; this module owns steps 2-6 of the commit protocol described there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from sealstream._runtime.crash import CrashPoints
+from sealstream._runtime.merge import SourcePosition
+from sealstream._runtime.summary import CheckpointStats, Counters
+from sealstream.checkpoint import guard
+from sealstream.checkpoint.manifest import (
+    DELTA_NAME,
+    FORMAT_VERSION,
+    RECEIPTS_NAME,
+    STATE_NAME,
+    SUPPRESS_NAME,
+    seal,
+)
+from sealstream.checkpoint.store import CheckpointStore, checkpoint_dirname
+from sealstream.pipeline import Pipeline
+from sealstream.sinks._base import Sink
+from sealstream.sinks.database import DatabaseSink
+from sealstream.state import incremental
+from sealstream.state.codec import WATERMARK_META, encode_table, sha256_hex
+from sealstream.watermark import WatermarkState
+from sealstream.windows.operator import WindowOperator
+
+ROLES = ("results", "late", "errors")
+
+
+@dataclass
+class _InFlight:
+    """A checkpoint captured at a consistent point, being written."""
+
+    cid: int
+    epoch: int
+    tokens: dict[str, list[str]]
+    started: float
+    blocked_s: float  # processing-thread time spent capturing it
+    future: Future[tuple[dict[str, Any], int]]
+
+
+class Checkpointing:
+    """The checkpoint half of a job (see the module docstring)."""
+
+    # owned by the job
+    p: Pipeline
+    key: bytes | None
+    fingerprint: str
+    names: list[str]
+    crash: CrashPoints
+    sinks: dict[str, Sink]
+    operator: WindowOperator | None
+    wm: WatermarkState
+    positions: list[SourcePosition]
+    counters: Counters
+    ck_stats: CheckpointStats
+    stop_when: Callable[[Any], bool] | None
+    suppress: dict[str, pl.DataFrame]
+    epoch: int
+    parent: int | None
+    next_id: int
+    receipts_total: dict[str, Any]
+    # owned here
+    _receipts_now: dict[str, dict[str, Any]]
+    _incremental: bool
+    _touched: list[pl.DataFrame]
+    _last_state: pl.DataFrame | None
+    _chain: dict[str, dict[str, Any]] | None
+    _writer: ThreadPoolExecutor | None
+    _inflight: _InFlight | None
+    _verified: set[int]
+
+    @staticmethod
+    def _judge(store: CheckpointStore, cid: int, policy: guard.Policy) -> guard.Verdict:
+        return guard.judge(store.evidence(cid), store.verified_parent(cid, policy.key), policy)
+
+    # ================================================================ receipts
+    def _receipt(self, role: str, frame: pl.DataFrame) -> None:
+        rec = self._receipts_now.setdefault(role, {"count": 0, "ids": []})
+        rec["count"] += frame.height
+        if role == "results":
+            ids = pl.concat_str(
+                [pl.col("key"), pl.col("__kint").cast(pl.String), pl.col("window_start")
+                 .cast(pl.String), pl.col("window_end").cast(pl.String)], separator="|"
+            )
+            end = int(frame.select(pl.col("window_end").max()).item())
+            prev = rec.get("max_window_end")
+            rec["max_window_end"] = end if prev is None else max(prev, end)
+        else:
+            ids = pl.concat_str([pl.col("_partition"), pl.col("_offset").cast(pl.String)],
+                                separator="|")
+        rec["ids"].append(frame.select(ids.alias("id")))
+
+    def _close_receipts(self, tokens: dict[str, list[str]]) -> dict[str, Any]:
+        entry: dict[str, Any] = {"epoch": self.epoch}
+        for role in ROLES:
+            rec = self._receipts_now.get(role)
+            if rec is None:
+                entry[role] = {"count": 0, "digest": hashlib.sha256(b"").hexdigest(),
+                               "tokens": tokens.get(role, [])}
+                continue
+            ids = pl.concat(rec["ids"]).sort("id")["id"].str.join("\n").item()
+            digest = hashlib.sha256(ids.encode()).hexdigest()
+            entry[role] = {"count": rec["count"], "digest": digest,
+                           "tokens": tokens.get(role, [])}
+            if "max_window_end" in rec:
+                entry[role]["max_window_end"] = rec["max_window_end"]
+            self.receipts_total[role] = int(self.receipts_total.get(role, 0)) + rec["count"]
+        self.receipts_total["digest"] = hashlib.sha256(
+            (str(self.receipts_total.get("digest", "")) + json.dumps(entry, sort_keys=True))
+            .encode()
+        ).hexdigest()
+        self.receipts_total["last_epoch"] = self.epoch
+        self._receipts_now.clear()
+        return entry
+
+    # ================================================================ checkpoint
+    def _checkpoint(self, store: CheckpointStore) -> None:
+        """Take a checkpoint at this consistent point (between two batches).
+
+        What the checkpoint records is captured here, on the processing thread: sink
+        tokens (staged output fsynced), the window state (an immutable frame),
+        watermark, positions, receipts and counters; then the next epoch starts.
+        Encoding the state, writing the files and publishing the manifest happen on a
+        writer thread while processing continues (``asynchronous = true``, the
+        default); sinks commit the epoch only after the manifest is published
+        (:meth:`_await_checkpoint`). At most one checkpoint is in flight.
+        """
+        self._await_checkpoint(store)
+        assert self.operator is not None
+        t0 = time.monotonic()
+        epoch = self.epoch
+        tokens = {role: s.prepare(epoch) for role, s in self.sinks.items()}
+        self.crash("after_sink_prepare")
+        cid = self.next_id
+        # deep copies: processing goes on mutating the watermark and positions while
+        # the writer thread encodes what was true at this point
+        wm_json = copy.deepcopy(self.wm.to_json())
+        snap = self.operator.snapshot()
+        chain = self._next_chain()
+        touched = None
+        if chain is not None:
+            touched = (pl.concat(self._touched) if self._touched
+                       else snap.select(incremental.KEYS).clear())
+        last_state = self._last_state
+        receipt = self._close_receipts(tokens)
+        receipts = json.dumps(
+            {"summary": self.receipts_total, "epochs": [receipt]}, sort_keys=True, indent=1
+        ).encode()
+        pending = self._pending_suppression()
+        body: dict[str, Any] = {
+            "format": FORMAT_VERSION,
+            "id": cid,
+            "parent": self.parent,
+            "pipeline": self.p.name,
+            "fingerprint": self.fingerprint,
+            "definition": self.p.fingerprint_fields(),
+            "created_ms": int(time.time() * 1000),
+            "epoch": epoch,
+            "lateness_ms": self.p.window.allowed_lateness_ms,
+            "watermark": wm_json,
+            "positions": [
+                {"partition": n, **pos.to_json()}
+                for n, pos in zip(self.names, self.positions, strict=True)
+            ],
+            "files": {},
+            "state": {"open_windows": self.operator.open_windows,
+                      "incremental": chain is not None},
+            "receipts": dict(self.receipts_total),
+            "sinks": {role: {"epoch": epoch, "tokens": t} for role, t in tokens.items()},
+            "counters": self.counters.to_json(),
+        }
+        body = copy.deepcopy(body)
+        body["watermark"] = wm_json
+        # a sink in the store's database commits in the transaction that publishes
+        together = [s.in_publish(epoch, tokens[role]) for role, s in self.sinks.items()
+                    if isinstance(s, DatabaseSink) and s.transactional and tokens[role]]
+        # the consistent point is behind us: the next epoch starts now
+        self._touched.clear()
+        if self._incremental:
+            self._last_state = snap
+        self.parent = cid
+        self.next_id = cid + 1
+        self.epoch += 1
+
+        def write() -> tuple[dict[str, Any], int]:
+            return self._write_checkpoint(store, cid, snap, wm_json, chain, touched,
+                                          last_state, receipts, pending, body, together)
+
+        cfg = self.p.checkpoint
+        if cfg is not None and cfg.asynchronous:
+            if self._writer is None:
+                self._writer = ThreadPoolExecutor(1, thread_name_prefix="sealstream-ckpt")
+            future = self._writer.submit(write)
+        else:
+            future = Future()
+            try:
+                future.set_result(write())
+            except BaseException as exc:  # noqa: BLE001 - re-raised by _await_checkpoint
+                future.set_exception(exc)
+        self._inflight = _InFlight(cid, epoch, tokens, t0, time.monotonic() - t0, future)
+        if cfg is None or not cfg.asynchronous or self.stop_when is not None:
+            self._await_checkpoint(store)
+
+    def _write_checkpoint(
+        self, store: CheckpointStore, cid: int, snap: pl.DataFrame, wm_json: Any,
+        chain: dict[str, dict[str, Any]] | None, touched: pl.DataFrame | None,
+        last_state: pl.DataFrame | None, receipts: bytes, pending: bytes | None,
+        body: dict[str, Any], together: list[Callable[[Any], None]],
+    ) -> tuple[dict[str, Any], int]:
+        """Encode, write and publish checkpoint ``cid`` (on the writer thread): the
+        manifest is published only after its files are durable."""
+        meta = {WATERMARK_META.decode(): wm_json}
+        # in key order: the file compresses better (neighbouring keys share prefixes)
+        # and holds the same bytes whatever the processing history
+        snap = snap.sort(incremental.KEYS + ["window_start", "window_end"])
+        if chain is not None:
+            assert last_state is not None and touched is not None
+            keys = incremental.changed_keys(last_state, snap, touched)
+            state, state_name = incremental.encode_delta(snap, keys, meta), DELTA_NAME
+        else:
+            state, state_name = encode_table(snap, meta), STATE_NAME
+        files: dict[str, bytes] = {state_name: state, RECEIPTS_NAME: receipts}
+        if pending is not None:
+            files[SUPPRESS_NAME] = pending
+        dirname = checkpoint_dirname(cid)
+        entries: dict[str, Any] = {}
+        for role, name in (("state", state_name), ("receipts", RECEIPTS_NAME),
+                           ("suppress", SUPPRESS_NAME)):
+            if name in files:
+                entries[role] = {"path": f"{dirname}/{name}", "sha256": sha256_hex(files[name]),
+                                 "bytes": len(files[name])}
+        body["state"]["sha256"] = entries["state"]["sha256"]
+        if chain is not None:
+            entries.update(chain)  # the base snapshot and the deltas since: verified too
+        body["files"] = entries
+        manifest = seal(body, self.key)
+        if together:
+            def in_publish(conn: Any) -> None:
+                for commit in together:
+                    commit(conn)
+            store.write_checkpoint(cid, files, manifest, crash=self.crash,
+                                   in_publish=in_publish)
+        else:
+            store.write_checkpoint(cid, files, manifest, crash=self.crash)
+        self.crash("after_manifest_publish")
+        return entries, sum(len(b) for b in files.values()) + len(manifest)
+
+    def _await_checkpoint(self, store: CheckpointStore) -> None:
+        """Finish the checkpoint in flight: wait until it is published, then commit the
+        sinks' output of its epoch and apply retention (on the processing thread)."""
+        job = self._inflight
+        if job is None:
+            return
+        self._inflight = None
+        waited = time.monotonic()
+        entries, size = job.future.result()
+        blocked = job.blocked_s + (time.monotonic() - waited)
+        self._remember_chain(job.cid, entries)
+        for role, sink in self.sinks.items():
+            sink.commit(job.epoch, job.tokens[role])
+            self.crash(f"after_commit_{role}")
+        self._retain(store, job.cid)
+        self.crash("after_retention")
+        dt = (time.monotonic() - job.started) * 1000
+        st = self.ck_stats
+        st.count += 1
+        st.total_ms += dt
+        st.blocked_ms += blocked * 1000
+        st.total_bytes += size
+        st.last_id, st.last_at, st.last_ms, st.last_bytes = job.cid, time.monotonic(), dt, size
+
+    def _drain_checkpoint(self) -> None:
+        """After a failure: let the writer finish (its files are durable and harmless;
+        recovery commits or discards its epoch), never leave it writing unlocked."""
+        job, self._inflight = self._inflight, None
+        if job is not None:
+            with contextlib.suppress(BaseException):
+                job.future.result()
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
+
+    def _next_chain(self) -> dict[str, dict[str, Any]] | None:
+        """The files the next checkpoint's delta builds on, or None when it must be a
+        full snapshot (not incremental, nothing to build on, or ``full_every`` reached)."""
+        cfg = self.p.checkpoint
+        if not self._incremental or cfg is None or self._chain is None:
+            return None
+        if self._last_state is None or len(self._chain) >= cfg.full_every:
+            return None
+        return dict(self._chain)
+
+    def _remember_chain(self, cid: int, files: dict[str, Any]) -> None:
+        """After checkpoint ``cid`` is published or restored: the files a delta builds
+        on next (its base snapshot and the deltas since)."""
+        if not self._incremental:
+            return
+        base, deltas = incremental.chain_roles(files)
+        if base is None:  # a full snapshot: the new base
+            self._chain = {incremental.BASE_ROLE: dict(files["state"])}
+        else:
+            chain = {r: dict(files[r]) for r in (base, *deltas)}
+            chain[f"{incremental.DELTA_ROLE}{cid:012d}"] = dict(files["state"])
+            self._chain = chain
+
+    def _pending_suppression(self) -> bytes | None:
+        frames = []
+        for role, sup in self.suppress.items():
+            if sup.height:
+                frames.append(sup.with_columns(pl.lit(role).alias("__role")))
+        if not frames:
+            return None
+        return encode_table(pl.concat(frames, how="diagonal_relaxed"))
+
+    @staticmethod
+    def _needed_by(store: CheckpointStore, kept: list[int]) -> set[int]:
+        """The checkpoints holding files that the ``kept`` checkpoints reference."""
+        needed: set[int] = set()
+        for cid in kept:
+            for rel in store.files_of(cid):
+                head = rel.split("/", 1)[0]
+                if head.startswith("cp-") and head[3:].isdigit():
+                    needed.add(int(head[3:]))
+        return needed
+
+    def _retain(self, store: CheckpointStore, newest: int) -> None:
+        """Verify the newest checkpoint, then delete verified ones beyond ``keep``.
+
+        With incremental checkpoints, a kept checkpoint's base snapshot and deltas are
+        kept too, and so is one restore point that does not depend on the newest
+        checkpoint's base (with its own chain): damage to that base then still leaves a
+        checkpoint to fall back to."""
+        assert self.p.checkpoint is not None
+        policy = guard.Policy(key=self.key, pipeline=self.p.name, fingerprint=self.fingerprint)
+        if not self._judge(store, newest, policy).ok:
+            return
+        keep = self.p.checkpoint.keep
+        verified = [newest]
+        self._verified.add(newest)
+        needed = self._needed_by(store, [newest])
+        base = min(needed | {newest})
+        fallback_found = base == newest and keep > 1
+        for cid in reversed(store.ids()):
+            if cid >= newest:
+                continue
+            ok = cid in self._verified or self._judge(store, cid, policy).ok
+            if ok:
+                self._verified.add(cid)
+            if ok and not fallback_found and cid < base:
+                fallback_found = True  # the restore point that survives a damaged base
+                verified.append(cid)
+                needed |= self._needed_by(store, [cid])
+                continue
+            if len(verified) < keep:
+                if ok:
+                    verified.append(cid)
+                    needed |= self._needed_by(store, [cid])
+                continue
+            if cid in needed:
+                continue  # holds the base snapshot or a delta a kept checkpoint builds on
+            if ok:
+                store.delete(cid)
+                self._verified.discard(cid)
+            else:
+                store.move_aside(cid, "superseded-invalid")

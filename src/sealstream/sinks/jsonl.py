@@ -29,6 +29,7 @@ and ``_offset`` (integer).
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 from pathlib import Path
 from typing import BinaryIO
@@ -64,8 +65,11 @@ def json_lines_bytes(frame: pl.DataFrame) -> bytes:
         raise ValueError(f"column {JSON_LINE!r} has {col.null_count()} null value(s)")
     if col.str.contains("[\n\r]").any():
         raise ValueError(f"column {JSON_LINE!r} has a value with a line break")
-    text = frame.select(pl.col(JSON_LINE).str.join("\n")).item()
-    return (str(text) + "\n").encode("utf-8")
+    # one unquoted CSV column is the values verbatim, each ended by \n: written by
+    # polars straight into a buffer, with no Python string of the whole text
+    buf = io.BytesIO()
+    frame.select(col).write_csv(buf, include_header=False, quote_style="never")
+    return buf.getvalue()
 
 
 def read_json_ids(paths: list[Path], role: SinkRole) -> pl.DataFrame:

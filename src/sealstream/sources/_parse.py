@@ -322,8 +322,9 @@ class Typer:
 # ---------------------------------------------------------------------------
 
 DEFAULT_BLOCK_BYTES = 8 << 20
+FIRST_BLOCK_BYTES = 1 << 20
 TAIL_BYTES = 4096
-PARSE_AHEAD = 2
+PARSE_AHEAD = 1
 _PROBE_BYTES = 1 << 16
 """Blocks of one reader being parsed in the background, beyond the one served."""
 
@@ -516,6 +517,9 @@ class LineFileReader:
         self._roles = roles(plan)
         self._typer = Typer(plan, self.line_delta)
         self._block_bytes = max(1, block_bytes)
+        # the first blocks are small, so that the first batch does not wait for a
+        # whole block of every partition to parse; they double up to block_bytes
+        self._cut_bytes = min(self._block_bytes, FIRST_BLOCK_BYTES)
         try:
             self._f = open(path, "rb")  # noqa: SIM115 - closed by close()
             self._size = os.fstat(self._f.fileno()).st_size
@@ -671,7 +675,7 @@ class LineFileReader:
                     return None
                 buf, self._pending = self._pending, b""
                 return self._raw(buf, final=True)
-            want = max(self._block_bytes - len(self._pending), len(self._pending), 1)
+            want = max(self._cut_bytes - len(self._pending), len(self._pending), 1)
             want = min(want, self._size - self._read_pos)
             try:
                 data = self._f.read(want)
@@ -688,7 +692,7 @@ class LineFileReader:
                 self._skip_partial = nl < 0
                 self._raw_byte += len(skipped)
                 self._tail = (self._tail + skipped)[-TAIL_BYTES:]
-            if len(self._pending) + len(data) < self._block_bytes and self._read_pos < self._size:
+            if len(self._pending) + len(data) < self._cut_bytes and self._read_pos < self._size:
                 self._pending += data
                 continue
             cut = self._cut(data, self._pending)
@@ -708,10 +712,10 @@ class LineFileReader:
             type(self)._cut is not LineFileReader._cut
             or self._pending
             or self._skip_partial
-            or self._size - self._read_pos <= self._block_bytes
+            or self._size - self._read_pos <= self._cut_bytes
         ):
             return None
-        end = self._read_pos + self._block_bytes
+        end = self._read_pos + self._cut_bytes
         probe = self._pread(
             max(self._read_pos, end - _PROBE_BYTES), min(_PROBE_BYTES, end - self._read_pos)
         )
@@ -727,6 +731,7 @@ class LineFileReader:
         return self._raw(buf, final=False)
 
     def _raw(self, buf: bytes, final: bool) -> _RawBlock:
+        self._cut_bytes = min(self._block_bytes, 2 * self._cut_bytes)
         raw = _RawBlock(buf, self._raw_byte, final, self._tail)
         self._raw_byte += len(buf)
         tail = self._tail

@@ -15,13 +15,11 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, TextIO
 
-from rich.console import Console, Group, RenderableType
-from rich.live import Live
-from rich.progress_bar import ProgressBar
-from rich.table import Table
-from rich.text import Text
-
 if TYPE_CHECKING:
+    from rich.console import RenderableType
+    from rich.live import Live
+    from rich.table import Table
+
     from sealstream._runtime.engine import Job, RunSummary
 
 REDRAW_S = 0.1
@@ -136,6 +134,9 @@ class Progress:
             return
         self.last_draw = now
         if self.live is None:
+            from rich.console import Console  # rich only for a terminal: 0.1 s to import
+            from rich.live import Live
+
             self.live = Live(console=Console(file=self.out), auto_refresh=False,
                              transient=True, redirect_stdout=False, redirect_stderr=False)
             self.live.start()
@@ -183,6 +184,11 @@ class Progress:
         return (events - e0) / dt, (consumed - b0) / dt
 
     def render(self, job: Job, now: float) -> RenderableType:
+        from rich.console import Group
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+        from rich.text import Text
+
         c, st = job.counters, job.ck_stats
         sizes = partition_sizes(job)
         known = all(s is not None for s in sizes) and bool(sizes)
@@ -227,6 +233,8 @@ class Progress:
         return Group(*rows)
 
     def _partition_table(self, job: Job, sizes: list[tuple[int, int] | None]) -> Table:
+        from rich.table import Table
+
         table = Table(box=None, pad_edge=False, show_edge=False, header_style="dim")
         table.add_column("partition")
         table.add_column("watermark")
@@ -299,28 +307,41 @@ def checkpoint_record(job: Job) -> dict[str, Any]:
     }
 
 
-def print_summary(summary: RunSummary) -> None:
+def print_summary(summary: RunSummary, stream: TextIO | None = None) -> None:
+    """The run summary as two columns on stdout: with rich on a terminal (labels in
+    bold), else plain aligned text (rich is not imported)."""
+    out = stream if stream is not None else sys.stdout
     data = summary.to_json()
-    console = Console(stderr=False, highlight=False)
+    rows: list[tuple[str, str]] = []
+    rate = data["events_per_second"]
+    rows.append(("pipeline", summary.pipeline))
+    rows.append(("events", f"{data['events']:,}" + (f"  ({rate:,.0f}/s)" if rate else "")))
+    rows.append(("windows fired", f"{data['windows_fired']:,}"))
+    rows.append(("results written", f"{data['results_written']:,}"
+                 + (f"  ({data['suppressed']:,} already committed, not repeated)"
+                    if data["suppressed"] else "")))
+    rows.append(("late events", f"{data['late_events']:,}"))
+    rows.append(("bad records", f"{data['bad_records']:,}"))
+    ck = data["checkpoints"]
+    if ck["count"] or summary.resumed_from is not None:
+        rows.append(("checkpoints", f"{ck['count']} written, mean {ck['mean_ms']:.1f} ms, "
+                     f"{ck['mean_bytes'] / 1024:.1f} KiB"))
+    if summary.resumed_from is not None:
+        rows.append(("resumed from", f"checkpoint {summary.resumed_from}"))
+    for r in summary.rejected:
+        rows.append(("moved aside", f"checkpoint {r['id']}: {r['verdict']} ({r['reason']})"))
+    rows.append(("time", f"{data['seconds']:.2f} s"))
+    if not out.isatty():
+        width = max(len(label) for label, _ in rows)
+        out.write("".join(f"{label.ljust(width)}  {value}\n" for label, value in rows))
+        out.flush()
+        return
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column()
-    rate = data["events_per_second"]
-    table.add_row("pipeline", summary.pipeline)
-    table.add_row("events", f"{data['events']:,}" + (f"  ({rate:,.0f}/s)" if rate else ""))
-    table.add_row("windows fired", f"{data['windows_fired']:,}")
-    table.add_row("results written", f"{data['results_written']:,}"
-                  + (f"  ({data['suppressed']:,} already committed, not repeated)"
-                     if data["suppressed"] else ""))
-    table.add_row("late events", f"{data['late_events']:,}")
-    table.add_row("bad records", f"{data['bad_records']:,}")
-    ck = data["checkpoints"]
-    if ck["count"] or summary.resumed_from is not None:
-        table.add_row("checkpoints", f"{ck['count']} written, mean {ck['mean_ms']:.1f} ms, "
-                      f"{ck['mean_bytes'] / 1024:.1f} KiB")
-    if summary.resumed_from is not None:
-        table.add_row("resumed from", f"checkpoint {summary.resumed_from}")
-    for r in summary.rejected:
-        table.add_row("moved aside", f"checkpoint {r['id']}: {r['verdict']} ({r['reason']})")
-    table.add_row("time", f"{data['seconds']:.2f} s")
-    console.print(table)
+    for label, value in rows:
+        table.add_row(label, value)
+    Console(file=out, highlight=False).print(table)

@@ -199,3 +199,186 @@ def test_open_windows_counts_windows_not_panes() -> None:
     assert sorted(table[WSTART].to_list()) == [-5, 0]
     assert table["#n"].to_list() == [3, 3]
     assert op.state.height == 1  # looking does not fire anything
+
+
+# ------------------------------------------------------------- fast paths
+# The operator fires pane-pattern sliding windows over sorted ranges of panes
+# (``_fire_panes``), merges partials with one join (``_merge``), and orders
+# results with integer sorts (``result_order``). Each has a general path kept
+# for the other cases; these tests check both give the same answer.
+
+
+def _merge_by_group_by(self: Any, partial: Any) -> None:
+    """``WindowOperator._merge`` through its general path (a group-by)."""
+    import polars as pl
+
+    from sealstream.windows.aggregates import WSTART
+
+    if not partial.height:
+        return
+    partial = partial.select(list(self.schema)).cast(self.schema)
+    if not self.state.height:
+        self.state = partial
+        return
+    hit = pl.col(WSTART).is_in(partial.get_column(WSTART).unique().implode())
+    self._merge_grouped(self.state.filter(hit), partial)
+
+
+def _differential(case: Case, monkeypatch: Any) -> tuple[Output, Output, int]:
+    """The engine's output, the output with every fast path off, and how many
+    firings took the pane fast path."""
+    from sealstream.windows import aggregates, operator
+
+    taken = {"n": 0}
+    fire_panes = operator.WindowOperator._fire_panes
+
+    def counting(self: Any, cand: Any, last: int) -> Any:
+        out = fire_panes(self, cand, last)
+        taken["n"] += out is not None
+        return out
+
+    with monkeypatch.context() as m:
+        m.setattr(operator.WindowOperator, "_fire_panes", counting)
+        fast = engine(case)
+    with monkeypatch.context() as m:
+        m.setattr(operator.WindowOperator, "_fire_panes", lambda *_: None)
+        m.setattr(operator.WindowOperator, "_merge", _merge_by_group_by)
+        m.setattr(aggregates, "key_words", lambda _frame: None)
+        slow = engine(case)
+    return fast, slow, taken["n"]
+
+
+@SETTINGS
+@given(cases())
+def test_fast_paths_match_general_paths(case: Case) -> None:
+    import pytest
+
+    with pytest.MonkeyPatch.context() as mp:
+        fast, slow, _ = _differential(case, mp)
+    assert_same_output(slow, fast, case)
+    assert_same_output(run_reference(case), fast, case)
+
+
+def test_pane_fast_path_is_taken_and_exact() -> None:
+    """Many keys and panes, windows firing batch after batch, pairs late for their
+    older windows: the fast path fires (and agrees with the reference)."""
+    import random
+
+    import pytest
+
+    rnd = random.Random(7)
+    recs: list[dict[str, Any]] = []
+    clock = 0
+    for _ in range(400):
+        clock += rnd.randint(0, 3)
+        key = rnd.choice(["a", "b", "c\u00e9", "d\x00", 7, "7"])
+        value = rnd.choice([1, -2, 2**62, 0.25, None])
+        recs.append({"k": key, "ts": clock - rnd.randint(0, 6), "v": value})
+    w = ref.WindowDef("sliding", size_ms=20, slide_ms=4, allowed_lateness_ms=1)
+    case = Case(
+        partitions=[("p0.jsonl", jsonl(list(recs)))],
+        window=w,
+        aggregates={"n": "count", "s": "sum(v)", "lo": "min(v)", "hi": "max(v)", "m": "mean(v)"},
+        max_delay_ms=3,
+        batch_size=16,
+        checkpoint_every=5,
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        fast, slow, taken = _differential(case, mp)
+    assert taken > 5
+    assert_same_output(slow, fast, case)
+    assert_same_output(run_reference(case), fast, case)
+
+
+keys_text = st.text(
+    alphabet=st.sampled_from(["a", "b", "\x00", "\u00e9", "z", "\U0001f600", '"', "\\"]),
+    max_size=20,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(keys_text, st.booleans(), st.sampled_from([-5, 0, 5, 10, 2**40]),
+                  st.sampled_from([3, 10])),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_result_order_is_polars_sort(rows: list[tuple[str, bool, int, int]]) -> None:
+    import polars as pl
+
+    from sealstream.sources._base import KEY, KEY_IS_INT
+    from sealstream.windows.aggregates import WEND, WSTART, in_result_order, result_order
+
+    frame = pl.DataFrame(
+        [(k, i, s, s + d) for k, i, s, d in rows],
+        schema={KEY: pl.String, KEY_IS_INT: pl.Boolean, WSTART: pl.Int64, WEND: pl.Int64},
+        orient="row",
+    )
+    cols = [WEND, WSTART, KEY]
+    ours = frame[result_order(frame)]
+    assert ours.select(cols).equals(frame.sort(cols, maintain_order=True).select(cols))
+    assert in_result_order(ours)
+    expected = sorted(rows, key=lambda r: (r[2] + r[3], r[2], r[0].encode()))
+    assert [(k, s) for k, _, s, _ in expected] == list(
+        zip(ours[KEY].to_list(), ours[WSTART].to_list(), strict=True)
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=6), min_size=1, max_size=10))
+def test_plain_keys_are_their_own_json(keys: list[str]) -> None:
+    import json
+
+    import polars as pl
+
+    from sealstream.windows.aggregates import _NOT_PLAIN, _json_string
+
+    frame = pl.DataFrame({"k": keys})
+    flagged = frame.select(pl.col("k").str.contains(_NOT_PLAIN)).to_series().to_list()
+    encoded = frame.select(_json_string(pl.col("k"))).to_series().to_list()
+    for key, bad, text in zip(keys, flagged, encoded, strict=True):
+        assert json.loads(text) == key
+        if not bad:
+            assert text == '"' + key + '"'
+
+
+def test_combine_ranges_exact_int128_nulls_and_nan() -> None:
+    import numpy as np
+    import polars as pl
+
+    from sealstream.pipeline import Aggregate
+    from sealstream.sources._base import FieldPlan
+    from sealstream.windows.aggregates import Accumulators
+
+    aggs = (Aggregate("s", "sum", "v"), Aggregate("lo", "min", "v"), Aggregate("hi", "max", "v"))
+    acc = Accumulators(aggs, FieldPlan(key="k", time="ts", fields={"v": "numeric"}))
+    big = 2**100
+    frags = pl.DataFrame(
+        {
+            "#n": [1, 2, 3, 4],
+            "#si:v": [big, -1, big, 5],
+            "#sf:v": [0.1, 0.2, 0.0, 0.3],
+            "#ni:v": [1, 1, 1, 1],
+            "#nf:v": [0, 1, 0, 1],
+            "#mini:v": [None, -3, None, 9],
+            "#minf:v": [None, None, None, float("inf")],
+            "#maxi:v": [None, -3, None, 9],
+            "#maxf:v": [None, None, None, float("-inf")],
+        },
+        schema=acc.schema(),
+    )
+    order = np.array([3, 2, 1, 0])  # rows in sorted order: 3, 2, 1, 0
+    r0, r1 = np.array([0, 1, 1, 3]), np.array([4, 2, 3, 4])
+    out = acc.combine_ranges(frags, order, r0, r1)
+    assert out is not None
+    got = pl.DataFrame(out)
+    assert got["#n"].to_list() == [10, 3, 5, 1]
+    assert got["#si:v"].to_list() == [2 * big + 4, big, big - 1, big]
+    assert got["#sf:v"].to_list() == [((0.0 + 0.3) + 0.0 + 0.2) + 0.1, 0.0, 0.2, 0.1]
+    assert got["#mini:v"].to_list() == [-3, None, -3, None]
+    assert got["#minf:v"].to_list() == [float("inf"), None, None, None]
+    assert got["#maxf:v"].to_list() == [float("-inf"), None, None, None]
+    nan = frags.with_columns(pl.lit(float("nan")).alias("#minf:v"))
+    assert acc.combine_ranges(nan, order, r0, r1) is None

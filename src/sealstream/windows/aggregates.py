@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import polars as pl
 
 from sealstream.pipeline import Aggregate
@@ -51,6 +52,11 @@ def _float_json(expr: pl.Expr) -> pl.Expr:
     return pl.when(expr.is_finite()).then(expr.cast(pl.String)).otherwise(pl.lit("null"))
 
 
+# a character that JSON text of a string could escape (all but printable ASCII
+# without '"' and '\\'): keys without one are their own JSON text, quoted
+_NOT_PLAIN = r"[^\x20-\x21\x23-\x5b\x5d-\x7e]"
+
+
 def _json_string(expr: pl.Expr) -> pl.Expr:
     """JSON-escape a string column (with quotes)."""
     return (
@@ -59,6 +65,95 @@ def _json_string(expr: pl.Expr) -> pl.Expr:
         .str.strip_prefix('{"k":')
         .str.strip_suffix("}")
     )
+
+
+_MAX_KEY_WORDS = 8
+
+
+def key_words(frame: pl.DataFrame) -> list[np.ndarray] | None:
+    """The key's UTF-8 bytes as big-endian uint64 words, zero-padded, most
+    significant first; None when keys are too long for that to pay off."""
+    longest = frame.select(pl.col(KEY).str.len_bytes().max()).item()
+    n_words = max(1, -(-int(longest or 0) // 8))
+    if n_words > _MAX_KEY_WORDS:
+        return None
+    # pad with NUL characters (at least one byte each) to at least 8 * n_words bytes
+    padded = pl.col(KEY).str.pad_end(8 * n_words, "\x00").cast(pl.Binary)
+    words = frame.select(
+        padded.bin.slice(8 * i, 8)
+        .bin.reinterpret(dtype=pl.UInt64, endianness="big")
+        .alias(f"w{i}")
+        for i in range(n_words)
+    )
+    return [words.get_column(f"w{i}").to_numpy() for i in range(n_words)]
+
+
+def take(frame: pl.DataFrame, idx: np.ndarray) -> pl.DataFrame:
+    """``frame[idx]``, gathering plain numeric columns with numpy (faster)."""
+    cols = []
+    for col in frame.iter_columns():
+        if col.dtype in (pl.Int64, pl.Float64) and not col.null_count():
+            cols.append(pl.Series(col.name, col.to_numpy()[idx], dtype=col.dtype))
+        else:
+            cols.append(col.gather(idx))
+    return pl.DataFrame(cols)
+
+
+def _narrow(x: np.ndarray) -> np.ndarray:
+    """``x`` shifted into uint16 when its range allows (numpy radix-sorts those)."""
+    if x.dtype.kind in "biu" and x.size:
+        lo, hi = int(x.min()), int(x.max())
+        if hi - lo < 2**16:
+            return (x - lo).astype(np.uint16) if x.dtype.kind != "b" else x.astype(np.uint8)
+    return x
+
+
+def lex_order(keys: list[np.ndarray]) -> np.ndarray:
+    """Stable permutation sorting by ``keys`` (most significant first)."""
+    order: np.ndarray | None = None
+    for key in reversed(keys):
+        k = _narrow(key if order is None else key[order])
+        step = np.argsort(k, kind="stable")
+        order = step if order is None else order[step]
+    assert order is not None
+    return order
+
+
+def result_order(frame: pl.DataFrame) -> np.ndarray:
+    """The permutation sorting rows by ``(window_end, window_start, key text)``
+    (byte order, as Polars compares strings), ties kept in row order.
+
+    Integer sorts only: the key text is compared through its bytes as uint64
+    words (plus its length when a key holds a NUL byte, the padding).
+    """
+    words = key_words(frame)
+    if words is None:
+        order = frame.select(pl.arg_sort_by(KEY, maintain_order=True)).to_series().to_numpy()
+    else:
+        if frame.select(pl.col(KEY).str.contains("\x00", literal=True).any()).item():
+            words.append(frame.get_column(KEY).str.len_bytes().to_numpy())
+        # one word: ties are equal keys, whose order the stable pass below keeps
+        order = np.argsort(words[0]) if len(words) == 1 else lex_order(words)
+    we = frame.get_column(WEND).to_numpy()[order]
+    ws = frame.get_column(WSTART).to_numpy()[order]
+    e_lo, s_lo = int(we.min()), int(ws.min())
+    e_span, s_span = int(we.max()) - e_lo + 1, int(ws.max()) - s_lo + 1
+    if e_span * s_span < 2**62:
+        code = (we - e_lo) * s_span + (ws - s_lo)
+        step = int(np.gcd.reduce(code))
+        second = lex_order([code // step if step > 1 else code])
+    else:
+        second = lex_order([we, ws])
+    out: np.ndarray = order[second]
+    return out
+
+
+def in_result_order(frame: pl.DataFrame) -> bool:
+    """True when rows are sorted by ``(window_end, window_start, key text)``."""
+    e, s, k = pl.col(WEND), pl.col(WSTART), pl.col(KEY)
+    pe, ps, pk = e.shift(1), s.shift(1), k.shift(1)
+    ok = (e > pe) | ((e == pe) & ((s > ps) | ((s == ps) & (k >= pk))))
+    return bool(frame.select(ok.fill_null(True).all()).item())
 
 
 @dataclass(frozen=True)
@@ -178,6 +273,108 @@ class Accumulators:
                     )
         return out
 
+    def combine_pair(self, suffix: str) -> list[pl.Expr]:
+        """Expressions merging two rows of the same window side by side, as
+        :meth:`combine` merges them: the earlier row's accumulators under their
+        names plus ``suffix`` (all null when there is no such row), the later
+        row's under their own names."""
+        out: list[pl.Expr] = []
+        for name in self.schema():
+            early, late = pl.col(name + suffix), pl.col(name)
+            if name.startswith(("#mini:", "#minf:")):
+                out.append(pl.min_horizontal(early, late).alias(name))
+            elif name.startswith(("#maxi:", "#maxf:")):
+                out.append(pl.max_horizontal(early, late).alias(name))
+            elif name == COUNT or name.startswith(("#si:", "#sf:", "#ni:", "#nf:")):
+                out.append(
+                    pl.when(early.is_null())
+                    .then(late)
+                    .when(late.is_null())
+                    .then(early)
+                    .otherwise(early + late)
+                    .alias(name)
+                )
+        for tag, func in (("f", "first"), ("l", "last")):
+            for f in self._fields(func):
+                t, q = f"#{tag}t:{f}", f"#{tag}q:{f}"
+                et, eq, lt, lq = pl.col(t + suffix), pl.col(q + suffix), pl.col(t), pl.col(q)
+                if func == "first":
+                    early_wins = (et < lt) | ((et == lt) & (eq < lq))
+                else:
+                    early_wins = (et > lt) | ((et == lt) & (eq > lq))
+                take_early = et.is_not_null() & (lt.is_null() | early_wins)
+                cols = [t, q, f"#{tag}i:{f}", f"#{tag}f:{f}"]
+                if self.plan.fields.get(f) == "any":
+                    cols.append(f"#{tag}s:{f}")
+                for c in cols:
+                    out.append(
+                        pl.when(take_early).then(pl.col(c + suffix)).otherwise(pl.col(c)).alias(c)
+                    )
+        return out
+
+    def combine_ranges(
+        self, frags: pl.DataFrame, order: np.ndarray, r0: np.ndarray, r1: np.ndarray
+    ) -> list[pl.Series] | None:
+        """Combine the accumulator rows ``frags[order][r0[i]:r1[i]]`` (never empty)
+        for every ``i``, like :meth:`combine` on each range; None when this layout
+        is not supported (first/last, or a NaN where min/max would meet it).
+
+        Integer sums are exact prefix-sum differences; float sums add the rows of
+        a range one by one in row order (starting from 0.0, as Polars' sum does);
+        min/max take the smallest/largest non-null value.
+        """
+        if self.needs_order():
+            return None
+        n = order.size
+        width = int((r1 - r0).max())
+        # row j - 1 of slots: the index of each range's j-th row, or the pad row n past it
+        slots = r0 + np.arange(1, width, dtype=np.int64)[:, None]
+        slots[slots >= r1] = n
+        out: list[pl.Series] = []
+        for name, dtype in self.schema().items():
+            col = frags.get_column(name)
+            if name.startswith(("#mini:", "#minf:", "#maxi:", "#maxf:")):
+                is_min = name.startswith("#min")
+                if dtype == pl.Float64:
+                    if col.is_nan().any():
+                        return None
+                    pad: float | int = np.inf if is_min else -np.inf
+                else:
+                    pad = int(np.iinfo(np.int64).max if is_min else np.iinfo(np.int64).min)
+                values = col.fill_null(pad).to_numpy()[order]
+                values = np.append(values, np.array([pad], dtype=values.dtype))
+                pick = np.minimum if is_min else np.maximum
+                acc = values[r0]
+                for row in values[slots]:
+                    pick(acc, row, out=acc)
+                present = np.concatenate([[0], np.cumsum(col.is_not_null().to_numpy()[order])])
+                empty = (present[r1] - present[r0]) == 0
+                out.append(
+                    pl.Series(name, acc, dtype=dtype).scatter(np.flatnonzero(empty), None)
+                    if empty.any()
+                    else pl.Series(name, acc, dtype=dtype)
+                )
+            elif dtype == pl.Float64:  # a float sum: one addition per row, in row order
+                values = np.append(col.fill_null(0.0).to_numpy()[order], 0.0)
+                acc = np.zeros(r0.size) + values[r0]
+                for row in values[slots]:
+                    np.add(acc, row, out=acc)
+                out.append(pl.Series(name, acc, dtype=dtype))
+            else:  # an integer sum (Int64, or Int128 when it fits): exact prefix sums
+                ints = col.fill_null(0)
+                if dtype != pl.Int64:
+                    if ints.abs().sum() >= 2**63:
+                        prefix = pl.concat(
+                            [pl.Series(name, [0], dtype=dtype), ints.gather(order).cum_sum()]
+                        )
+                        out.append(prefix.gather(r1) - prefix.gather(r0))
+                        continue
+                    ints = ints.cast(pl.Int64)
+                run = np.zeros(n + 1, dtype=np.int64)
+                np.cumsum(ints.to_numpy()[order], out=run[1:])
+                out.append(pl.Series(name, run[r1] - run[r0], dtype=dtype))
+        return out
+
     # ---------------------------------------------------------------- finalize
     def finalize(self, fired: pl.DataFrame) -> pl.DataFrame:
         """Turn fired windows into result rows.
@@ -187,19 +384,34 @@ class Accumulators:
         Float64, or String JSON text for non-numeric first/last), and
         ``__json``, the output line with per-row types.
         """
+        if fired.height > 1 and not in_result_order(fired):
+            # sort first, so that the JSON lines are built in output order
+            fired = take(fired, result_order(fired))
         typed: list[pl.Expr] = []
         frags: list[pl.Expr] = []
         for a in self.aggregates:
             value, frag = self._final(a, fired)
             typed.append(value.alias(a.name))
             frags.append(frag.alias(f"__frag:{a.name}"))
-        key_json = (
-            pl.when(pl.col(KEY_IS_INT)).then(pl.col(KEY)).otherwise(_json_string(pl.col(KEY)))
-        )
+        plain, any_int, all_int = fired.select(
+            ~pl.col(KEY).str.contains(_NOT_PLAIN).any().alias("plain"),
+            pl.col(KEY_IS_INT).any().alias("any_int"),
+            pl.col(KEY_IS_INT).all().alias("all_int"),
+        ).row(0)
+        if plain and not any_int:  # every key its own JSON text in quotes
+            head = [pl.lit('{"key":"'), pl.col(KEY), pl.lit('","window_start":')]
+        elif all_int:
+            head = [pl.lit('{"key":'), pl.col(KEY), pl.lit(',"window_start":')]
+        else:
+            quoted = pl.concat_str([pl.lit('"'), pl.col(KEY), pl.lit('"')])
+            key_json = (
+                pl.when(pl.col(KEY_IS_INT))
+                .then(pl.col(KEY))
+                .otherwise(quoted if plain else _json_string(pl.col(KEY)))
+            )
+            head = [pl.lit('{"key":'), key_json, pl.lit(',"window_start":')]
         parts: list[pl.Expr | str] = [
-            pl.lit('{"key":'),
-            key_json,
-            pl.lit(',"window_start":'),
+            *head,
             pl.col(WSTART).cast(pl.String),
             pl.lit(',"window_end":'),
             pl.col(WEND).cast(pl.String),
@@ -208,7 +420,7 @@ class Accumulators:
             parts += [pl.lit(f',"{a.name}":'), pl.col(f"__frag:{a.name}").fill_null("null")]
         parts.append(pl.lit("}"))
         json_line = pl.concat_str(parts).alias("__json")
-        out = fired.select(
+        return fired.select(
             pl.col(KEY).alias("key"),
             pl.col(KEY_IS_INT),
             pl.col(WSTART),
@@ -216,7 +428,6 @@ class Accumulators:
             *typed,
             fired.with_columns(frags).select(json_line).to_series(),
         )
-        return out.sort(["window_end", "window_start", "key"])
 
     def _final(self, a: Aggregate, fired: pl.DataFrame) -> tuple[pl.Expr, pl.Expr]:
         f = a.field

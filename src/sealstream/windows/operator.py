@@ -16,7 +16,11 @@ for them, and belongs to the ``size / slide`` windows that contain it; a window
 late for some of its windows and not others, or every event when
 ``size % slide != 0``). A window's result combines its fragments when it fires
 (:meth:`WindowOperator._fire_fixed`); a plain window row is the fragment of one
-window, so tumbling state and older sliding state read the same way.
+window, so tumbling state and older sliding state read the same way. When the
+fragments are panes (the usual case), a firing sorts them by key and pane and
+combines each window's contiguous range of panes, oldest first, without a row
+per (pane, window) (:meth:`WindowOperator._fire_panes`); otherwise it explodes
+the fragments into their windows and groups them.
 
 Off-by-one rules (semantics sections 3-4): windows are half-open
 ``[start, end)``; a pair (event, window) is late when ``end + lateness <= W``;
@@ -41,7 +45,15 @@ import polars as pl
 from sealstream.pipeline import Pipeline, Session, Sliding, Tumbling
 from sealstream.sources._base import KEY, KEY_IS_INT, TIME
 from sealstream.watermark import POS_INF, WATERMARK
-from sealstream.windows.aggregates import GROUP, SEQ, WEND, WSTART, Accumulators
+from sealstream.windows.aggregates import (
+    GROUP,
+    SEQ,
+    WEND,
+    WSTART,
+    Accumulators,
+    key_words,
+    lex_order,
+)
 
 LABEL = "__label"
 
@@ -159,7 +171,8 @@ class WindowOperator:
         base = (t // slide) * slide
         # an event is late when even its newest window is closed
         late_event = (base + size + lat) <= wm
-        late = events.filter(late_event)
+        any_late = events.select(late_event.any()).item()
+        late = events.filter(late_event) if any_late else events.clear()
         live = events.lazy().select(needed).filter(~late_event).with_columns(base.alias(WSTART))
         if slide == size:
             pairs = live.with_columns((pl.col(WSTART) + size).alias(WEND))
@@ -200,22 +213,62 @@ class WindowOperator:
         """Merge fragment partials into the state, combining equal fragments.
 
         Only the state rows that meet a partial row (same key and span) are
-        regrouped with it; a cheap filter on ``window_start`` first narrows the
-        state to the rows that can.
+        combined with it, row beside row (:meth:`Accumulators.combine_pair`); a
+        cheap filter on ``window_start`` first narrows the state to the rows
+        that can. A state that holds a fragment twice (never written by this
+        operator) is regrouped instead.
         """
         if not partial.height:
             return
-        partial = partial.select(list(self.schema)).cast(self.schema)  # type: ignore[arg-type]
+        partial = partial.select(list(self.schema))
+        if partial.schema != self.schema:
+            partial = partial.cast(self.schema)  # type: ignore[arg-type]
         if not self.state.height:
             self.state = partial
             return
         hit = pl.col(WSTART).is_in(partial.get_column(WSTART).unique().implode())
         touched = self.state.filter(hit)
-        ids = partial.select(GROUP)
-        meet = touched.join(ids, on=GROUP, how="semi")
-        if not meet.height:
+        if not touched.height:
             self.state = pl.concat([self.state, partial], how="vertical")
             return
+        # the state rows that meet a partial row (same fragment): one hash lookup
+        ids = partial.select(pl.struct(GROUP)).to_series()
+        hit_rows = touched.select(pl.struct(GROUP).is_in(ids.implode())).to_series()
+        if not hit_rows.any():
+            self.state = pl.concat([self.state, partial], how="vertical")
+            return
+        meet = touched.filter(hit_rows)
+        # each of them next to its partial row
+        sfx = "__early"
+        pairs = (
+            partial.select(GROUP)
+            .with_row_index("__p")
+            .join(meet.select(GROUP).with_row_index("__i"), on=GROUP, how="inner")
+        )
+        p_met = pairs.get_column("__p").to_numpy()
+        p_apart = np.ones(partial.height, dtype=bool)
+        p_apart[p_met] = False
+        if pairs.height != meet.height or partial.height - p_apart.sum() != pairs.height:
+            self._merge_grouped(touched, partial)  # the state repeats a fragment: regroup
+            return
+        accs = list(self.acc.schema())
+        met = meet.select(accs)[pairs.get_column("__i").to_numpy()]
+        both = partial[p_met].hstack(met.rename(lambda c: c + sfx))
+        merged = both.select(*GROUP, *self.acc.combine_pair(sfx)).select(list(self.schema))
+        self.state = pl.concat(
+            [
+                self.state.filter(~hit),
+                touched.filter(~hit_rows),
+                merged,
+                partial.filter(p_apart),
+            ],
+            how="vertical",
+        )
+
+    def _merge_grouped(self, touched: pl.DataFrame, partial: pl.DataFrame) -> None:
+        hit = pl.col(WSTART).is_in(partial.get_column(WSTART).unique().implode())
+        ids = partial.select(GROUP)
+        meet = touched.join(ids, on=GROUP, how="semi")
         apart = touched.join(ids, on=GROUP, how="anti")
         merged = (
             pl.concat([meet, partial], how="vertical")
@@ -252,28 +305,104 @@ class WindowOperator:
             return st.clear()
         # the first window start that stays open after this firing
         nxt = (w_end - size - lat) // slide * slide + slide
-        # each fragment's closed windows: oldest .. min(a, nxt - slide), step slide
-        newest = pl.min_horizontal(a, pl.lit(nxt - slide, dtype=pl.Int64))
-        fired = (
-            cand.lazy()
-            .select(
-                KEY,
-                KEY_IS_INT,
-                pl.int_ranges(oldest, newest + slide, slide, dtype=pl.Int64).alias(WSTART),
-                *self.acc.schema(),
+        panes = self._fire_panes(cand, nxt - slide)
+        if panes is not None:
+            fired = panes
+        else:
+            # each fragment's closed windows: oldest .. min(a, nxt - slide), step slide
+            newest = pl.min_horizontal(a, pl.lit(nxt - slide, dtype=pl.Int64))
+            fired = (
+                cand.lazy()
+                .select(
+                    KEY,
+                    KEY_IS_INT,
+                    pl.int_ranges(oldest, newest + slide, slide, dtype=pl.Int64).alias(WSTART),
+                    *self.acc.schema(),
+                )
+                .explode(WSTART)
+                .group_by([KEY, KEY_IS_INT, WSTART])
+                .agg(self.acc.combine())
+                .with_columns((pl.col(WSTART) + size).alias(WEND))
+                .select(list(self.schema))
+                .collect()
             )
-            .explode(WSTART)
-            .group_by([KEY, KEY_IS_INT, WSTART])
-            .agg(self.acc.combine())
-            .with_columns((pl.col(WSTART) + size).alias(WEND))
-            .select(list(self.schema))
-            .collect()
-        )
         keep = cand.filter((a + (size + lat)) > w_end).with_columns(
             pl.max_horizontal(b, pl.lit(nxt + size, dtype=pl.Int64)).alias(WEND)
         )
         self.state = pl.concat([st.filter(~due), keep], how="vertical")
         return fired
+
+    def _fire_panes(self, cand: pl.DataFrame, last: int) -> pl.DataFrame | None:
+        """The windows ``s <= last`` of the due fragments ``cand``, combined over
+        sorted ranges of fragments instead of one row per (fragment, window);
+        rows come out in result order (``window_start``, then key text). None
+        when the fragments do not follow the pane pattern below (then the caller
+        explodes them).
+
+        In slide units (``K = size / slide``), a fragment ``[a, b)`` belongs to
+        the windows ``lo = b - K .. a``. The pattern: every fragment is a pane
+        whose older windows fired up to a common frontier ``F``, that is
+        ``lo = max(a - K + 1, F)`` (``F`` the smallest ``lo`` of the narrowed
+        fragments, none if no fragment is narrowed). Then, for the windows
+        ``s >= F``, the fragments of window ``s`` are those of its key with
+        ``s <= a < s + K``: one contiguous range once sorted by (key, ``a``).
+        """
+        size, slide = self.size_ms, self.slide_ms
+        if size % slide:
+            return None
+        k = size // slide
+        a_ms = cand.get_column(WSTART).to_numpy()
+        b_ms = cand.get_column(WEND).to_numpy()
+        if (a_ms % slide).any() or (b_ms % slide).any():
+            return None
+        a, lo = a_ms // slide, b_ms // slide - k
+        natural = a - (k - 1)
+        narrowed = lo > natural
+        start = np.maximum(natural, lo[narrowed].min()) if narrowed.any() else natural
+        if not np.array_equal(lo, start) or (lo > a).any():
+            return None
+        words = key_words(cand)
+        if words is None:
+            return None
+        # sort by key (text bytes, then __kint), then a
+        keys = [*words, cand.get_column(KEY_IS_INT).to_numpy()]
+        if cand.select(pl.col(KEY).str.contains("\x00", literal=True).any()).item():
+            keys.insert(len(words), cand.get_column(KEY).str.len_bytes().to_numpy())
+        order = lex_order([*keys, a])
+        n = order.size
+        new_key = np.zeros(n, dtype=bool)
+        new_key[0] = True
+        for col in keys:
+            c = col[order]
+            new_key[1:] |= c[1:] != c[:-1]
+        kid = np.cumsum(new_key) - 1
+        a, start = a[order], start[order]
+        end = np.minimum(a, last // slide)
+        # each window once: a fragment adds the windows past its key's previous one
+        first = start.copy()
+        first[1:] = np.where(new_key[1:], start[1:], np.maximum(start[1:], end[:-1] + 1))
+        count = np.maximum(end - first + 1, 0)
+        owner = np.repeat(np.arange(n), count)
+        step = np.arange(owner.size) - np.repeat(np.cumsum(count) - count, count)
+        s = first[owner] + step
+        # window s of key kid: the fragments with code in [kid, s) .. [kid, s + K)
+        base = int(a.min()) - k
+        span = int(a.max()) - base + k + 1
+        code = kid * span + (a - base)
+        wkid = kid[owner]
+        r0 = np.searchsorted(code, wkid * span + (s - base), side="left")
+        r1 = np.searchsorted(code, wkid * span + (s + k - base), side="left")
+        # result order: window start, then key (kid follows the key text)
+        by_start = lex_order([s])
+        s, r0, r1, wkid = s[by_start], r0[by_start], r1[by_start], wkid[by_start]
+        accs = self.acc.combine_ranges(cand, order, r0, r1)
+        if accs is None:
+            return None
+        ids: pl.DataFrame = cand.select(KEY, KEY_IS_INT)[order[new_key]][wkid]
+        starts = pl.Series(WSTART, s * slide, dtype=pl.Int64)
+        return ids.with_columns(starts, (starts + size).alias(WEND), *accs).select(
+            list(self.schema)
+        )
 
     # ---------------------------------------------------------------- session
     def _sessions(self, events: pl.DataFrame, w: Session) -> pl.DataFrame:

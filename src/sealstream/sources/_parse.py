@@ -23,11 +23,13 @@ every format: they depend on each value only, never on the chunk.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import threading
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -324,7 +326,7 @@ class Typer:
 DEFAULT_BLOCK_BYTES = 8 << 20
 FIRST_BLOCK_BYTES = 1 << 20
 TAIL_BYTES = 4096
-PARSE_AHEAD = 1
+PARSE_AHEAD = 2
 _PROBE_BYTES = 1 << 16
 """Blocks of one reader being parsed in the background, beyond the one served."""
 
@@ -486,10 +488,14 @@ def first_bytes(s: pl.Series) -> npt.NDArray[np.uint8]:
 
 @dataclass
 class _RawBlock:
-    buf: bytes
+    """A block of whole records: its bytes, or (``buf`` None) ``length`` bytes at
+    ``start`` that the parse thread reads itself."""
+
+    buf: bytes | None
     start: int
     final: bool
     prev_tail: bytes
+    length: int = 0
 
 
 class LineFileReader:
@@ -563,10 +569,11 @@ class LineFileReader:
         ``prefix`` (starting at a record boundary) comes right before ``data``."""
         return data.rfind(b"\n") + 1
 
-    def _prepare(self, buf: bytes) -> Any:
-        """Called on the reading thread, in block order, as each block is cut;
-        the result is passed to :meth:`_parse_block` (which runs on a parse
-        thread, possibly beside the parsing of the reader's other blocks)."""
+    def _prepare(self, head: Callable[[int], bytes]) -> Any:
+        """Called on the reading thread, in block order, as each block is cut
+        (``head(n)``: the block's first n bytes); the result is passed to
+        :meth:`_parse_block`, which runs on a parse thread, possibly beside the
+        parsing of the reader's other blocks."""
         return None
 
     def _parse_block(
@@ -635,7 +642,11 @@ class LineFileReader:
             lines_before, self._lines_after = self._lines_after, Future()
             self._ahead.append(
                 parse_pool().submit(
-                    self._parse_task, raw, lines_before, self._lines_after, self._prepare(raw.buf)
+                    self._parse_task,
+                    raw,
+                    lines_before,
+                    self._lines_after,
+                    self._prepare(functools.partial(self._block_head, raw)),
                 )
             )
         if not self._ahead:
@@ -656,13 +667,29 @@ class LineFileReader:
         the block before (which counts its newlines first thing), so blocks
         parse side by side; the count is handed on even if parsing fails."""
         try:
+            buf = raw.buf if raw.buf is not None else self._read_block(raw)
             first_line = lines_before.result()
-            lines_after.set_result(first_line + raw.buf.count(b"\n"))
+            lines_after.set_result(first_line + buf.count(b"\n"))
         except BaseException as e:
             if not lines_after.done():
                 lines_after.set_exception(e)
             raise
-        return self._parse_block(raw.buf, raw.start, first_line, raw.final, raw.prev_tail, prepared)
+        return self._parse_block(buf, raw.start, first_line, raw.final, raw.prev_tail, prepared)
+
+    def _read_block(self, raw: _RawBlock) -> bytes:
+        buf = self._pread(raw.start, raw.length)
+        if len(buf) != raw.length:
+            raise SourceError(
+                f"cannot read {str(self._path)!r}: the file shrank while it was read "
+                f"(byte {raw.start + len(buf)} of {raw.start + raw.length})"
+            )
+        return buf
+
+    def _block_head(self, raw: _RawBlock, n: int) -> bytes:
+        """The first ``n`` bytes of a block (at most its length)."""
+        if raw.buf is not None:
+            return raw.buf[:n]
+        return self._pread(raw.start, min(n, raw.length))
 
     def _cut_block(self) -> _RawBlock | None:
         """Read on to the next block of whole records, or None at end of file."""
@@ -707,7 +734,8 @@ class LineFileReader:
         """The next block read in one ``pread`` that ends at its last newline, when
         records end at every newline (the default :meth:`_cut`) and nothing is
         pending; None to take the general path. A small read of the block's end
-        finds the cut first, so the block's bytes are never copied again."""
+        finds the cut; the parse thread reads the block (so the reading thread
+        never copies a block's bytes)."""
         if (
             type(self)._cut is not LineFileReader._cut
             or self._pending
@@ -720,15 +748,17 @@ class LineFileReader:
             max(self._read_pos, end - _PROBE_BYTES), min(_PROBE_BYTES, end - self._read_pos)
         )
         nl = probe.rfind(b"\n")
-        if nl < 0:
+        if nl < TAIL_BYTES:  # no newline, or too little before it for the tail: read it all
             return None
         cut = end - len(probe) + nl + 1
-        buf = self._pread(self._read_pos, cut - self._read_pos)
-        if len(buf) != cut - self._read_pos:  # the file shrank meanwhile: general path
-            return None
+        length = cut - self._read_pos
+        raw = _RawBlock(None, self._raw_byte, False, self._tail, length)
+        self._cut_bytes = min(self._block_bytes, 2 * self._cut_bytes)
+        self._raw_byte += length
+        self._tail = probe[nl + 1 - TAIL_BYTES : nl + 1]
         self._read_pos = cut
         self._f.seek(cut)
-        return self._raw(buf, final=False)
+        return raw
 
     def _raw(self, buf: bytes, final: bool) -> _RawBlock:
         self._cut_bytes = min(self._block_bytes, 2 * self._cut_bytes)

@@ -304,12 +304,12 @@ class JsonlReader(LineFileReader):
         return pl.DataFrame(cols).with_columns(all_null).select(self._schema.keys())
 
     # -- blocks --------------------------------------------------------------
-    def _prepare(self, buf: bytes) -> dict[str, pl.DataType]:
+    def _prepare(self, head: Callable[[int], bytes]) -> dict[str, pl.DataType]:
         # the types each block is decoded with, learned from the first block's
         # first lines (and widened by blocks that need it: results never depend
         # on them, only the speed does)
         if self._dtypes is None:
-            self._dtypes = self._guess(buf[: 1 << 16].split(b"\n")[:100])
+            self._dtypes = self._guess(head(1 << 16).split(b"\n")[:100])
         return dict(self._dtypes)
 
     def _parse_block(

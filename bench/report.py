@@ -104,6 +104,9 @@ def ratios(results: list[Result]) -> list[tuple[str, str, str]]:
                 ">= 33 %"))
     out.append(("checkpointed / unchecked events/s",
                 _pct(rate("sealstream-ckpt"), tumbling), ">= 95 %"))
+    many, ckpt = rate("sealstream-many-keys"), rate("sealstream-ckpt")
+    out.append(("1,000,000 keys: time / 10,000 keys' time (both checkpointed)",
+                f"{ckpt / many:.2f}x" if many and ckpt else "-", "<= 2x"))
     for fmt, name, target in (("jsonl", "sealstream-ckpt", ">= 60 %"),
                               ("parquet", "sealstream-parquet", ">= 50 %")):
         best = fastest_one_shot(results, fmt)

@@ -97,6 +97,7 @@ def test_report_has_ratios_state_and_sweeps() -> None:
 
     results = [res("sealstream", "sealstream", 2.0), res("sealstream-sliding", "sealstream", 4.0),
                res("sealstream-ckpt", "sealstream", 2.5), res("duckdb", "one-shot", 1.0),
+               res("sealstream-many-keys", "sealstream", 4.5),
                res("pyflink", "peer", 5.0)]
     state = Result("state", "state", "state", "ok")
     state.runs = [Run(1.0, 1024, 0, summary={
@@ -106,6 +107,7 @@ def test_report_has_ratios_state_and_sweeps() -> None:
     got = dict((a, b) for a, b, _ in ratios(results))
     assert got["sliding / tumbling events/s"] == "50 %"
     assert got["checkpointed / unchecked events/s"] == "80 %"
+    assert got["1,000,000 keys: time / 10,000 keys' time (both checkpointed)"] == "1.80x"
     assert got["sealstream-ckpt / fastest jsonl one-shot (duckdb) events/s"] == "40 %"
     assert got["sealstream-ckpt / PyFlink SQL (checkpoints on) events/s"] == "2.0x"
     md = render_markdown(W, results, [SweepPoint("keys", 3, results[0])],

@@ -61,6 +61,7 @@ class Checkpointing:
 
     # owned by the job
     p: Pipeline
+    store: CheckpointStore | None
     key: bytes | None
     fingerprint: str
     names: list[str]
@@ -93,20 +94,33 @@ class Checkpointing:
 
     # ================================================================ receipts
     def _receipt(self, role: str, frame: pl.DataFrame) -> None:
+        """Remember the identities of output staged in this epoch (for its checkpoint's
+        receipts; a run without checkpoints keeps none). Only the identity columns
+        are kept here; their text is built when the checkpoint closes the epoch."""
+        if self.store is None:
+            return
         rec = self._receipts_now.setdefault(role, {"count": 0, "ids": []})
         rec["count"] += frame.height
         if role == "results":
-            ids = pl.concat_str(
-                [pl.col("key"), pl.col("__kint").cast(pl.String), pl.col("window_start")
-                 .cast(pl.String), pl.col("window_end").cast(pl.String)], separator="|"
-            )
+            cols = ["key", "__kint", "window_start", "window_end"]
             end = int(frame.select(pl.col("window_end").max()).item())
             prev = rec.get("max_window_end")
             rec["max_window_end"] = end if prev is None else max(prev, end)
         else:
-            ids = pl.concat_str([pl.col("_partition"), pl.col("_offset").cast(pl.String)],
-                                separator="|")
-        rec["ids"].append(frame.select(ids.alias("id")))
+            cols = ["_partition", "_offset"]
+        rec["ids"].append(frame.select(cols))
+
+    @staticmethod
+    def _ids(role: str) -> pl.Expr:
+        """The text of an output's identity, as the receipts' digest hashes it."""
+        if role == "results":
+            return pl.concat_str(
+                [pl.col("key"), pl.col("__kint").cast(pl.String), pl.col("window_start")
+                 .cast(pl.String), pl.col("window_end").cast(pl.String)], separator="|"
+            ).alias("id")
+        return pl.concat_str(
+            [pl.col("_partition"), pl.col("_offset").cast(pl.String)], separator="|"
+        ).alias("id")
 
     def _close_receipts(self, tokens: dict[str, list[str]]) -> dict[str, Any]:
         entry: dict[str, Any] = {"epoch": self.epoch}
@@ -116,7 +130,9 @@ class Checkpointing:
                 entry[role] = {"count": 0, "digest": hashlib.sha256(b"").hexdigest(),
                                "tokens": tokens.get(role, [])}
                 continue
-            ids = pl.concat(rec["ids"]).sort("id")["id"].str.join("\n").item()
+            ids = (
+                pl.concat(rec["ids"]).select(self._ids(role)).sort("id")["id"].str.join("\n").item()
+            )
             digest = hashlib.sha256(ids.encode()).hexdigest()
             entry[role] = {"count": rec["count"], "digest": digest,
                            "tokens": tokens.get(role, [])}

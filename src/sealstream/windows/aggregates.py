@@ -156,6 +156,15 @@ def in_result_order(frame: pl.DataFrame) -> bool:
     return bool(frame.select(ok.fill_null(True).all()).item())
 
 
+def _format(parts: list[str | pl.Expr]) -> pl.Expr:
+    """Text and String expressions joined row by row (null when one is null):
+    ``pl.format`` on a template, about a third faster than ``concat_str``."""
+    template = "".join(
+        p.replace("{", "{{").replace("}", "}}") if isinstance(p, str) else "{}" for p in parts
+    )
+    return pl.format(template, *(p for p in parts if not isinstance(p, str)))
+
+
 @dataclass(frozen=True)
 class Accumulators:
     """The accumulator layout for a list of aggregates."""
@@ -398,10 +407,11 @@ class Accumulators:
             pl.col(KEY_IS_INT).any().alias("any_int"),
             pl.col(KEY_IS_INT).all().alias("all_int"),
         ).row(0)
+        head: list[str | pl.Expr]
         if plain and not any_int:  # every key its own JSON text in quotes
-            head = [pl.lit('{"key":"'), pl.col(KEY), pl.lit('","window_start":')]
+            head = ['{"key":"', pl.col(KEY), '","window_start":']
         elif all_int:
-            head = [pl.lit('{"key":'), pl.col(KEY), pl.lit(',"window_start":')]
+            head = ['{"key":', pl.col(KEY), ',"window_start":']
         else:
             quoted = pl.concat_str([pl.lit('"'), pl.col(KEY), pl.lit('"')])
             key_json = (
@@ -409,17 +419,17 @@ class Accumulators:
                 .then(pl.col(KEY))
                 .otherwise(quoted if plain else _json_string(pl.col(KEY)))
             )
-            head = [pl.lit('{"key":'), key_json, pl.lit(',"window_start":')]
-        parts: list[pl.Expr | str] = [
+            head = ['{"key":', key_json, ',"window_start":']
+        parts: list[str | pl.Expr] = [
             *head,
             pl.col(WSTART).cast(pl.String),
-            pl.lit(',"window_end":'),
+            ',"window_end":',
             pl.col(WEND).cast(pl.String),
         ]
         for a in self.aggregates:
-            parts += [pl.lit(f',"{a.name}":'), pl.col(f"__frag:{a.name}").fill_null("null")]
-        parts.append(pl.lit("}"))
-        json_line = pl.concat_str(parts).alias("__json")
+            parts += [f',"{a.name}":', pl.col(f"__frag:{a.name}").fill_null("null")]
+        parts.append("}")
+        json_line = _format(parts).alias("__json")
         return fired.select(
             pl.col(KEY).alias("key"),
             pl.col(KEY_IS_INT),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,7 +119,11 @@ def read_jsonl_dir(directory: Path) -> list[dict[str, Any]]:
     return out
 
 
-def run_engine(case: Case, directory: Path) -> Output:
+def run_engine(case: Case, directory: Path | None = None) -> Output:
+    """Run ``case`` through the CLI in ``directory`` (a temporary one by default)."""
+    if directory is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            return run_engine(case, Path(tmp))
     from sealstream.cli import main
 
     spec = write_case(case, directory)

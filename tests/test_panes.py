@@ -91,24 +91,19 @@ def cases(draw: st.DrawFn) -> Case:
     )
 
 
-def engine(case: Case) -> Output:
-    with tempfile.TemporaryDirectory() as tmp:
-        return run_engine(case, Path(tmp))
-
-
 @SETTINGS
 @given(cases())
 def test_sliding_matches_reference(case: Case) -> None:
-    assert_same_output(run_reference(case), engine(case), case)
+    assert_same_output(run_reference(case), run_engine(case), case)
 
 
 @SETTINGS
 @given(cases(), st.sampled_from([1, 2, 7, 64]))
 def test_sliding_output_does_not_depend_on_batch_size(case: Case, other: int) -> None:
     case.checkpoint_every = None
-    first = engine(case)
+    first = run_engine(case)
     case.batch_size = other if other != case.batch_size else 3
-    assert_same_output(first, engine(case), case)
+    assert_same_output(first, run_engine(case), case)
 
 
 def _stop_and_resume(case: Case, directory: Path, stops: int) -> Output:
@@ -164,7 +159,7 @@ def test_event_late_for_its_older_windows_only() -> None:
     for batch in (1, 2, 5, 64):
         for ck in (None, 1, 2):
             case = _case(w, recs, batch, checkpoint_every=ck)
-            got = engine(case)
+            got = run_engine(case)
             assert_same_output(run_reference(case), got, case)
             by_window = {(r["window_start"], r["window_end"]): r for r in got.results}
             assert by_window[(5, 15)]["n"] == 1  # only t=6
@@ -239,12 +234,12 @@ def _differential(case: Case, monkeypatch: Any) -> tuple[Output, Output, int]:
 
     with monkeypatch.context() as m:
         m.setattr(operator.WindowOperator, "_fire_panes", counting)
-        fast = engine(case)
+        fast = run_engine(case)
     with monkeypatch.context() as m:
         m.setattr(operator.WindowOperator, "_fire_panes", lambda *_: None)
         m.setattr(operator.WindowOperator, "_merge", _merge_by_group_by)
         m.setattr(aggregates, "key_words", lambda _frame: None)
-        slow = engine(case)
+        slow = run_engine(case)
     return fast, slow, taken["n"]
 
 

@@ -10,7 +10,6 @@ and must not depend on the batch size.
 from __future__ import annotations
 
 import json
-import tempfile
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -124,31 +123,26 @@ def cases(draw: st.DrawFn, start: int = 20, allow_empty: bool = True) -> Case:
     )
 
 
-def engine(case: Case) -> Output:
-    with tempfile.TemporaryDirectory() as tmp:
-        return run_engine(case, Path(tmp))
-
-
 @SETTINGS
 @given(cases())
 def test_engine_matches_reference(case: Case) -> None:
-    assert_same_output(run_reference(case), engine(case), case)
+    assert_same_output(run_reference(case), run_engine(case), case)
 
 
 @SETTINGS
 @given(cases(), st.sampled_from(BATCH_SIZES), st.sampled_from(BATCH_SIZES))
 def test_batch_size_does_not_change_output(case: Case, b1: int, b2: int) -> None:
     case.batch_size, case.checkpoint_every = b1, None
-    first = engine(case)
+    first = run_engine(case)
     case.batch_size = b2 if b2 != b1 else (1 if b1 != 1 else 64)
-    second = engine(case)
+    second = run_engine(case)
     assert_same_output(first, second, case)
 
 
 @SETTINGS
 @given(cases(start=-60))
 def test_negative_event_times(case: Case) -> None:
-    assert_same_output(run_reference(case), engine(case), case)
+    assert_same_output(run_reference(case), run_engine(case), case)
 
 
 EPOCH_2023 = 1_700_000_000_000
@@ -181,7 +175,7 @@ def test_iso_times(case: Case, data: st.DataObject) -> None:
             lines.append(line)
         parts.append((name, "\n".join(lines)))
     case.partitions = parts
-    assert_same_output(run_reference(case), engine(case), case)
+    assert_same_output(run_reference(case), run_engine(case), case)
 
 
 # ----------------------------------------------------- pinned examples (debugging aids)

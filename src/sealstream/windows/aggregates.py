@@ -121,7 +121,8 @@ def lex_order(keys: list[np.ndarray]) -> np.ndarray:
 
 def result_order(frame: pl.DataFrame) -> np.ndarray:
     """The permutation sorting rows by ``(window_end, window_start, key text)``
-    (byte order, as Polars compares strings), ties kept in row order.
+    (byte order, as Polars compares strings). Rows equal in all three (which
+    firing never produces) come out in an unspecified order.
 
     Integer sorts only: the key text is compared through its bytes as uint64
     words (plus its length when a key holds a NUL byte, the padding).
@@ -132,7 +133,8 @@ def result_order(frame: pl.DataFrame) -> np.ndarray:
     else:
         if frame.select(pl.col(KEY).str.contains("\x00", literal=True).any()).item():
             words.append(frame.get_column(KEY).str.len_bytes().to_numpy())
-        # one word: ties are equal keys, whose order the stable pass below keeps
+        # one word: np.argsort's default sort (faster than a stable one), so rows
+        # equal in key and window may swap; firing gives one row per window
         order = np.argsort(words[0]) if len(words) == 1 else lex_order(words)
     we = frame.get_column(WEND).to_numpy()[order]
     ws = frame.get_column(WSTART).to_numpy()[order]

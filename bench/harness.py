@@ -190,6 +190,15 @@ def warm(paths: list[Path]) -> None:
                 pass
 
 
+def compile_package() -> None:
+    """Byte-compile sealstream's sources, as ``pip install`` does for a wheel (and did
+    for polars and duckdb): an editable checkout, or ``PYTHONDONTWRITEBYTECODE=1``,
+    would otherwise make every sealstream process compile them again at start-up."""
+    import compileall
+
+    compileall.compile_dir(str(ROOT / "src" / "sealstream"), quiet=1)
+
+
 def parquet_copy(files: list[Path]) -> list[Path]:
     """The same partitions as Parquet (same rows, same order: row index = line offset)."""
     import polars as pl
@@ -753,6 +762,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     env.setdefault("PYTHONHASHSEED", "0")
 
+    compile_package()
     engine = probe_engine(env)
     work_root = args.work_dir
     if args.list:

@@ -24,14 +24,14 @@ import tempfile
 import time
 from pathlib import Path
 
-BATCH = 3 * 65_536  # the engine's default: 65,536 records per partition, 3 partitions
+PARTITIONS = 3  # the standard workload's; a step takes the default batch of each
 
 
 def measure(windows: int, work: Path) -> dict[str, float | int]:
     import numpy as np
     import polars as pl
 
-    from sealstream.pipeline import load_spec
+    from sealstream.pipeline import DEFAULT_BATCH_SIZE, load_spec
     from sealstream.sources._base import KEY, KEY_IS_INT, TIME, float_col, int_col
     from sealstream.state.codec import WATERMARK_META, decode_table, encode_table
     from sealstream.testing.datagen import write_spec
@@ -65,8 +65,9 @@ def measure(windows: int, work: Path) -> dict[str, float | int]:
     )
     op = WindowOperator(p)
     t = time.perf_counter()
-    for lo in range(0, windows, BATCH):
-        out = op.process(events.slice(lo, BATCH), NEG_INF)
+    step = PARTITIONS * DEFAULT_BATCH_SIZE
+    for lo in range(0, windows, step):
+        out = op.process(events.slice(lo, step), NEG_INF)
         assert not out.fired.height and not out.late.height
     process_s = time.perf_counter() - t
     assert op.open_windows == windows, (op.open_windows, windows)

@@ -34,6 +34,8 @@ from sealstream.errors import SpecError
 from sealstream.sources._base import FieldKind, FieldPlan
 
 STATE_FORMAT_VERSION = 1
+# records per partition per step: memory and speed only, never the results
+DEFAULT_BATCH_SIZE = 262_144
 AGGREGATE_FUNCTIONS = ("count", "sum", "min", "max", "mean", "first", "last")
 NUMERIC_FUNCTIONS = frozenset({"sum", "min", "max", "mean"})
 _AGG_RE = re.compile(r"^\s*(count|sum|min|max|mean|first|last)\s*(?:\(\s*([^()\s]*)\s*\))?\s*$")
@@ -193,7 +195,7 @@ class Pipeline:
     late: Output | None = None
     errors: Output | None = None
     checkpoint: Checkpoints | None = None
-    batch_size: int = 65_536
+    batch_size: int = DEFAULT_BATCH_SIZE
 
     def __post_init__(self) -> None:
         validate(self)
@@ -472,7 +474,7 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
             raise SpecError(f"[{sec}] section is missing")
     pl_sec, src, win = data["pipeline"], data["source"], data["window"]
     name = _get(pl_sec, "pipeline", "name", str, _MISSING)
-    batch_size = _get(pl_sec, "pipeline", "batch_size", int, 65_536)
+    batch_size = _get(pl_sec, "pipeline", "batch_size", int, DEFAULT_BATCH_SIZE)
 
     kind = _get(src, "source", "kind", str, _MISSING)
     if "paths" in src and "path" in src:

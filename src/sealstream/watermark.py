@@ -19,6 +19,7 @@ sizes and lateness to them cannot overflow.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,7 +108,10 @@ class WatermarkState:
 
 
 def assign_watermarks(
-    events: pl.DataFrame, state: WatermarkState, batch_end: tuple[int, int] | None
+    events: pl.DataFrame,
+    state: WatermarkState,
+    batch_end: tuple[int, int] | None,
+    threshold: np.ndarray[Any, np.dtype[np.int64]] | None = None,
 ) -> pl.DataFrame:
     """Add column ``__w`` (global watermark before each event) and advance ``state``.
 
@@ -119,13 +123,20 @@ def assign_watermarks(
     must already hold the last offsets of partitions whose reader reached the
     end.
 
-    For event ``e`` of partition ``p`` at offset ``o`` and each partition
-    ``q``, the events of q before e in read order are those with offset
-    ``< o`` (``<= o`` when ``q < p``); their running maximum is found with a
-    binary search over q's offsets, so no interleaved sort is needed.
+    ``threshold`` (one per event, optional) is the lowest watermark at which
+    the caller's decisions about the event could change (for windows: the
+    event's oldest window would be closed). An event whose threshold lies above
+    an upper bound of its watermark — the global watermark before the batch, or
+    its own partition's, whichever is higher — gets that bound instead of the
+    exact value: every decision comes out the same, and it is much cheaper.
+    Without ``threshold`` every event gets the exact value.
+
+    The exact value: for each partition ``q``, the events of q before event
+    ``e`` (partition p, offset o) in read order are those with offset ``< o``
+    (``<= o`` when ``q < p``), a prefix of q's events; their running maximum is
+    found with a binary search over q's offsets, so no interleaved sort is needed.
     """
     n_parts = len(state.max_time)
-    delay = state.max_delay_ms
     n = events.height
     if n == 0:
         out = events.with_columns(pl.lit(None, dtype=pl.Int64).alias(WATERMARK))
@@ -136,51 +147,22 @@ def assign_watermarks(
         off = events[OFFSET].to_numpy()
         times = events[TIME].to_numpy()
         bounds = np.searchsorted(part, np.arange(n_parts + 1), side="left")
-        base_off = int(off.min())
-        span = int(off.max()) - base_off + 1
-        rel = off - base_off
-        w = np.full(n, POS_INF, dtype=np.int64)
-        for q in range(n_parts):
-            if state.exhausted[q]:
-                continue
-            qs, qe = bounds[q], bounds[q + 1]
-            prev = state.max_time[q]
-            running = np.maximum.accumulate(times[qs:qe]) if qe > qs else times[qs:qe]
-            if prev is not None and running.size:
-                np.maximum(running, prev, out=running)
-            base = NEG_INF if prev is None else clamp(prev - delay)
-            # upto[k] = number of q's events with offset <= base_off + k - 1 (upto[0] = 0)
-            marks = np.zeros(span + 1, dtype=np.int64)
-            marks[rel[qs:qe] + 1] = 1
-            upto = np.cumsum(marks)
-            # W_q as seen by the events of each partition p, slice by slice
-            for p in range(n_parts):
-                ps, pe = bounds[p], bounds[p + 1]
-                if pe == ps:
-                    continue
-                if p == q:
-                    idx = np.arange(pe - ps)  # own earlier events only
-                else:
-                    # q's events before e: offset <= o when q < p, offset < o otherwise
-                    idx = upto[rel[ps:pe] + (1 if q < p else 0)]
-                wq = np.full(pe - ps, base, dtype=np.int64)
-                has = idx > 0
-                if running.size and has.any():
-                    wq[has] = np.clip(running[idx[has] - 1] - delay, NEG_INF, POS_INF)
-                lo = state.last_offset[q]
-                if lo is not None:
-                    o = off[ps:pe]
-                    wq[(o > lo) | ((o == lo) & (p > q))] = POS_INF
-                np.minimum(w[ps:pe], wq, out=w[ps:pe])
-        np.maximum(w, state.global_ms, out=w)
+        if threshold is None:
+            w = _exact(state, part, off, times, bounds, np.arange(n))
+        else:
+            w = _own_bound(state, times, bounds)
+            rows = np.flatnonzero(threshold <= w)
+            if rows.size:
+                w[rows] = _exact(state, part, off, times, bounds, rows)
         out = events.with_columns(pl.Series(WATERMARK, w, dtype=pl.Int64))
 
     # advance the state past this batch
     if n:
-        maxes = events.group_by(PARTITION).agg(pl.col(TIME).max()).rows()
-        for q, mt in maxes:
-            cur = state.max_time[q]
-            state.max_time[q] = mt if cur is None else max(cur, mt)
+        for q in range(n_parts):
+            if bounds[q + 1] > bounds[q]:
+                mt = int(times[bounds[q] : bounds[q + 1]].max())
+                cur = state.max_time[q]
+                state.max_time[q] = mt if cur is None else max(cur, mt)
     if batch_end is not None:
         for q in range(n_parts):
             lo = state.last_offset[q]
@@ -188,3 +170,72 @@ def assign_watermarks(
                 state.exhausted[q] = True
     state.global_ms = state.current()
     return out
+
+
+I64 = np.ndarray[Any, np.dtype[np.int64]]
+
+
+def _own_bound(state: WatermarkState, times: I64, bounds: I64) -> I64:
+    """An upper bound of each event's watermark: the global watermark before the
+    batch or the event's own partition's (its earlier events), whichever is higher."""
+    delay = state.max_delay_ms
+    w = np.full(times.size, state.global_ms, dtype=np.int64)
+    for p in range(len(bounds) - 1):
+        ps, pe = int(bounds[p]), int(bounds[p + 1])
+        if pe - ps < 1:
+            continue
+        prev = state.max_time[p]
+        run = np.maximum.accumulate(times[ps : pe - 1])
+        if prev is not None:
+            np.maximum(run, prev, out=run)
+            w[ps] = max(state.global_ms, clamp(prev - delay))
+        np.maximum(w[ps + 1 : pe], np.clip(run - delay, NEG_INF, POS_INF), out=w[ps + 1 : pe])
+    return w
+
+
+def _exact(
+    state: WatermarkState, part: I64, off: I64, times: I64, bounds: I64, rows: I64
+) -> I64:
+    """The global watermark before each of the events ``rows``."""
+    delay = state.max_delay_ms
+    o, p = off[rows], part[rows]
+    w = np.full(rows.size, POS_INF, dtype=np.int64)
+    before = [_counter(off[bounds[q] : bounds[q + 1]], rows.size) for q in range(len(bounds) - 1)]
+    for q in range(len(bounds) - 1):
+        if state.exhausted[q]:
+            continue
+        qs, qe = int(bounds[q]), int(bounds[q + 1])
+        prev = state.max_time[q]
+        # seen[k] = the largest time of q's first k events (and before the batch)
+        seen = np.empty(qe - qs + 1, dtype=np.int64)
+        seen[0] = NEG_INF if prev is None else prev
+        np.maximum.accumulate(times[qs:qe], out=seen[1:])
+        if prev is not None:
+            np.maximum(seen, prev, out=seen)
+        # q's events before e: offset <= o when q < p, offset < o otherwise
+        idx = before[q](o + (p > q))
+        wq = np.clip(seen[idx] - delay, NEG_INF, POS_INF)
+        lo = state.last_offset[q]
+        if lo is not None:
+            wq[(o > lo) | ((o == lo) & (p > q))] = POS_INF
+        np.minimum(w, wq, out=w)
+    np.maximum(w, state.global_ms, out=w)
+    return w
+
+
+def _counter(offsets: I64, queries: int) -> Callable[[I64], I64]:
+    """``f(x)``: how many of the sorted ``offsets`` are below each ``x``. A binary
+    search for a few queries; for many, a prefix count over the offsets' span
+    (the offsets of one batch are close together)."""
+    if queries < 64 or offsets.size == 0:
+        return lambda x: np.searchsorted(offsets, x, side="left")
+    lo = int(offsets[0])
+    span = int(offsets[-1]) - lo + 2
+    marks = np.zeros(span + 1, dtype=np.int64)
+    marks[offsets - lo + 1] = 1
+    upto = np.cumsum(marks)  # upto[k] = how many offsets are below lo + k
+
+    def count(x: I64) -> I64:
+        return upto[np.clip(x - lo, 0, span)]
+
+    return count

@@ -488,7 +488,9 @@ class Job(Checkpointing):
             events = events.with_columns(
                 (pl.col(OFFSET) * n_parts + pl.col(PARTITION)).alias(SEQ)
             )
-        events = assign_watermarks(events, self.wm, batch.end)
+        events = assign_watermarks(
+            events, self.wm, batch.end, self.operator.watermark_threshold(events)
+        )
         if batch.finished:
             self.wm.exhausted = [True] * n_parts
             self.wm.global_ms = POS_INF

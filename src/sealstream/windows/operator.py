@@ -38,6 +38,7 @@ rules, over that group's rows only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -56,6 +57,7 @@ from sealstream.windows.aggregates import (
 )
 
 LABEL = "__label"
+MAX_PENDING = 8  # tumbling batch partials kept apart before they are merged
 
 
 @dataclass
@@ -94,13 +96,59 @@ class WindowOperator:
                     f"window state columns {list(state.schema)} do not match {list(self.schema)}"
                 )
             state = state.cast(self.schema)  # type: ignore[arg-type]  # Decimal -> Int128
-        self.state = state
+        self._state = state
+        # tumbling windows: batch partials not merged into ``_state`` yet (see _stash)
+        self._pending: list[pl.DataFrame] = []
         w = self.window
         self.size_ms = w.size_ms if isinstance(w, Tumbling | Sliding) else 0
         self.slide_ms = w.slide_ms if isinstance(w, Sliding) else self.size_ms
         # the most windows a fragment (or an event) belongs to
         self.copies = -(-self.size_ms // self.slide_ms) if self.slide_ms else 1
         self._open: tuple[pl.DataFrame, int] | None = None
+
+    @property
+    def state(self) -> pl.DataFrame:
+        """The open-window table: one row per fragment (merging pending partials)."""
+        if self._pending:
+            self._compact()
+        return self._state
+
+    @state.setter
+    def state(self, value: pl.DataFrame) -> None:
+        self._state = value
+        self._pending = []
+
+    def _stash(self, partial: pl.DataFrame) -> None:
+        """Keep a tumbling batch's partial aside instead of merging it into the
+        state now: most of its windows fire before another batch touches them,
+        and a firing combines the pieces of just the windows it fires. Pending
+        pieces are merged when the state is read (checkpoints, open-window
+        counts) or when there are :data:`MAX_PENDING` of them."""
+        if not partial.height:
+            return
+        partial = partial.select(list(self.schema))
+        if partial.schema != self.schema:
+            partial = partial.cast(self.schema)  # type: ignore[arg-type]
+        self._pending.append(partial)
+        if len(self._pending) >= MAX_PENDING:
+            self._compact()
+
+    def _compact(self) -> None:
+        pieces = [f for f in (self._state, *self._pending) if f.height]
+        self._pending = []
+        if len(pieces) == 1:
+            self._state = pieces[0]
+        elif pieces:
+            self._state = self._combined(pieces)
+
+    def _combined(self, pieces: list[pl.DataFrame]) -> pl.DataFrame:
+        """One row per window of ``pieces`` (oldest first), combining its rows."""
+        return (
+            pl.concat(pieces, how="vertical")
+            .group_by(GROUP)
+            .agg(self.acc.combine())
+            .select(list(self.schema))
+        )
 
     def snapshot(self) -> pl.DataFrame:
         return self.state
@@ -137,6 +185,26 @@ class WindowOperator:
             self.state = saved
 
     # ------------------------------------------------------------------ batch
+    def watermark_threshold(self, events: pl.DataFrame) -> np.ndarray[Any, Any] | None:
+        """Per event, the lowest watermark at which :meth:`process` could judge it
+        differently: below it every window of the event is open for it (for
+        :func:`~sealstream.watermark.assign_watermarks`). None for sessions,
+        which always take the exact watermark.
+
+        An event at ``t`` belongs to windows starting at ``base - k * slide``
+        (``base = t // slide * slide``, ``k < copies``); every judgement
+        (late, pane or not, each window's pair) compares ``start + size +
+        lateness`` with the watermark, the smallest being the oldest window's.
+        """
+        if isinstance(self.window, Session):
+            return None
+        size, slide = self.size_ms, self.slide_ms
+        base = events.get_column(TIME).to_numpy() // slide * slide
+        threshold: np.ndarray[Any, Any] = base + (
+            size - (self.copies - 1) * slide + self.lateness
+        )
+        return threshold
+
     def process(self, events: pl.DataFrame, w_end: int) -> Output:
         """Apply a batch (sorted in read order), then fire windows closed by ``w_end``."""
         if isinstance(self.window, Session):
@@ -186,7 +254,10 @@ class WindowOperator:
         if self.acc.needs_order():
             pairs = pairs.sort([TIME, SEQ])
         partial = pairs.group_by(GROUP).agg(self.acc.partial()).collect()
-        self._merge(partial)
+        if slide == size:
+            self._stash(partial)
+        else:
+            self._merge(partial)
         return late
 
     def _explode(self, live: pl.LazyFrame) -> pl.LazyFrame:
@@ -290,13 +361,21 @@ class WindowOperator:
         windows are still to fire, so nothing fires twice, across restores too.
         """
         size, slide, lat = self.size_ms, self.slide_ms, self.lateness
-        st = self.state
         if slide == size:  # every fragment is exactly one window
             closed = (pl.col(WEND) + lat) <= w_end
-            fired = st.filter(closed)
-            if fired.height:
-                self.state = st.filter(~closed)
-            return fired
+            pieces: list[pl.DataFrame] = []
+            rest: list[pl.DataFrame] = []
+            for frame in (self._state, *self._pending):
+                done = frame.filter(closed)
+                if done.height:
+                    pieces.append(done)
+                    frame = frame.filter(~closed)
+                rest.append(frame)
+            self._state, self._pending = rest[0], [f for f in rest[1:] if f.height]
+            if len(pieces) > 1:
+                return self._combined(pieces)
+            return pieces[0] if pieces else self._state.clear()
+        st = self.state
         a, b = pl.col(WSTART), pl.col(WEND)
         oldest = -((size - b) // slide) * slide  # smallest multiple of slide >= b - size
         due = (oldest + (size + lat)) <= w_end

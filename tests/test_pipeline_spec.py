@@ -122,7 +122,7 @@ def test_minimal_spec_defaults(job_dir: Path) -> None:
     assert p.watermark == Watermark(0)
     assert p.window == Tumbling(60000, 0)
     assert p.late is None and p.errors is None and p.checkpoint is None
-    assert p.batch_size == 65_536
+    assert p.batch_size == 262_144
 
 
 @pytest.mark.parametrize(

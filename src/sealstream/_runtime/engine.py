@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -78,6 +79,7 @@ from sealstream import sources
 from sealstream._runtime.crash import CrashPoints
 from sealstream._runtime.fit import DefinitionMismatchError, definition_mismatch
 from sealstream._runtime.merge import Batch, PartitionMerger, SourcePosition
+from sealstream._runtime.output import OutputStage
 from sealstream._runtime.persist import ROLES, Checkpointing
 from sealstream._runtime.summary import CheckpointStats, Counters, RunSummary
 from sealstream.checkpoint import guard
@@ -161,6 +163,8 @@ class Job(Checkpointing):
         self.stopped_early = False
         self.progress = progress
         self.crash = crash or CrashPoints()
+        self.output = OutputStage(concurrent=False)  # run() picks the real one
+        self._suppressed_lock = threading.Lock()
         self.key = checkpoint_key()
         self.partitions = pipeline.source.partitions()
         self.names = [n for n, _ in self.partitions]
@@ -200,6 +204,9 @@ class Job(Checkpointing):
     def run(self) -> RunSummary:
         self.started = time.monotonic()
         self._open_sinks()
+        self.output = OutputStage(
+            concurrent=not any(isinstance(s, DatabaseSink) for s in self.sinks.values())
+        )
         try:
             if self.store is None:
                 self._run_unchecked()
@@ -210,6 +217,7 @@ class Job(Checkpointing):
                             sink.transactional = same_database(sink, self.store)
                     self._run_checked(self.store)
         finally:
+            self.output.close()
             for s in self.sinks.values():
                 s.close()
             if self.merger is not None:
@@ -278,6 +286,7 @@ class Job(Checkpointing):
         self.suppress = self._committed_ids(None)
         self.epoch = self._max_committed_epoch() + 1
         self._loop(checkpoint=None)
+        self.output.drain()
         tokens = {role: s.prepare(self.epoch) for role, s in self.sinks.items()}
         for role, s in self.sinks.items():
             s.commit(self.epoch, tokens[role])
@@ -439,6 +448,8 @@ class Job(Checkpointing):
             since_events += n + batch.bad.height
             dirty = dirty or n > 0 or batch.bad.height > 0 or self._positions_moved(batch)
             self.positions = batch.positions
+            if self.crash.targets:
+                self.output.drain()
             self.crash("batch")
             if (checkpoint is not None and self._inflight is not None
                     and self._inflight.future.done()):
@@ -468,6 +479,7 @@ class Job(Checkpointing):
                     break
             if batch.finished:
                 break
+        self.output.drain()
 
     def _positions_moved(self, batch: Batch) -> bool:
         return [p.next_offset for p in self.positions] != [
@@ -504,14 +516,8 @@ class Job(Checkpointing):
             self._touched.append(incremental.batch_keys(out.fired))
         self.counters.events += events.height
         if out.fired.height:
-            results = self.operator.finalize(out.fired)
-            self.counters.windows_fired += results.height
-            results = self._suppressed("results", results, ["key", "__kint", "window_start",
-                                                             "window_end"])
-            if results.height:
-                self.sinks["results"].write(self.epoch, results)
-                self.counters.results_written += results.height
-                self._receipt("results", results)
+            fired, epoch = out.fired, self.epoch
+            self.output.submit(lambda: self._emit_results(fired, epoch))
         if out.late.height:
             self.counters.late_events += out.late.height
             late = self._late_frame(out.late, batch)
@@ -519,8 +525,22 @@ class Job(Checkpointing):
             if "late" in self.sinks and late.height:
                 self.sinks["late"].write(self.epoch, late)
                 self._receipt("late", late)
+        if self.crash.targets:
+            self.output.drain()  # an armed crash point sees the batch's output staged
         self.crash("after_stage")
         return events.height
+
+    def _emit_results(self, fired: pl.DataFrame, epoch: int) -> None:
+        """Fired windows -> result rows, staged in ``epoch`` (on the output stage)."""
+        assert self.operator is not None
+        results = self.operator.finalize(fired)
+        self.counters.windows_fired += results.height
+        results = self._suppressed("results", results, ["key", "__kint", "window_start",
+                                                         "window_end"])
+        if results.height:
+            self.sinks["results"].write(epoch, results)
+            self.counters.results_written += results.height
+            self._receipt("results", results)
 
     def _suppressed(self, role: str, frame: pl.DataFrame, cols: list[str]) -> pl.DataFrame:
         sup = self.suppress.get(role)
@@ -530,7 +550,8 @@ class Job(Checkpointing):
         hit = frame.join(sup, on=cols, how="semi", nulls_equal=True)
         if not hit.height:
             return frame
-        self.counters.suppressed += hit.height
+        with self._suppressed_lock:  # results are counted on the output stage
+            self.counters.suppressed += hit.height
         self.suppress[role] = sup.join(hit.select(cols), on=cols, how="anti", nulls_equal=True)
         return frame.join(sup, on=cols, how="anti", nulls_equal=True)
 

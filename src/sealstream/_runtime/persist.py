@@ -22,6 +22,7 @@ import polars as pl
 
 from sealstream._runtime.crash import CrashPoints
 from sealstream._runtime.merge import SourcePosition
+from sealstream._runtime.output import OutputStage
 from sealstream._runtime.summary import CheckpointStats, Counters
 from sealstream.checkpoint import guard
 from sealstream.checkpoint.manifest import (
@@ -66,6 +67,7 @@ class Checkpointing:
     fingerprint: str
     names: list[str]
     crash: CrashPoints
+    output: OutputStage
     sinks: dict[str, Sink]
     operator: WindowOperator | None
     wm: WatermarkState
@@ -159,6 +161,7 @@ class Checkpointing:
         default); sinks commit the epoch only after the manifest is published
         (:meth:`_await_checkpoint`). At most one checkpoint is in flight.
         """
+        self.output.drain()  # the epoch's output is staged in full before its tokens
         self._await_checkpoint(store)
         assert self.operator is not None
         t0 = time.monotonic()
@@ -290,6 +293,7 @@ class Checkpointing:
         entries, size = job.future.result()
         blocked = job.blocked_s + (time.monotonic() - waited)
         self._remember_chain(job.cid, entries)
+        self.output.drain()  # no sink method runs beside a write
         for role, sink in self.sinks.items():
             sink.commit(job.epoch, job.tokens[role])
             self.crash(f"after_commit_{role}")

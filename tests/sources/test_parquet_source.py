@@ -157,3 +157,15 @@ def test_unreadable_or_incomplete_parquet(tmp_path: Path) -> None:
     path = write(tmp_path, pa.table({"user": ["a"]}))
     with pytest.raises(SourceError, match="no time column 'ts'"):
         open_partition("parquet", "p.parquet", path, PLAN)
+
+
+def test_closing_midway_stops_the_reads_ahead(tmp_path: Path) -> None:
+    """Batches are read and typed ahead on the parse threads; closing after the
+    first chunk waits for the ones running and cancels the rest (no hang, no
+    read from a closed file)."""
+    path = write(tmp_path, sample(400), row_group_size=7)
+    for _ in range(5):
+        reader = ParquetReader(str(path), path, PLAN, None, batch_rows=3)
+        first = reader.next_chunk(2)
+        assert first is not None and first.events.height + first.bad.height == 2
+        reader.close()

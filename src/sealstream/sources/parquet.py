@@ -20,8 +20,10 @@ invalidates a checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import threading
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -155,8 +157,14 @@ class ParquetReader:
         self._consumed = start
         self._batch_rows = max(1, batch_rows)
         self._batches = self._iter_from(start)
-        self._ahead: deque[Future[_Typed]] = deque()
+        self._ahead: deque[Future[_Typed | None]] = deque()
         self._batches_done = False
+        # batches are read on the parse threads, one after another: task n waits
+        # for its turn (tasks start in submission order, so no task waits on one
+        # that has not started), reads, then types its batch beside the others
+        self._turn = threading.Condition()
+        self._next_ticket = 0
+        self._reading = 0
         self._typed = _Typed(empty_events(plan), empty_bad(), start, start, no_texts)
         self._finished = False
 
@@ -235,15 +243,38 @@ class ParquetReader:
         events, bad = self._typer(cls, texts)
         return _Typed(events, bad, first_row, first_row + frame.height, texts)
 
+    def _read_and_type(self, ticket: int) -> _Typed | None:
+        """Read the next batch when it is this ticket's turn, then type it (on a
+        parse thread); None once the file is read to its end."""
+        with self._turn:
+            self._turn.wait_for(lambda: self._reading == ticket)
+            try:
+                item = next(self._batches, None)
+            finally:
+                self._reading += 1
+                self._turn.notify_all()
+        return None if item is None else self._type(*item)
+
     def _next_typed(self) -> _Typed | None:
-        """The next typed batch, keeping up to PARSE_AHEAD more typing behind it."""
+        """The next typed batch, keeping up to PARSE_AHEAD more reading behind it."""
         while len(self._ahead) < PARSE_AHEAD + 1 and not self._batches_done:
-            item = next(self._batches, None)
-            if item is None:
-                self._batches_done = True
-                break
-            self._ahead.append(parse_pool().submit(self._type, *item))
-        return self._ahead.popleft().result() if self._ahead else None
+            self._ahead.append(parse_pool().submit(self._read_and_type, self._next_ticket))
+            self._next_ticket += 1
+        if not self._ahead:
+            return None
+        typed = self._ahead.popleft().result()
+        if typed is None:
+            self._batches_done = True
+            self._stop_ahead()
+        return typed
+
+    def _stop_ahead(self) -> None:
+        """Cancel the tasks not started; wait for the others (they use the file)."""
+        for fut in self._ahead:
+            if not fut.cancel():
+                with contextlib.suppress(BaseException):
+                    fut.result()
+        self._ahead.clear()
 
     def next_chunk(self, max_records: int) -> Chunk | None:
         if max_records < 1:
@@ -278,9 +309,7 @@ class ParquetReader:
         return int(self._size * self._consumed / self._rows), self._size
 
     def close(self) -> None:
-        for fut in self._ahead:
-            fut.cancel()
-        self._ahead.clear()
+        self._stop_ahead()
         self._file.close()
 
     def identity(self) -> dict[str, Any]:

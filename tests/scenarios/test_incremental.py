@@ -136,11 +136,11 @@ def test_kill_then_resume_from_a_delta(tmp_path: Path, expected: Path, point: st
 def test_damaged_base_falls_back_to_the_kept_restore_point(tmp_path: Path,
                                                            expected: Path) -> None:
     spec = _spec(tmp_path, full_every=3, keep=2)
-    assert run(spec, crash_at="after_retention:8").returncode == -9
+    assert run(spec, crash_at="after_retention:5").returncode == -9
     listed = json.loads(_cli("list", str(tmp_path / "ckpt"), "--json").stdout)["checkpoints"]
     newest = listed[-1]["id"]
     files = _manifest(tmp_path, newest)["files"]
-    assert isinstance(files, dict) and "base" in files, "checkpoint 8 should be a delta"
+    assert isinstance(files, dict) and "base" in files, "checkpoint 5 should be a delta"
     base = tmp_path / "ckpt" / str(files["base"]["path"])
     data = bytearray(base.read_bytes())
     data[len(data) // 2] ^= 0x10

@@ -128,6 +128,16 @@ class _Buffer:
         self.emitted = start
         self.spans: list[RawSpan] = []  # of the chunks with buffered events
 
+    def records(self) -> int:
+        """How many records (events and bad ones) are buffered."""
+        return sum(f.height for f in self.events) + sum(f.height for f in self.bad)
+
+    def first_offset(self) -> int | None:
+        """The offset of the first buffered record, None when none is buffered."""
+        heads = [int(f[OFFSET][0]) for f in self.events[:1]]
+        heads += [int(f["_offset"][0]) for f in self.bad[:1]]
+        return min(heads) if heads else None
+
     def fill(self, max_records: int) -> None:
         chunk: Chunk | None = self.reader.next_chunk(max_records)
         if chunk is None:
@@ -175,11 +185,18 @@ class PartitionMerger:
 
     def _try_batch(self) -> Batch | None:
         """A batch, or None when nothing below the bound was read yet (read on)."""
+        # a buffer with only a few records left would hold the bound, and so the
+        # batch, down to them: top it up first (it stays below 1.5 batches)
+        low = max(1, self.batch_size // 2)
         for buf in self.buffers:
-            if not buf.eof and not buf.events and not buf.bad:
+            if not buf.eof and buf.records() < low:
                 buf.fill(self.batch_size)
         live = [b.next_offset for b in self.buffers if not b.eof]
         bound = min(live) if live else _INF
+        # and at most batch_size offsets of any partition (its buffer may hold more)
+        firsts = [f for f in (b.first_offset() for b in self.buffers) if f is not None]
+        if firsts:
+            bound = min(bound, min(firsts) + self.batch_size)
         ev_parts: list[pl.DataFrame] = []
         bad_parts: list[pl.DataFrame] = []
         raw: list[list[RawSpan]] = []

@@ -124,10 +124,23 @@ class Checkpointing:
             [pl.col("_partition"), pl.col("_offset").cast(pl.String)], separator="|"
         ).alias("id")
 
-    def _close_receipts(self, tokens: dict[str, list[str]]) -> dict[str, Any]:
-        entry: dict[str, Any] = {"epoch": self.epoch}
+    def _close_receipts(self, tokens: dict[str, list[str]]) -> Callable[[], dict[str, Any]]:
+        """Close the epoch's receipts (the next epoch collects its own from now on).
+        Returns the digesting, for the writer thread: it builds and sorts the
+        identity texts, which costs a few tenths of a second for a million results,
+        and chains the running summary (checkpoints are written one at a time, in
+        order, and the processing thread reads the summary only after the
+        checkpoint in flight is finished)."""
+        epoch, now = self.epoch, self._receipts_now
+        self._receipts_now = {}
+        return lambda: self._digest_receipts(epoch, now, tokens)
+
+    def _digest_receipts(
+        self, epoch: int, now: dict[str, dict[str, Any]], tokens: dict[str, list[str]]
+    ) -> dict[str, Any]:
+        entry: dict[str, Any] = {"epoch": epoch}
         for role in ROLES:
-            rec = self._receipts_now.get(role)
+            rec = now.get(role)
             if rec is None:
                 entry[role] = {"count": 0, "digest": hashlib.sha256(b"").hexdigest(),
                                "tokens": tokens.get(role, [])}
@@ -145,8 +158,7 @@ class Checkpointing:
             (str(self.receipts_total.get("digest", "")) + json.dumps(entry, sort_keys=True))
             .encode()
         ).hexdigest()
-        self.receipts_total["last_epoch"] = self.epoch
-        self._receipts_now.clear()
+        self.receipts_total["last_epoch"] = epoch
         return entry
 
     # ================================================================ checkpoint
@@ -179,10 +191,7 @@ class Checkpointing:
             touched = (pl.concat(self._touched) if self._touched
                        else snap.select(incremental.KEYS).clear())
         last_state = self._last_state
-        receipt = self._close_receipts(tokens)
-        receipts = json.dumps(
-            {"summary": self.receipts_total, "epochs": [receipt]}, sort_keys=True, indent=1
-        ).encode()
+        close_receipts = self._close_receipts(tokens)
         pending = self._pending_suppression()
         body: dict[str, Any] = {
             "format": FORMAT_VERSION,
@@ -202,7 +211,7 @@ class Checkpointing:
             "files": {},
             "state": {"open_windows": self.operator.open_windows,
                       "incremental": chain is not None},
-            "receipts": dict(self.receipts_total),
+            "receipts": {},  # the writer thread digests them
             "sinks": {role: {"epoch": epoch, "tokens": t} for role, t in tokens.items()},
             "counters": self.counters.to_json(),
         }
@@ -220,6 +229,11 @@ class Checkpointing:
         self.epoch += 1
 
         def write() -> tuple[dict[str, Any], int]:
+            receipt = close_receipts()
+            receipts = json.dumps(
+                {"summary": self.receipts_total, "epochs": [receipt]}, sort_keys=True, indent=1
+            ).encode()
+            body["receipts"] = dict(self.receipts_total)
             return self._write_checkpoint(store, cid, snap, wm_json, chain, touched,
                                           last_state, receipts, pending, body, together)
 

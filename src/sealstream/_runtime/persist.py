@@ -261,9 +261,7 @@ class Checkpointing:
         """Encode, write and publish checkpoint ``cid`` (on the writer thread): the
         manifest is published only after its files are durable."""
         meta = {WATERMARK_META.decode(): wm_json}
-        # in key order: the file compresses better (neighbouring keys share prefixes)
-        # and holds the same bytes whatever the processing history
-        snap = snap.sort(incremental.KEYS + ["window_start", "window_end"])
+        snap = incremental.key_ordered(snap)
         if chain is not None:
             assert last_state is not None and touched is not None
             keys = incremental.changed_keys(last_state, snap, touched)

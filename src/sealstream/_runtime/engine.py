@@ -11,7 +11,9 @@ Commit protocol, per epoch (an epoch is the output between two checkpoints):
    windows fire. Results, late events and bad records are *staged* in their
    sinks under the current epoch (invisible to readers).
 2. ``prepare``: every sink flushes and fsyncs its staged files and returns the
-   names it will publish (commit tokens).
+   names it will publish (commit tokens). A sink may hand the fsyncs to the
+   checkpoint's writer thread (``prepare_deferred``), which runs them before
+   step 3.
 3. The checkpoint's files are written create-if-absent and fsynced: the
    window state with its watermark, the emission receipts, and (only after a
    fall-back) the outputs still to suppress.

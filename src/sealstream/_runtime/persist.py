@@ -178,8 +178,13 @@ class Checkpointing:
         assert self.operator is not None
         t0 = time.monotonic()
         epoch = self.epoch
-        tokens = {role: s.prepare(epoch) for role, s in self.sinks.items()}
-        self.crash("after_sink_prepare")
+        # the epoch's output takes no more rows; making it durable (fsyncs) may wait
+        # for the writer thread, which does it before anything refers to the tokens
+        tokens: dict[str, list[str]] = {}
+        durable: list[Callable[[], None]] = []
+        for role, sink in self.sinks.items():
+            tokens[role], done = sink.prepare_deferred(epoch)
+            durable.append(done)
         cid = self.next_id
         # deep copies: processing goes on mutating the watermark and positions while
         # the writer thread encodes what was true at this point
@@ -229,6 +234,9 @@ class Checkpointing:
         self.epoch += 1
 
         def write() -> tuple[dict[str, Any], int]:
+            for done in durable:
+                done()
+            self.crash("after_sink_prepare")
             receipt = close_receipts()
             receipts = json.dumps(
                 {"summary": self.receipts_total, "epochs": [receipt]}, sort_keys=True, indent=1

@@ -28,6 +28,7 @@ aggregate for columnar formats.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -52,6 +53,10 @@ class CommittedFile:
     token: str
 
 
+def _nothing() -> None:
+    return None
+
+
 class Sink(ABC):
     """A two-phase, per-epoch output.
 
@@ -70,6 +75,18 @@ class Sink(ABC):
     @abstractmethod
     def prepare(self, epoch: int) -> list[str]:
         """Make the epoch's staged rows durable; return its commit tokens (maybe empty)."""
+
+    def prepare_deferred(self, epoch: int) -> tuple[list[str], Callable[[], None]]:
+        """:meth:`prepare` in two steps: the tokens now (the epoch takes no more rows),
+        and a callable that makes the staged rows durable, which the caller runs
+        (on any thread, once) before anything refers to the tokens. Raises like
+        :meth:`prepare`, now or from the callable.
+
+        The default prepares everything now; a sink whose durability is a slow
+        fsync can defer it, so that a checkpoint's writer thread waits for the
+        disk instead of the processing thread.
+        """
+        return self.prepare(epoch), _nothing
 
     @abstractmethod
     def commit(self, epoch: int, tokens: list[str]) -> None:

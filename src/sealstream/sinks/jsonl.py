@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -194,6 +195,40 @@ class JsonlDirSink(StagedDirSink):
         tokens = [self.final_name(epoch)]
         self._prepared[epoch] = tokens
         return list(tokens)
+
+    def prepare_deferred(self, epoch: int) -> tuple[list[str], Callable[[], None]]:
+        """The epoch's staging file is closed now; the callable fsyncs it and the
+        directory (see :meth:`Sink.prepare_deferred`)."""
+        check_epoch(epoch)
+        if epoch in self._prepared:
+            return list(self._prepared[epoch]), lambda: None
+        if epoch in self._failed:
+            raise SinkError(self._failed[epoch])
+        f = self._open.get(epoch)
+        if f is None:
+            return [], lambda: None
+        staging = self._staging_path(epoch)
+        try:
+            f.flush()
+            f.close()
+        except OSError as exc:
+            raise self._fail(epoch, self._sink_error("write", staging, exc)) from None
+        del self._open[epoch]
+        tokens = [self.final_name(epoch)]
+        self._prepared[epoch] = tokens
+
+        def durable() -> None:
+            try:
+                fd = os.open(staging, os.O_RDONLY)
+                try:
+                    fsync_file(fd)
+                finally:
+                    os.close(fd)
+                fsync_dir(self.path)
+            except OSError as exc:
+                raise self._sink_error("write", staging, exc) from None
+
+        return list(tokens), durable
 
     def read_ids(self, files: list[CommittedFile]) -> pl.DataFrame:
         return read_json_ids(self._files_of(files), self.role)

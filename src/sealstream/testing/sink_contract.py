@@ -19,7 +19,8 @@ back, i.e. directory sinks):
 * staged rows are invisible to a reader that globs ``visible_glob`` (shell
   rules: names starting with ``.`` are not matched) until ``commit``, and
   ``committed()`` does not list them;
-* prepare + commit publishes exactly the written rows of the epoch;
+* prepare + commit publishes exactly the written rows of the epoch, and so does
+  prepare_deferred with its durability step run on another thread;
 * a second ``commit`` of the same tokens changes nothing (bytes and listing);
 * ``commit`` of prepared tokens whose staged data vanished raises ``SinkError``;
 * ``recover`` commits the prepared tokens still staged and deletes every other
@@ -46,6 +47,7 @@ import glob
 import json
 import math
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -228,6 +230,33 @@ class SinkContract:
         self.assert_visible(out, a + b + c)
         ids = sink.read_ids(sink.committed())
         assert ids.height == len(a + b + c)
+
+    def test_deferred_prepare_publishes_exactly_the_rows(self, tmp_path: Path) -> None:
+        """``prepare_deferred``: the tokens ``prepare`` would give, the epoch closed
+        to more rows at once, its rows durable once the callable ran (possibly on
+        another thread, while the next epoch is written)."""
+        out = tmp_path / "out"
+        sink = self.make_sink(out, "run1")
+        a = sample_rows(self.role, 3, n=4)
+        b = sample_rows(self.role, 4, n=3, start=20)
+        sink.write(3, self.frame(a))
+        tokens, durable = sink.prepare_deferred(3)
+        assert tokens == sink.prepare(3)  # asking again gives the same tokens
+        with pytest.raises(ValueError):
+            sink.write(3, self.frame(b))
+        worker = threading.Thread(target=durable)
+        worker.start()
+        sink.write(4, self.frame(b))  # the next epoch meanwhile
+        worker.join()
+        sink.commit(3, tokens)
+        self.assert_visible(out, a)
+        t4, durable4 = sink.prepare_deferred(4)
+        durable4()
+        sink.commit(4, t4)
+        self.assert_visible(out, a + b)
+        empty, durable5 = sink.prepare_deferred(5)
+        durable5()
+        assert empty == []
 
     def test_commit_twice_is_a_no_op(self, tmp_path: Path) -> None:
         out = tmp_path / "out"

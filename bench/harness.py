@@ -627,7 +627,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "(default 1,000,000; 100,000 with --quick)")
     ap.add_argument("--partitions", type=int, help="default 3")
     ap.add_argument(
-        "--repeat", type=int, help="runs per config, median reported (default 3; 1 with --quick)"
+        "--repeat", type=int, help="runs per config, median reported (default 5; 1 with --quick)"
     )
     ap.add_argument("--peer-repeat", type=int, default=1,
                     help="runs of the streaming peers (bytewax), default 1: they are slow")
@@ -750,7 +750,7 @@ def main(argv: list[str] | None = None) -> int:
         gap_ms=args.gap_ms,
         many_keys=args.many_keys if args.many_keys is not None else base["many_keys"],
     )
-    repeat = args.repeat if args.repeat is not None else (1 if args.quick else 3)
+    repeat = args.repeat if args.repeat is not None else (1 if args.quick else 5)
     if repeat < 1 or w.events < 1 or w.keys < 1 or w.partitions < 1 or w.many_keys < 1:
         print("bench: --repeat, --events, --keys, --many-keys and --partitions must be >= 1",
               file=sys.stderr)

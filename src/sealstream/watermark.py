@@ -10,7 +10,11 @@ Events are processed in the global read order ``(offset, partition index)``
 (see ``sealstream._runtime.merge``). :func:`assign_watermarks` gives every
 event of a batch the global watermark in force *before* it, using only the
 events that precede it in that order: the result does not depend on where
-batches begin or end.
+batches begin or end. Given the caller's per-event thresholds (the lowest
+watermark at which its judgement of the event could change), it may give an
+event an upper bound of that value instead, when the bound stays below the
+threshold: the judgements are the same, and the exact value is only computed
+for the events near a window's end.
 
 Infinities are represented by the sentinels :data:`NEG_INF` and
 :data:`POS_INF`, far from any real millisecond time, so that adding window

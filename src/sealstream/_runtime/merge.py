@@ -14,6 +14,7 @@ reached their end.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,7 +123,9 @@ class _Buffer:
         self.skip_below = start.next_offset  # records below were processed before
         self.next_offset = start.resume.offset  # next offset the reader will produce
         self.position = start.resume  # reader position after everything buffered
-        self.chunk_start = start.resume  # reader position before the buffered chunk
+        # (reader position before a buffered chunk, offset after it), oldest first:
+        # the chunks that may still hold records not taken into a batch
+        self.chunks: deque[tuple[PartitionPosition, int]] = deque()
         self.eof = False
         self.last_offset: int | None = None
         self.emitted = start
@@ -143,9 +146,10 @@ class _Buffer:
         if chunk is None:
             self.eof = True
             return
-        self.chunk_start = self.position
+        before = self.position
+        self.chunks.append((before, chunk.position.offset))
         ev, bad = chunk.events, chunk.bad
-        if self.skip_below > self.chunk_start.offset:
+        if self.skip_below > before.offset:
             ev = ev.filter(pl.col(OFFSET) >= self.skip_below)
             bad = bad.filter(pl.col("_offset") >= self.skip_below)
         if ev.height:
@@ -209,10 +213,13 @@ class PartitionMerger:
                 ev_parts.append(taken.with_columns(pl.lit(q, dtype=pl.Int32).alias(PARTITION)))
             if taken_bad is not None:
                 bad_parts.append(taken_bad.with_columns(pl.lit(q, dtype=pl.Int32).alias("_p")))
+            while buf.chunks and buf.chunks[0][1] <= bound:
+                buf.chunks.popleft()  # every record of that chunk is taken (or was skipped)
             if not buf.events and not buf.bad:
                 buf.emitted = SourcePosition(buf.position, max(buf.position.offset, buf.skip_below))
             elif bound != _INF:
-                buf.emitted = SourcePosition(buf.chunk_start, max(bound, buf.skip_below))
+                # resume before the oldest chunk with records left, skipping the taken ones
+                buf.emitted = SourcePosition(buf.chunks[0][0], max(bound, buf.skip_below))
         finished = all(b.eof and not b.events and not b.bad for b in self.buffers)
         if not ev_parts and not bad_parts and not finished and bound != _INF:
             return None  # nothing below the bound yet (e.g. only skipped lines): read on

@@ -1,9 +1,11 @@
 """Prometheus metrics for ``sealstream run --metrics-port/--metrics-file``.
 
-The job is single-threaded; the HTTP server runs in a daemon thread. To read the
-job's values consistently, :func:`snapshot` copies them in the progress callback
-(which runs between batches) and the server only ever renders the latest
-snapshot, never the live job.
+The job's state changes on its processing thread; the HTTP server runs in a
+daemon thread. To read the job's values consistently, :func:`snapshot` copies
+them in the progress callback (which runs between batches) and the server only
+ever renders the latest snapshot, never the live job. The result counters
+(windows fired, results written) are kept by the job's output thread, one batch
+behind, and are exact once the run has ended.
 """
 
 from __future__ import annotations

@@ -165,6 +165,7 @@ class ParquetReader:
         self._turn = threading.Condition()
         self._next_ticket = 0
         self._reading = 0
+        self._stopping = False  # the tickets still waiting return None without reading
         self._typed = _Typed(empty_events(plan), empty_bad(), start, start, no_texts)
         self._finished = False
 
@@ -247,7 +248,9 @@ class ParquetReader:
         """Read the next batch when it is this ticket's turn, then type it (on a
         parse thread); None once the file is read to its end."""
         with self._turn:
-            self._turn.wait_for(lambda: self._reading == ticket)
+            self._turn.wait_for(lambda: self._stopping or self._reading == ticket)
+            if self._reading != ticket:
+                return None  # stopping
             try:
                 item = next(self._batches, None)
             finally:
@@ -269,11 +272,15 @@ class ParquetReader:
         return typed
 
     def _stop_ahead(self) -> None:
-        """Cancel the tasks not started; wait for the others (they use the file)."""
+        """Let the tasks ahead finish without reading more (none is cancelled: a
+        task may already wait for its turn behind a queued one), and wait for them:
+        they use the file."""
+        with self._turn:
+            self._stopping = True
+            self._turn.notify_all()
         for fut in self._ahead:
-            if not fut.cancel():
-                with contextlib.suppress(BaseException):
-                    fut.result()
+            with contextlib.suppress(BaseException):
+                fut.result()
         self._ahead.clear()
 
     def next_chunk(self, max_records: int) -> Chunk | None:

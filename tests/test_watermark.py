@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sealstream.sources._base import OFFSET, PARTITION, TIME
-from sealstream.watermark import NEG_INF, POS_INF, WatermarkState, assign_watermarks
+from sealstream.watermark import NEG_INF, POS_INF, WATERMARK, WatermarkState, assign_watermarks
 
 
 @dataclass
@@ -99,7 +99,7 @@ def test_matches_reference(case, threshold_shift: int, with_threshold: bool) -> 
         end = (batch[-1][0], batch[-1][1]) if batch else None
         times = frame[TIME].to_numpy()
         threshold = times + threshold_shift if with_threshold else None
-        got = assign_watermarks(frame, state, end, threshold)[WATERMARK_COL].to_list()
+        got = assign_watermarks(frame, state, end, threshold)[WATERMARK].to_list()
         for k, (p, o, _) in enumerate(events):
             exact = expected[(o, p)]
             if threshold is not None and threshold[k] > exact:
@@ -110,8 +110,6 @@ def test_matches_reference(case, threshold_shift: int, with_threshold: bool) -> 
         assert state.global_ms == ref.global_ms
         assert state.max_time == ref.max_time
 
-
-WATERMARK_COL = "__w"
 
 
 def test_many_events_take_the_counting_path() -> None:
@@ -130,5 +128,5 @@ def test_many_events_take_the_counting_path() -> None:
          TIME: [e[2] for e in events]},
         schema={OFFSET: pl.Int64, PARTITION: pl.Int32, TIME: pl.Int64},
     )
-    got = assign_watermarks(frame, state, None)[WATERMARK_COL].to_list()
+    got = assign_watermarks(frame, state, None)[WATERMARK].to_list()
     assert got == [expected[(o, p)] for p, o, _ in events]

@@ -204,11 +204,11 @@ def _exact(
     delay = state.max_delay_ms
     o, p = off[rows], part[rows]
     w = np.full(rows.size, POS_INF, dtype=np.int64)
-    before = [_counter(off[bounds[q] : bounds[q + 1]], rows.size) for q in range(len(bounds) - 1)]
     for q in range(len(bounds) - 1):
         if state.exhausted[q]:
             continue
         qs, qe = int(bounds[q]), int(bounds[q + 1])
+        before = _counter(off[qs:qe], rows.size)
         prev = state.max_time[q]
         # seen[k] = the largest time of q's first k events (and before the batch)
         seen = np.empty(qe - qs + 1, dtype=np.int64)
@@ -217,7 +217,7 @@ def _exact(
         if prev is not None:
             np.maximum(seen, prev, out=seen)
         # q's events before e: offset <= o when q < p, offset < o otherwise
-        idx = before[q](o + (p > q))
+        idx = before(o + (p > q))
         wq = np.clip(seen[idx] - delay, NEG_INF, POS_INF)
         lo = state.last_offset[q]
         if lo is not None:

@@ -176,25 +176,13 @@ class JsonlDirSink(StagedDirSink):
         """Fsync the epoch's staging file and the directory; return ``[final name]``,
         or ``[]`` when nothing was written. Calling it again returns the same tokens.
         """
-        check_epoch(epoch)
-        if epoch in self._prepared:
-            return list(self._prepared[epoch])
-        if epoch in self._failed:
-            raise SinkError(self._failed[epoch])
-        f = self._open.get(epoch)
-        if f is None:
-            return []
-        staging = self._staging_path(epoch)
+        tokens, durable = self.prepare_deferred(epoch)
         try:
-            fsync_file(f)
-            f.close()
-            del self._open[epoch]
-            fsync_dir(self.path)
-        except OSError as exc:
-            raise self._fail(epoch, self._sink_error("write", staging, exc)) from None
-        tokens = [self.final_name(epoch)]
-        self._prepared[epoch] = tokens
-        return list(tokens)
+            durable()
+        except SinkError as err:
+            self._prepared.pop(epoch, None)  # not prepared after all: the epoch failed
+            raise self._fail(epoch, err) from None
+        return tokens
 
     def prepare_deferred(self, epoch: int) -> tuple[list[str], Callable[[], None]]:
         """The epoch's staging file is closed now; the callable fsyncs it and the

@@ -341,12 +341,7 @@ class WindowOperator:
         ids = partial.select(GROUP)
         meet = touched.join(ids, on=GROUP, how="semi")
         apart = touched.join(ids, on=GROUP, how="anti")
-        merged = (
-            pl.concat([meet, partial], how="vertical")
-            .group_by(GROUP)
-            .agg(self.acc.combine())
-            .select(list(self.schema))
-        )
+        merged = self._combined([meet, partial])
         self.state = pl.concat([self.state.filter(~hit), apart, merged], how="vertical")
 
     def _fire_fixed(self, w_end: int) -> pl.DataFrame:

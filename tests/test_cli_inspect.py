@@ -397,7 +397,11 @@ def test_export_is_the_partial_state(job: Path, capsys: pytest.CaptureFixture[st
     assert {"n", "total", "avg", "lo", "hi", "first_amount", "last_amount"} <= set(table.columns)
     assert table["n"].sum() == sum(r["n"] for r in rows)
     # readable form names the file
-    assert main(["checkpoints", "export", str(job / "ckpt"), "2", "--to", str(out)]) == 0
+    before = out.read_bytes()
+    rc, line = cli_error(capsys, "export", str(job / "ckpt"), "2", "--to", str(out))
+    assert rc == 2 and "--replace" in line and out.read_bytes() == before  # not replaced
+    assert main(["checkpoints", "export", str(job / "ckpt"), "2", "--to", str(out),
+                 "--replace"]) == 0
     text, _ = capsys.readouterr()
     assert "open.jsonl" in text
     n2 = cli_json(capsys, "inspect", str(job / "ckpt"), "2")["windows"]["open"]
@@ -415,6 +419,10 @@ def test_export_only_atomic(job: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert not out.exists()
     rc, line = cli_error(capsys, "export", str(job / "ckpt"), "--to", str(job / "x.csv"))
     assert rc == 2 and ".parquet or .jsonl" in line
+    inside = cp(job, 3) / "open.jsonl"
+    rc, line = cli_error(capsys, "export", str(job / "ckpt"), "3", "--to", str(inside),
+                         "--replace")
+    assert rc == 2 and "inside the checkpoint directory" in line and not inside.exists()
 
 
 def test_keyed_checkpoints(tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -91,6 +91,74 @@ def test_run_glob_matching_nothing(job_dir: Path, capsys: pytest.CaptureFixture[
     assert "source.paths" in line and "in/*.csv" in line
 
 
+def test_run_input_that_is_not_a_regular_file(
+    job_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (job_dir / "in" / "sub").mkdir()
+    for paths, needles in (
+        (["in/sub"], ["'in/sub'", "is a directory, not a file"]),
+        (["/dev/null"], ["'/dev/null'", "not a regular file"]),
+        (["in/*"], ["'in/*'", "matches 'in/sub'", "a directory"]),
+    ):
+        spec = base_spec()
+        spec["source"]["paths"] = paths
+        rc = main(["run", str(write_spec(job_dir, spec))])
+        line = one_error_line(capsys)
+        assert rc == 2 and "source.paths" in line, line
+        for needle in needles:
+            assert needle in line, (needle, line)
+
+
+def test_run_the_same_file_spelled_twice(job_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two spellings of one file would read it as two partitions: every count doubled."""
+    (job_dir / "link.jsonl").symlink_to(job_dir / "in" / "p0.jsonl")
+    for paths in (["in/p0.jsonl", "./in/p0.jsonl"], ["in/p0.jsonl", "in/../in/p0.jsonl"],
+                  ["in/p0.jsonl", "link.jsonl"], ["in/p0.jsonl", "in/*.jsonl"]):
+        spec = base_spec()
+        spec["source"]["paths"] = paths
+        rc = main(["run", str(write_spec(job_dir, spec))])
+        line = one_error_line(capsys)
+        assert rc == 2 and "source.paths" in line, line
+        assert "same file" in line or "listed twice" in line, line
+        assert not (job_dir / "out").exists()
+
+
+@pytest.mark.parametrize("section", ["sink", "late", "errors", "checkpoint"])
+def test_run_output_directory_that_is_a_file(
+    job_dir: Path, section: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = base_spec()
+    target = job_dir / spec[section]["path"]
+    target.write_text("mine\n")
+    rc = main(["run", str(write_spec(job_dir, spec))])
+    line = one_error_line(capsys)
+    assert rc == 2 and f"{section}.path" in line and "is a file, not a directory" in line
+    assert target.read_text() == "mine\n"
+
+
+def test_run_spec_that_is_not_utf8(job_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = write_spec(job_dir, base_spec())
+    spec.write_bytes(spec.read_bytes().replace(b'"payments"', b'"pay\xffments"'))
+    data = spec.read_bytes()
+    at = data.index(b"\xff")
+    nl = b"\n"
+    want = f"line {data.count(nl, 0, at) + 1}, column {at - data.rfind(nl, 0, at)}"
+    rc = main(["run", str(spec)])
+    line = one_error_line(capsys)
+    assert rc == 2 and "spec.toml" in line and want in line and "UTF-8" in line, line
+
+
+def test_run_summary_json_into_a_missing_directory(
+    job_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Checked before anything runs, as --metrics-file is."""
+    spec = write_spec(job_dir, base_spec())
+    rc = main(["run", str(spec), "--summary-json", str(job_dir / "nope" / "s.json")])
+    line = one_error_line(capsys)
+    assert rc == 2 and "--summary-json" in line and "nope" in line
+    assert not (job_dir / "out").exists() and not (job_dir / "ckpt").exists()
+
+
 def test_run_missing_input_is_relative_to_the_spec(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

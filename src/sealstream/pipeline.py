@@ -23,6 +23,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+import os
 import re
 import tomllib
 from collections.abc import Mapping
@@ -70,17 +71,31 @@ class FileSource:
                 if not matches:
                     raise SpecError(f"source.paths: {written!r} matches no file in {self.base_dir}")
                 for m in matches:
-                    out.append((m, (self.base_dir / m)))
+                    path = self.base_dir / m
+                    if not path.is_file():
+                        raise SpecError(f"source.paths: {written!r} matches {m!r}, which is "
+                                        f"{_not_a_file(path)}")
+                    out.append((m, path))
             else:
                 path = self.base_dir / written
                 if not path.is_file():
-                    raise SpecError(f"source.paths: input file {written!r} does not exist ({path})")
+                    what = ("does not exist" if not path.exists()
+                            else f"is {_not_a_file(path)}")
+                    raise SpecError(f"source.paths: input file {written!r} {what} ({path})")
                 out.append((written, path))
-        names = [n for n, _ in out]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise SpecError(f"source.paths: partition {dupes[0]!r} is listed twice")
+        seen: dict[str, str] = {}
+        for name, path in out:
+            real = os.path.realpath(path)
+            if real in seen:
+                same = ("is listed twice" if seen[real] == name
+                        else f"and {seen[real]!r} are the same file")
+                raise SpecError(f"source.paths: partition {name!r} {same}")
+            seen[real] = name
         return out
+
+
+def _not_a_file(path: Path) -> str:
+    return "a directory, not a file" if path.is_dir() else "not a regular file"
 
 
 @dataclass(frozen=True)
@@ -270,6 +285,8 @@ def parse_aggregate(name: str, expr: object) -> Aggregate:
         return Aggregate(name, "count", None)
     if not fld:
         raise SpecError(f"{setting} = {expr!r}: {func} needs a field, e.g. {func}(amount)")
+    if "," in fld:
+        raise SpecError(f"{setting} = {expr!r}: {func} takes one field")
     return Aggregate(name, func, fld)
 
 
@@ -297,12 +314,19 @@ def _check_table_output(section: str, out: Output) -> None:
                         "(letters, digits and _, not starting with a digit or sealstream_)")
 
 
+MAX_SETTING = 10**15
+"""The largest integer a setting takes (ms: about 31,700 years). Durations stay far
+below the engine's infinities (2**62) added to any event time (at most 2**61)."""
+
+
 def _positive(setting: str, value: object, *, zero_ok: bool = False) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise SpecError(f"{setting}: expected an integer, got {value!r}")
     if value < 0 or (value == 0 and not zero_ok):
         bound = ">= 0" if zero_ok else "> 0"
         raise SpecError(f"{setting}: must be {bound}, got {value}")
+    if value > MAX_SETTING:
+        raise SpecError(f"{setting}: must be at most {MAX_SETTING:,}, got {value}")
     return value
 
 
@@ -369,12 +393,15 @@ def validate(p: Pipeline) -> None:
         if out.url is not None or out.table is not None:
             raise SpecError(f"{section}: url and table are for kind = \"sqlite\" or "
                             f"\"postgresql\", not {out.kind!r}")
+        if out.kind == "stdout" and out.path is not None:
+            raise SpecError(f"{section}.path: a stdout output takes no path")
         if out.kind != "stdout":
             if not out.path:
                 raise SpecError(f"{section}.path: a {out.kind} output needs a directory path")
             res = out.resolved.resolve()
             if res in seen:
                 raise SpecError(f"{section}.path: {out.path!r} is also the {seen[res]} directory")
+            _check_dir(f"{section}.path", out.path, res)
             seen[res] = section
     if p.checkpoint is not None:
         c = p.checkpoint
@@ -393,9 +420,48 @@ def validate(p: Pipeline) -> None:
         _positive("checkpoint.keep", c.keep)
         _positive("checkpoint.full_every", c.full_every)
         res = c.resolved.resolve()
-        if c.url is None and res in seen:
-            raise SpecError(f"checkpoint.path: {c.path!r} is also the {seen[res]} directory")
+        if c.url is None:
+            if res in seen:
+                raise SpecError(f"checkpoint.path: {c.path!r} is also the {seen[res]} directory")
+            _check_dir("checkpoint.path", c.path, res)
+            seen[res] = "checkpoint"
+    _check_layout(p, seen)
     _positive("pipeline.batch_size", p.batch_size)
+
+
+def _check_dir(setting: str, written: str | None, res: Path) -> None:
+    if res.exists() and not res.is_dir():
+        raise SpecError(f"{setting}: {written!r} is a file, not a directory ({res})")
+
+
+def _inside(a: Path, b: Path) -> bool:
+    return a == b or b in a.parents
+
+
+def _check_layout(p: Pipeline, dirs: dict[Path, str]) -> None:
+    """Output directories (results, late, errors, checkpoints) neither nest in each
+    other nor hold an input: a run would read, clear away or commit the other's
+    files as its own."""
+    written = {"sink": p.sink.path, "late": p.late.path if p.late else None,
+               "errors": p.errors.path if p.errors else None,
+               "checkpoint": p.checkpoint.path if p.checkpoint else None}
+    found = list(dirs.items())
+    for i, (a, sa) in enumerate(found):
+        for b, sb in found[i + 1:]:
+            if _inside(a, b) or _inside(b, a):
+                inner, outer = (sa, sb) if _inside(a, b) else (sb, sa)
+                raise SpecError(f"{inner}.path: {written[inner]!r} is inside the {outer} "
+                                f"directory {written[outer]!r} ({outer}.path); give each "
+                                "its own")
+    for i, path in enumerate(p.source.paths):
+        parts = Path(path).parts
+        cut = next((k for k, part in enumerate(parts) if glob.has_magic(part)), len(parts))
+        at = (p.source.base_dir / Path(*parts[:cut])).resolve()
+        for d, section in found:
+            if _inside(at, d):
+                raise SpecError(f"source.paths[{i}]: {path!r} is inside the {section} "
+                                f"directory {written[section]!r} ({section}.path); "
+                                "inputs and outputs must be apart")
 
 
 # --------------------------------------------------------------------------- TOML
@@ -422,11 +488,18 @@ def load_spec(path: str | Path) -> Pipeline:
     """
     spec_path = Path(path)
     try:
-        text = spec_path.read_text(encoding="utf-8")
+        raw = spec_path.read_bytes()
     except FileNotFoundError:
         raise SpecError(f"{spec_path}: spec file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"{spec_path}: cannot read spec file ({exc})") from None
+    except OSError as exc:
+        raise SpecError(f"{spec_path}: cannot read spec file ({exc.strerror or exc})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise SpecError(f"{spec_path}: line {line}, column {col}: not UTF-8 "
+                        f"(byte 0x{raw[exc.start]:02x})") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

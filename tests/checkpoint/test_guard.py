@@ -403,6 +403,15 @@ CASES: dict[str, tuple[Build, str, str]] = {
     "suppress file shorter than recorded": (
         _file_fact(SUPPRESS_NAME, lambda f: replace(f, size=f.size - 5)),
         PARTIAL, "FILE_TRUNCATED"),
+    # shorter but whole (say, another checkpoint's file copied over it): not a write
+    # cut short, a file that does not cohere with its manifest
+    "receipts file swapped for a shorter whole one": (
+        _file_fact(RECEIPTS_NAME, lambda f: replace(f, size=2, sha256=sha(b"{}"), whole=True)),
+        INCONSISTENT, "HASH_MISMATCH"),
+    "state file swapped for a shorter whole one": (
+        _file_fact(STATE_NAME, lambda f: replace(f, size=f.size - 9, sha256=sha(b"s"),
+                                                 whole=True)),
+        INCONSISTENT, "HASH_MISMATCH"),
     "state unreadable": (
         _simple(Ckpt, ev=lambda c: {"state_meta": None,
                                     "state_error": "not a readable Arrow IPC stream: boom"}),

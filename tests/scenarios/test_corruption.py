@@ -219,3 +219,56 @@ def test_start_over_moves_valid_checkpoints_aside_too(
     assert res.returncode == 0, res.stderr
     assert len(list((d / "ckpt" / "rejected").glob("*-start-over-*"))) == n
     assert_same_output(d, expected)
+
+
+@pytest.mark.parametrize("name", ["state.arrow", "receipts.json"])
+def test_a_file_copied_from_the_parent_is_inconsistent(
+    tmp_path: Path, crashed: Path, expected: Path, name: str
+) -> None:
+    """Every component present, one of them another checkpoint's whole file: the
+    hash does not match (INCONSISTENT_STATE), whether that file is shorter or not;
+    a write cut short (a prefix, not a whole file) stays PARTIAL."""
+    d = _copy(crashed, tmp_path / "job")
+    cps = sorted((d / "ckpt").glob("cp-*"))
+    shutil.copyfile(cps[-2] / name, cps[-1] / name)
+    rc, data = verify(d)
+    assert rc == 1
+    newest = data["checkpoints"][-1]
+    assert (newest["verdict"], newest["reason"]) == (INCONSISTENT, "HASH_MISMATCH"), newest
+    assert data["resume_from"] == data["checkpoints"][-2]["id"]
+    assert run(d / "spec.toml").returncode == 0
+    assert_same_output(d, expected)
+
+
+@pytest.mark.parametrize("parent_damage", ["flip signature", "delete manifest"])
+def test_a_regressed_child_of_a_damaged_parent_is_still_caught(
+    tmp_path: Path, crashed: Path, expected: Path, parent_damage: str
+) -> None:
+    """Coherence falls back to the nearest older checkpoint whose manifest verifies
+    when the parent cannot be trusted: a child whose positions went back (re-signed
+    by a key holder, or written by a bug) is not resumed from."""
+    key = {mf.KEY_ENV: "k-one"}
+    d = tmp_path / "job"
+    names = make_input(d)
+    spec = write_spec(d, names, keep=20)
+    assert run(spec, crash_at="after_retention:5", env=key).returncode == -9
+    cps = sorted((d / "ckpt").glob("cp-*"))
+    grand = json.loads((cps[-3] / "MANIFEST.json").read_text())
+    child = json.loads((cps[-1] / "MANIFEST.json").read_text())
+    child.pop("signature")
+    child["positions"][0]["next_offset"] = grand["positions"][0]["next_offset"] - 1
+    (cps[-1] / "MANIFEST.json").write_bytes(mf.seal(child, b"k-one"))
+    parent = cps[-2] / "MANIFEST.json"
+    if parent_damage == "delete manifest":
+        parent.unlink()
+    else:
+        doc = json.loads(parent.read_text())
+        doc["signature"]["value"] = "0" * len(doc["signature"]["value"])
+        parent.write_text(json.dumps(doc))
+    rc, data = verify(d, env=key)
+    assert rc == 1
+    newest = data["checkpoints"][-1]
+    assert (newest["verdict"], newest["reason"]) == (INCONSISTENT, "POSITION_REGRESSION"), data
+    assert data["resume_from"] == grand["id"]
+    assert run(spec, env=key).returncode == 0
+    assert_same_output(d, expected)

@@ -140,9 +140,16 @@ def test_missing_header_is_a_source_error(tmp_path: Path, text: str) -> None:
         open_partition("csv", "p.csv", write(tmp_path, text), PLAN)
 
 
-def test_header_without_the_key_column_is_a_source_error(tmp_path: Path) -> None:
-    with pytest.raises(SourceError, match="no key column 'user'"):
-        open_partition("csv", "p.csv", write(tmp_path, "name,ts\na,1\n"), PLAN)
+def test_header_without_the_key_or_time_column_makes_bad_records(tmp_path: Path) -> None:
+    # the contract: a record lacking the key or time field is bad (to [errors], or
+    # the run stops naming the file and line), whatever the format
+    events, bad, _ = read_all(write(tmp_path, "name,ts\na,1\nb,2\n"))
+    assert events.height == 0
+    assert bad["_line"].to_list() == [2, 3]
+    assert set(bad["_reason"]) == {"missing key field 'user'"}
+    assert bad["_raw"].to_list() == ["a,1", "b,2"]
+    events, bad, _ = read_all(write(tmp_path, "user,when\na,1\n"))
+    assert events.height == 0 and bad["_reason"].to_list() == ["missing time field 'ts'"]
 
 
 def test_header_only_gives_one_empty_eof_chunk(tmp_path: Path) -> None:

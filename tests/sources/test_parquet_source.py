@@ -154,9 +154,14 @@ def test_unreadable_or_incomplete_parquet(tmp_path: Path) -> None:
         open_partition("parquet", "junk.parquet", junk, PLAN)
     with pytest.raises(SourceError, match="missing.parquet"):
         open_partition("parquet", "missing.parquet", tmp_path / "missing.parquet", PLAN)
-    path = write(tmp_path, pa.table({"user": ["a"]}))
-    with pytest.raises(SourceError, match="no time column 'ts'"):
-        open_partition("parquet", "p.parquet", path, PLAN)
+
+def test_a_missing_key_or_time_column_makes_bad_records(tmp_path: Path) -> None:
+    # as a JSON line or a CSV row without the field: each row is a bad record
+    events, bad, _ = read_all(write(tmp_path, pa.table({"user": ["a", "b"]})))
+    assert events.height == 0
+    assert bad["_line"].to_list() == [1, 2]
+    assert set(bad["_reason"]) == {"missing time field 'ts'"}
+    assert bad["_raw"].to_list() == ['{"user":"a"}', '{"user":"b"}']
 
 
 def test_closing_midway_stops_the_reads_ahead(tmp_path: Path) -> None:

@@ -18,6 +18,8 @@ import os
 import signal
 import threading
 
+from sealstream.errors import SpecError
+
 ENV = "SEALSTREAM_CRASH_AT"
 POINTS = (
     "batch",
@@ -42,8 +44,10 @@ class CrashPoints:
         spec = os.environ.get(ENV, "") if spec is None else spec
         self.targets: dict[str, int] = {}
         for part in filter(None, (p.strip() for p in spec.split(","))):
-            name, _, n = part.partition(":")
-            self.targets[name] = int(n) if n.isdigit() else 1
+            name, colon, n = part.partition(":")
+            if not name or (colon and not (n.isdigit() and int(n) >= 1)):
+                raise SpecError(f"{ENV}: {part!r} is not POINT or POINT:N (N >= 1)")
+            self.targets[name] = int(n) if colon else 1
         self.seen: dict[str, int] = {}
         self._lock = threading.Lock()  # the checkpoint writer thread counts too
 

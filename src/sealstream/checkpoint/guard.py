@@ -5,8 +5,8 @@ manifest's bytes, facts about each file, what the state file's metadata
 says, the parsed receipts) and the guard decides:
 
 * ``PARTIAL_CHECKPOINT_REJECT`` — a component is missing or unreadable: no or
-  truncated manifest, no signature, a referenced file absent or shorter than
-  recorded, no emission receipts. Recovery falls back to the previous one.
+  truncated manifest, no signature, a referenced file absent or cut short
+  (shorter than recorded and not a whole file), no emission receipts. Recovery falls back to the previous one.
 * ``INCONSISTENT_STATE`` — everything is present but does not cohere: a hash
   mismatch, a signature that does not verify (wrong key, tampering, unsigned
   while a key is set, signed but read without the key), a manifest watermark
@@ -60,6 +60,10 @@ class FileFact:
     #: (reason code, message) when an encrypted file could not be opened; ``size`` is
     #: then the plaintext size its envelope would hold (so truncation stays visible)
     problem: tuple[str, str] | None = None
+    #: the bytes form a whole file of their kind (an Arrow stream up to its end
+    #: marker, a JSON document): shorter than recorded, such a file is another
+    #: file (say, copied from another checkpoint), not a write cut short
+    whole: bool = False
 
 
 @dataclass(frozen=True)
@@ -215,7 +219,7 @@ def _judge(ev: Evidence, parent: Mapping[str, Any] | None, policy: Policy) -> Ve
             what = "emission receipts" if code == "NO_RECEIPTS" else f"{role} file"
             return _verdict(ev, PARTIAL, code,
                             f"checkpoint {cid}: {what} {entry['path']} is missing", doc)
-        if fact.size < int(entry.get("bytes", 0)):
+        if fact.size < int(entry.get("bytes", 0)) and not fact.whole:
             return _verdict(ev, PARTIAL, "FILE_TRUNCATED",
                             f"checkpoint {cid}: {entry['path']} is truncated "
                             f"({fact.size} of {entry['bytes']} bytes)", doc)

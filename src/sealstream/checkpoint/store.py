@@ -251,19 +251,26 @@ class CheckpointStore(abc.ABC):
         return doc if isinstance(doc, dict) else None
 
     def verified_parent(self, cid: int, key: bytes | None) -> dict[str, Any] | None:
-        """The manifest of ``cid``'s parent when its signature verifies, else None.
+        """The yardstick for ``cid``'s coherence (watermark and positions must not go
+        back): its parent's manifest when that one's signature verifies; else, when
+        the parent is damaged or gone, the newest older checkpoint whose manifest
+        verifies (an ancestor: recovery moves rejected checkpoints aside, so the
+        checkpoints kept form one chain). None when there is none, or ``cid`` names
+        no parent.
 
-        A parent is only a yardstick for coherence (watermark and positions must
-        not go back) when it is itself authentic; a tampered parent must not make
-        an intact child look inconsistent.
+        Only an authentic manifest is a yardstick: a tampered parent must not make
+        an intact child look inconsistent, nor spare a child that went back.
         """
         doc = self.read_manifest(cid)
         if doc is None or not isinstance(doc.get("parent"), int):
             return None
-        parent = self.read_manifest(int(doc["parent"]))
-        if parent is None or not signature_ok(parent, key)[0]:
-            return None
-        return parent
+        named = int(doc["parent"])
+        for pid in [named, *sorted((i for i in self.ids() if i < cid and i != named),
+                                   reverse=True)]:
+            parent = self.read_manifest(pid)
+            if parent is not None and signature_ok(parent, key)[0]:
+                return parent
+        return None
 
     def read(self, relpath: str) -> bytes:
         """A checkpoint blob's plaintext. Raises OSError (FileNotFoundError when
@@ -326,7 +333,7 @@ class CheckpointStore(abc.ABC):
                     facts[rel] = FileFact(True, size, "", (exc.reason, str(exc)))
                     continue
                 digest = hashlib.sha256(data).hexdigest()
-                facts[rel] = FileFact(True, len(data), digest)
+                facts[rel] = FileFact(True, len(data), digest, whole=_whole(rel, data))
                 if digest != entry.get("sha256"):
                     continue  # the guard reports the mismatch; never parse unverified bytes
                 if role == "state":
@@ -343,6 +350,24 @@ class CheckpointStore(abc.ABC):
                         receipts = None
         return Evidence(cid, manifest, facts, state_meta, state_error, receipts,
                         manifest_problem)
+
+
+_ARROW_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+def _whole(rel: str, data: bytes) -> bool:
+    """Whether ``data`` is a complete file of the kind its name says (an Arrow IPC
+    stream ends with its end-of-stream marker; JSON parses) - only looked at, never
+    decoded into anything used."""
+    if rel.endswith(".arrow"):
+        return data.endswith(_ARROW_EOS)
+    if rel.endswith(".json"):
+        try:
+            json.loads(data)
+        except ValueError:
+            return False
+        return True
+    return False
 
 
 class LocalCheckpointStore(CheckpointStore):

@@ -44,7 +44,7 @@ def cli() -> None:
               help="Move existing checkpoints aside (never deleted) and start from the beginning.")
 @click.option("--summary-json", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the run summary as JSON to this file.")
-@click.option("--batch-size", type=click.IntRange(min=1),
+@click.option("--batch-size", type=click.IntRange(min=1, max=10**15),
               help="Records read per partition per step (does not change results).")
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run summary as JSON.")
@@ -73,8 +73,10 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
         pipeline = load_spec(spec)
         if batch_size is not None:
             pipeline = with_batch_size(pipeline, batch_size)
-        if metrics_file is not None and not metrics_file.parent.is_dir():
-            raise SpecError(f"--metrics-file: directory {metrics_file.parent} does not exist")
+        for option, target in (("--metrics-file", metrics_file),
+                               ("--summary-json", summary_json)):
+            if target is not None and not target.parent.is_dir():
+                raise SpecError(f"{option}: directory {target.parent} does not exist")
         progress = None if (quiet or as_json) else Progress.for_terminal()
         hooks: list[Callable[[Job], None]] = []
 
@@ -119,7 +121,12 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
             metrics.close()
     data = summary.to_json()
     if summary_json is not None:
-        summary_json.write_text(json.dumps(data, indent=2) + "\n")
+        try:
+            summary_json.write_text(json.dumps(data, indent=2) + "\n")
+        except OSError as exc:  # the run is committed: say so, and what failed
+            _fail(SealstreamError(f"--summary-json: cannot write {summary_json} "
+                                  f"({exc.strerror or exc}); the run itself completed"))
+            return
     if as_json:
         click.echo(json.dumps(data, indent=2))
     elif not quiet:
@@ -352,13 +359,14 @@ def diff_cmd(directory: str, a: str, b: str, as_json: bool, pipeline_name: str |
 @click.argument("directory", type=str)
 @click.argument("checkpoint_id", metavar="[ID]", required=False)
 @click.option("--to", "to", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="Output file: FILE.parquet or FILE.jsonl (replaced if it exists).")
+              help="Output file: FILE.parquet or FILE.jsonl (a new file, unless --replace).")
+@click.option("--replace", is_flag=True, help="Replace the --to file if it exists.")
 @click.option("--force", is_flag=True,
               help="Export even if the checkpoint is not ATOMIC_CHECKPOINT.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_PIPELINE_OPT
-def export_cmd(directory: str, checkpoint_id: str | None, to: Path, force: bool,
-               as_json: bool, pipeline_name: str | None) -> None:
+def export_cmd(directory: str, checkpoint_id: str | None, to: Path, replace: bool,
+               force: bool, as_json: bool, pipeline_name: str | None) -> None:
     """Export the open windows of checkpoint ID (default: the newest) with the current
     partial value of every aggregate. Only an ATOMIC_CHECKPOINT, unless --force."""
     from sealstream.checkpoint.inspect import resolve_id
@@ -366,7 +374,8 @@ def export_cmd(directory: str, checkpoint_id: str | None, to: Path, force: bool,
 
     store = _store(directory, pipeline_name)
     try:
-        data = export(store, resolve_id(store, checkpoint_id), to, force=force)
+        data = export(store, resolve_id(store, checkpoint_id), to, force=force,
+                      replace=replace)
     except SealstreamError as err:
         _fail(err)
         return

@@ -159,11 +159,19 @@ def render_diff(data: dict[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------- export
-def export(store: LocalCheckpointStore, cid: int, to: Path, *, force: bool) -> dict[str, Any]:
-    """Write the open windows of ``cid`` to ``to`` (.parquet or .jsonl), atomically."""
+def export(store: LocalCheckpointStore, cid: int, to: Path, *, force: bool,
+           replace: bool = False) -> dict[str, Any]:
+    """Write the open windows of ``cid`` to ``to`` (.parquet or .jsonl), atomically.
+    An existing ``to`` is replaced only with ``replace``; never inside the store."""
     suffix = to.suffix.lower()
     if suffix not in (".parquet", ".jsonl"):
         raise SpecError(f"--to: {str(to)!r} must end with .parquet or .jsonl")
+    target = to.resolve()
+    root = store.root.resolve()
+    if target == root or root in target.parents:
+        raise SpecError(f"--to: {str(to)!r} is inside the checkpoint directory {store.root}")
+    if to.exists() and not replace:
+        raise SpecError(f"--to: {str(to)!r} exists; pass --replace to replace it")
     table, verdict = open_windows_table(store, cid, force=force)
     parent = to.parent if str(to.parent) else Path(".")
     if not parent.is_dir():

@@ -62,6 +62,10 @@ OFFSET = "__off"
 KEY = "__key"
 KEY_IS_INT = "__kint"
 TIME = "__t"
+MAX_TIME_MS = 2**61
+"""Event times beyond +-MAX_TIME_MS (about 73 million years) are bad records: the
+engine's infinities (``watermark.POS_INF``, 2**62) must stay above every window end
+plus lateness."""
 RAW = "__raw"
 """The column a record's raw JSON text takes where it is written out."""
 PARTITION = "__p"  # added by the runtime, not by sources

@@ -45,6 +45,7 @@ from ._base import (
     BAD_SCHEMA,
     KEY,
     KEY_IS_INT,
+    MAX_TIME_MS,
     OFFSET,
     RAW,
     TIME,
@@ -69,7 +70,6 @@ ISO_RE = (
 )
 INT_RE = r"^-?[0-9]+$"
 _MS_PER_DAY = 86_400_000
-_I64_LIMIT = 9.2e18  # floats below this magnitude convert to Int64 exactly
 
 
 def roles(plan: FieldPlan) -> list[str]:
@@ -223,10 +223,15 @@ class Typer:
         jk, jt = 0, 1
         value_j = {name: 2 + n for n, name in enumerate(sorted(plan.fields))}
         kk, kt, xt = pl.col(f"k{jk}"), pl.col(f"k{jt}"), pl.col(f"x{jt}")
-        time_expr: Any = pl.when(kt == INT).then(pl.col(f"i{jt}"))
-        time_expr = time_expr.when(
-            (kt == FLOAT) & (xt == xt.floor()) & (xt.abs() < _I64_LIMIT)
-        ).then(xt.cast(pl.Int64, strict=False))
+        it = pl.col(f"i{jt}")
+        whole = (kt == FLOAT) & (xt == xt.floor())
+        time_expr: Any = pl.when((kt == INT) & it.is_between(-MAX_TIME_MS, MAX_TIME_MS)).then(it)
+        time_expr = time_expr.when(whole & (xt.abs() <= MAX_TIME_MS)).then(
+            xt.cast(pl.Int64, strict=False)
+        )
+        out_of_range = ((kt == INT) & ~it.is_between(-MAX_TIME_MS, MAX_TIME_MS)) | (
+            whole & (xt.abs() > MAX_TIME_MS)
+        )
         self._time = time_expr.otherwise(None).alias(TIME)
         self._time_iso = (
             time_expr.when(kt == STRING).then(pl.col("__iso")).otherwise(None).alias(TIME)
@@ -265,6 +270,14 @@ class Typer:
             .then(pl.lit(f"missing key field {plan.key!r}"))
             .when(kt == MISSING)
             .then(pl.lit(f"missing time field {plan.time!r}"))
+            .when(pl.col(TIME).is_null() & out_of_range)
+            .then(
+                pl.concat_str(
+                    pl.lit(f"time field {plan.time!r} is out of range (at most 2**61 ms "
+                           "either side of the epoch): "),
+                    _json_repr(jt),
+                )
+            )
             .when(pl.col(TIME).is_null())
             .then(
                 pl.concat_str(

@@ -15,7 +15,7 @@ from _helpers import read_chunks, with_raw
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sealstream.errors import SourceChangedError, SourceError
+from sealstream.errors import SourceChangedError
 from sealstream.sources import (
     BAD_SCHEMA,
     FieldPlan,
@@ -135,9 +135,14 @@ def test_stray_quote_makes_one_bad_record_up_to_the_next_quote(tmp_path: Path) -
 
 
 @pytest.mark.parametrize("text", ["", "\n\n", "  \n"])
-def test_missing_header_is_a_source_error(tmp_path: Path, text: str) -> None:
-    with pytest.raises(SourceError, match=r"p\.csv.*no header"):
-        open_partition("csv", "p.csv", write(tmp_path, text), PLAN)
+def test_a_file_without_a_header_is_an_empty_partition(tmp_path: Path, text: str) -> None:
+    """Empty, or blank lines only: no header, no records (as an empty JSONL file)."""
+    events, bad, chunks = read_all(write(tmp_path, text))
+    assert events.height == 0 and bad.height == 0
+    assert len(chunks) == 1 and chunks[0].eof and chunks[0].last_offset is None
+    # and it resumes from its end position, with nothing more to read
+    events, bad, _ = read_all(tmp_path / "p.csv", position=chunks[0].position)
+    assert events.height == 0 and bad.height == 0
 
 
 def test_header_without_the_key_or_time_column_makes_bad_records(tmp_path: Path) -> None:

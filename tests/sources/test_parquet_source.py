@@ -174,3 +174,18 @@ def test_closing_midway_stops_the_reads_ahead(tmp_path: Path) -> None:
         first = reader.next_chunk(2)
         assert first is not None and first.events.height + first.bad.height == 2
         reader.close()
+
+
+@pytest.mark.parametrize("tz", ["+05:30", "-08:00", "America/New_York", "UTC"])
+def test_time_zone_aware_timestamps_are_instants(tmp_path: Path, tz: str) -> None:
+    """Arrow stores a zoned timestamp as its UTC instant: that is the event time,
+    whatever the zone (fixed offsets included, which Polars cannot name)."""
+    import datetime as dt
+
+    ms = 1_714_564_800_000  # 2024-05-01T12:00:00Z
+    ts = pa.array([ms, ms + 1], type=pa.timestamp("ms", tz=tz))
+    table = pa.table({"user": ["a", "b"], "ts": ts, "amount": [1, 2]})
+    events, bad, _ = read_all(write(tmp_path, table))
+    assert bad.height == 0
+    assert events["__t"].to_list() == [ms, ms + 1]
+    assert dt.datetime.fromtimestamp(ms / 1000, dt.UTC).hour == 12

@@ -121,7 +121,10 @@ class CsvReader(LineFileReader):
                 r = int(found[0])
                 break
             if not more:
-                raise SourceError(f"CSV file {str(self._path)!r} has no header line")
+                # empty, or blank lines only: no header and no records, an empty
+                # partition (as an empty JSONL file is)
+                self._header = []
+                return len(data), int(np.count_nonzero(a == 10))
         record = _strip_eol(data[starts[r] : stops[r]])
         try:
             text = record.decode("utf-8-sig")

@@ -122,6 +122,20 @@ class _Typed:
         self.bad_off = self.bad["_offset"].to_numpy().astype(np.int64, copy=False)
 
 
+def _utc_timestamps(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """Time-zone-aware timestamp columns relabelled UTC. Arrow stores their values as
+    UTC instants whatever the zone, so nothing changes but the label, which Polars
+    may not know (fixed offsets such as ``+05:30``)."""
+    fields = batch.schema
+    if not any(pa.types.is_timestamp(f.type) and f.type.tz not in (None, "UTC")
+               for f in fields):
+        return batch
+    cols = [c.view(pa.timestamp(f.type.unit, tz="UTC"))
+            if pa.types.is_timestamp(f.type) and f.type.tz not in (None, "UTC") else c
+            for f, c in zip(fields, batch.columns, strict=True)]
+    return pa.RecordBatch.from_arrays(cols, names=fields.names)
+
+
 class ParquetReader:
     """A Parquet file as a partition. See the module docstring."""
 
@@ -209,7 +223,12 @@ class ParquetReader:
 
     def _type(self, first_row: int, batch: pa.RecordBatch) -> _Typed:
         """Type one batch (on a parse thread)."""
-        frame = pl.from_arrow(batch)
+        batch = _utc_timestamps(batch)
+        try:
+            frame = pl.from_arrow(batch)
+        except (pl.exceptions.PolarsError, pa.ArrowException, ValueError, TypeError) as e:
+            raise SourceError(f"cannot read {str(self._path)!r}: rows {first_row + 1}-"
+                              f"{first_row + batch.num_rows}: {str(e).splitlines()[0]}") from e
         assert isinstance(frame, pl.DataFrame)
         exprs: list[pl.Expr] = [
             pl.int_range(first_row, first_row + frame.height, dtype=pl.Int64).alias(OFFSET),

@@ -272,3 +272,19 @@ def test_a_regressed_child_of_a_damaged_parent_is_still_caught(
     assert data["resume_from"] == grand["id"]
     assert run(spec, env=key).returncode == 0
     assert_same_output(d, expected)
+
+
+def test_start_over_with_a_file_where_rejected_goes(
+    tmp_path: Path, crashed: Path, expected: Path
+) -> None:
+    d = _copy(crashed, tmp_path / "job")
+    (d / "ckpt" / "rejected").write_text("mine\n")
+    before = sorted(p.relative_to(d) for p in d.rglob("*"))
+    res = run(d / "spec.toml", "--start-over")
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert "rejected" in res.stderr and "is a file, not a directory" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert sorted(p.relative_to(d) for p in d.rglob("*")) == before  # nothing moved
+    (d / "ckpt" / "rejected").unlink()
+    assert run(d / "spec.toml", "--start-over").returncode == 0
+    assert_same_output(d, expected)

@@ -486,6 +486,9 @@ class LocalCheckpointStore(CheckpointStore):
         ``checkpoints prune`` or the job's retention moved or deleted it first).
         """
         rej = self.root / REJECTED
+        if rej.exists() and not rej.is_dir():
+            raise CheckpointError(f"cannot move checkpoint {cid} aside: {rej} is a file, "
+                                  "not a directory (move it away and run again)")
         rej.mkdir(exist_ok=True, mode=0o700)
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         dest = rej / f"{checkpoint_dirname(cid)}-{reason}-{stamp}"

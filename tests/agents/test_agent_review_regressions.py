@@ -340,3 +340,134 @@ def test_example_story_refuses_a_directory_with_leftovers(tmp_path: Path) -> Non
     proc = subprocess.run([sys.executable, str(example), "--dir", str(tmp_path)],
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2 and "not empty" in proc.stderr
+
+
+# ------------------------------------------------------------ second review
+def test_a_deleted_decision_is_detected_and_never_reopened(backend_url: str) -> None:
+    """A rejected approval whose decision row is deleted must not turn back into a
+    pending one that can then be approved: decisions are final."""
+    store = AgentCheckpointStore(backend_url, key=KEY, encryption_key=None)
+    ledger = EffectLedger(store, "exec-1")
+    ledger.request_approval("pay", {"amount": 5})
+    assert ledger.decide("pay", False, by="ops").status == "rejected"
+    assert ledger.decide("pay", False, by="ops").status == "rejected"  # idempotent
+    with store.rows.transaction() as tx:
+        tx.delete("ap", "exec-1", "", ["pay|decision"])
+    with pytest.raises(AgentCheckpointError, match="DECISION_MISSING"):
+        ledger.approval("pay")
+    with pytest.raises(AgentCheckpointError, match="DECISION_MISSING"):
+        ledger.decide("pay", True, by="attacker")
+    with pytest.raises(AgentCheckpointError, match="DECISION_MISSING"):
+        ledger.pending_approvals()
+    assert [(v.verdict, v.reason) for v in ledger.verify() if not v.ok] == [
+        (PARTIAL, "DECISION_MISSING")]
+    store.close()
+
+
+def test_an_execution_id_holds_one_kind_of_checkpoint(tmp_path: Path) -> None:
+    """Agent checkpoints and a LangGraph thread's under one id: a clear refusal
+    (OTHER_KIND) on either side, never a KeyError from the other kind's layout."""
+    pytest.importorskip("langgraph")
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from sealstream.agents.langgraph import SealstreamSaver
+
+    saver = SealstreamSaver(tmp_path / "a.db", key=KEY, encryption_key=None)
+    store = saver.store
+    cfg = {"configurable": {"thread_id": "t-graph", "checkpoint_ns": ""}}
+    saver.put(cfg, empty_checkpoint(), {}, {})  # type: ignore[arg-type]
+    with pytest.raises(AgentCheckpointError, match="OTHER_KIND.*LangGraph"):
+        store.save(AgentCheckpoint("t-graph", node="n"))
+    with pytest.raises(AgentCheckpointError, match="OTHER_KIND"):
+        store.latest("t-graph")
+    store.save(AgentCheckpoint("t-agent", node="n"))
+    agent_cfg = {"configurable": {"thread_id": "t-agent", "checkpoint_ns": ""}}
+    with pytest.raises(AgentCheckpointError, match="OTHER_KIND.*AgentCheckpointStore"):
+        saver.get_tuple(agent_cfg)  # type: ignore[arg-type]
+    with pytest.raises(AgentCheckpointError, match="OTHER_KIND"):
+        saver.put(agent_cfg, empty_checkpoint(), {}, {})  # type: ignore[arg-type]
+    assert store.latest("t-agent") is not None and saver.get_tuple(cfg) is not None
+    store.close()
+
+
+def _bad_calls(tmp_path: Path) -> list[tuple[str, Any]]:
+    store = AgentCheckpointStore(tmp_path / "v.db", key=KEY, encryption_key=None)
+    ledger = EffectLedger(store, "e")
+    ledger.request_approval("a", {"x": 1})
+    tool = Tool("t", lambda k, a: 1, reissue_safe=True)
+    return [
+        ("save(None)", lambda: store.save(None)),  # type: ignore[arg-type]
+        ("execution id not a string",
+         lambda: store.save(AgentCheckpoint(123))),  # type: ignore[arg-type]
+        ("state None", lambda: store.save(AgentCheckpoint("e", state=None))),  # type: ignore
+        ("state a list", lambda: store.save(AgentCheckpoint("e", state=[1]))),  # type: ignore
+        ("conversation a string",
+         lambda: store.save(AgentCheckpoint("e", conversation="hi"))),  # type: ignore
+        ("artifacts of dicts",
+         lambda: store.save(AgentCheckpoint("e", artifacts=[{"uri": "x"}]))),  # type: ignore
+        ("lone surrogate", lambda: store.save(AgentCheckpoint("e", state={"s": "\ud800"}))),
+        ("deep nesting", lambda: store.save(AgentCheckpoint("e", state=_deep(100_000)))),
+        ("prune keep_last a string",
+         lambda: store.prune("e", keep_last="2")),  # type: ignore[arg-type]
+        ("prune keep_last negative", lambda: store.prune("e", keep_last=-1)),
+        ("perform args None", lambda: ledger.perform(tool, 1, None)),  # type: ignore[arg-type]
+        ("perform a plain function",
+         lambda: ledger.perform(lambda k, a: 1, 1, {})),  # type: ignore[arg-type]
+        ("perform step a float", lambda: ledger.perform(tool, 1.5, {})),  # type: ignore
+        ("reconcile_pending a list",
+         lambda: ledger.reconcile_pending([tool])),  # type: ignore[arg-type]
+        ("approval payload None",
+         lambda: ledger.request_approval("b", None)),  # type: ignore[arg-type]
+        ("approval payload not JSON", lambda: ledger.request_approval("b", {"x": object()})),
+        ("approval id None", lambda: ledger.request_approval(None, {})),  # type: ignore
+        ("decide with a string", lambda: ledger.decide("a", "no", by="ops")),  # type: ignore
+        ("decide without who", lambda: ledger.decide("a", True, by="")),
+        ("ledger on None", lambda: EffectLedger(None, "e")),  # type: ignore[arg-type]
+        ("key of another type",
+         lambda: AgentCheckpointStore(tmp_path / "k.db", key=5)),  # type: ignore[arg-type]
+        ("short encryption key",
+         lambda: AgentCheckpointStore(tmp_path / "k.db", encryption_key=b"short")),
+    ]
+
+
+def _deep(n: int) -> dict[str, Any]:
+    d: dict[str, Any] = {}
+    for _ in range(n):
+        d = {"d": d}
+    return d
+
+
+def test_bad_arguments_get_one_clear_project_error(tmp_path: Path) -> None:
+    from sealstream.errors import SealstreamError
+
+    for name, call in _bad_calls(tmp_path):
+        with pytest.raises(SealstreamError) as exc:
+            call()
+        msg = str(exc.value)
+        assert msg and "\n" not in msg, (name, msg)
+    # nothing was recorded by the refused calls
+    ledger = EffectLedger(tmp_path / "v.db", "e", key=KEY, encryption_key=None)
+    approval = ledger.approval("a")
+    assert approval is not None and approval.status == "pending"
+    assert ledger.effects() == [] and ledger.approval("b") is None
+    assert AgentCheckpointStore(tmp_path / "v.db", key=KEY, encryption_key=None).ids("e") == []
+
+
+def test_a_reconcile_that_returns_something_else_is_refused(tmp_path: Path) -> None:
+    from sealstream.errors import SpecError
+
+    ledger = EffectLedger(tmp_path / "r.db", "e", key=KEY, encryption_key=None)
+    with ledger.rows.transaction():
+        pass
+    calls: list[str] = []
+
+    def boom(key: str, args: Any) -> Any:
+        calls.append(key)
+        raise RuntimeError("provider down")
+
+    with pytest.raises(RuntimeError):
+        ledger.perform(Tool("t", boom, reconcile=lambda k, a: True), 1, {})  # type: ignore
+    tool = Tool("t", boom, reconcile=lambda k, a: True)  # type: ignore[arg-type,return-value]
+    with pytest.raises(SpecError, match="Reconciliation"):
+        ledger.reconcile_pending({"t": tool})
+    assert len(calls) == 1 and not ledger.effects()[0].done  # still open, not re-called

@@ -18,7 +18,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from sealstream.agents import _check
 from sealstream.checkpoint import crypto, manifest
+from sealstream.errors import SpecError
 
 #: default of every ``key=`` / ``encryption_key=`` parameter: read the environment
 FROM_ENV: object = crypto.FROM_ENV
@@ -35,10 +37,17 @@ class Keys:
     def resolve(cls, key: bytes | None | object = FROM_ENV,
                 encryption_key: bytes | None | object = FROM_ENV) -> Keys:
         """Explicit keys, or those from the environment for :data:`FROM_ENV`."""
-        sign = manifest.checkpoint_key() if key is FROM_ENV else key
-        enc = crypto.encryption_key() if encryption_key is FROM_ENV else encryption_key
-        assert sign is None or isinstance(sign, bytes)
-        assert enc is None or isinstance(enc, bytes)
+        sign = manifest.checkpoint_key() if key is FROM_ENV else _check.key("key", key)
+        if encryption_key is FROM_ENV:
+            enc = crypto.encryption_key()
+        else:
+            if encryption_key is not None and not isinstance(encryption_key, bytes):
+                raise SpecError(f"encryption_key: expected {crypto.KEY_BYTES} bytes or None, "
+                                f"got {type(encryption_key).__name__}")
+            if encryption_key is not None and len(encryption_key) != crypto.KEY_BYTES:
+                raise SpecError(f"encryption_key: expected {crypto.KEY_BYTES} bytes, got "
+                                f"{len(encryption_key)}")
+            enc = encryption_key
         return cls(sign, enc)
 
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -48,12 +49,13 @@ from pathlib import Path
 from typing import Any
 
 from sealstream._runtime.crash import CrashPoints
+from sealstream.agents import _check
 from sealstream.agents import judge as _judge
 from sealstream.agents._seal import FROM_ENV, Address, Keys, seal_doc, unwrap, wrap
 from sealstream.agents.judge import AgentVerdict, CheckpointEvidence, RowRead
 from sealstream.agents.store import RowStore, RowTx, open_row_store
 from sealstream.checkpoint.crypto import EnvelopeError
-from sealstream.errors import CheckpointError, NoValidCheckpointError
+from sealstream.errors import CheckpointError, NoValidCheckpointError, SpecError
 
 FORMAT = 1
 KIND_AGENT = "agent"
@@ -83,10 +85,15 @@ class NoValidAgentCheckpointError(NoValidCheckpointError):
 def canonical_json(value: Any) -> str:
     """Sorted keys, no whitespace, no NaN: the form that is hashed and signed."""
     try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                           allow_nan=False)
-    except (TypeError, ValueError) as exc:
+        text.encode("utf-8")  # a lone surrogate cannot be stored
+    except UnicodeEncodeError as exc:
+        raise CheckpointError(f"agent state must be valid Unicode text: {exc.reason} "
+                              f"({exc.object[exc.start:exc.end]!r})") from None
+    except (TypeError, ValueError, RecursionError) as exc:
         raise CheckpointError(f"agent state must be JSON (no pickle): {exc}") from None
+    return text
 
 
 @dataclass(frozen=True)
@@ -134,6 +141,19 @@ class AgentCheckpoint:
     parent_id: str | None = None
     created_ms: int = 0
 
+    def check(self) -> None:
+        """Raise SpecError naming the first field of the wrong type."""
+        _check.text("execution_id", self.execution_id)
+        _check.text("namespace", self.namespace, empty_ok=True)
+        _check.text("node", self.node, empty_ok=True)
+        _check.mappings("conversation", self.conversation)
+        _check.mapping("state", self.state)
+        _check.mappings("completed_actions", self.completed_actions)
+        _check.mappings("pending_approvals", self.pending_approvals)
+        if isinstance(self.artifacts, str | bytes) or not all(
+                isinstance(a, Artifact) for a in self.artifacts):
+            raise SpecError("artifacts: expected a list of Artifact (Artifact.of(uri, data))")
+
     def body(self) -> dict[str, Any]:
         body = {
             "node": self.node,
@@ -147,6 +167,8 @@ class AgentCheckpoint:
 
     @classmethod
     def from_manifest(cls, doc: Mapping[str, Any]) -> AgentCheckpoint:
+        if doc.get("kind") != KIND_AGENT:
+            raise AgentCheckpointError(other_kind(doc, KIND_AGENT))
         b = doc["body"]
         return cls(
             execution_id=doc["execution"], node=b["node"],
@@ -208,10 +230,16 @@ class AgentCheckpointStore:
     def save(self, checkpoint: AgentCheckpoint) -> AgentCheckpoint:
         """Commit ``checkpoint`` as the execution's next one; returns it with its id,
         parent and creation time filled in."""
+        if not isinstance(checkpoint, AgentCheckpoint):
+            raise SpecError(f"save: expected an AgentCheckpoint, got "
+                            f"{type(checkpoint).__name__}")
+        checkpoint.check()
         ex, ns = checkpoint.execution_id, checkpoint.namespace
         body = checkpoint.body()
         with self.rows.transaction() as tx:
             names = [r.name for r in tx.scan("cp", ex, ns)]
+            self.check_kind(tx, ex, ns, [n for n in names if not AGENT_ID.fullmatch(n)],
+                            KIND_AGENT)
             head = self._meta(tx, ex, ns).get("head") or ""
             last = max([*names, head]) if names or head else ""
             cid = f"{int(last) + 1 if last.isdigit() else 1:012d}"
@@ -282,8 +310,7 @@ class AgentCheckpointStore:
         """Delete all but the newest ``keep_last`` checkpoints (0: all) with their
         writes and the blobs nothing kept refers to, in one transaction; raise the
         signed retention floor. Returns the deleted ids."""
-        if keep_last < 0:
-            raise ValueError("keep_last must be >= 0")
+        _check.count("keep_last", keep_last)
         with self.rows.transaction() as tx:
             return self._prune(tx, execution_id, namespace, keep_last)
 
@@ -296,6 +323,16 @@ class AgentCheckpointStore:
                 tx.delete(space, execution_id)
 
     # ------------------------------------------------------------ core
+    def check_kind(self, tx: RowTx, ex: str, ns: str, names: Sequence[str],
+                   kind: str) -> None:
+        """Raise AgentCheckpointError (``OTHER_KIND``) when one of the checkpoints
+        ``names`` of ``ex``/``ns`` is readable and of another kind than ``kind``: an
+        execution id holds agent checkpoints or a LangGraph thread's, never both."""
+        for name in names:
+            doc = _loads(self._read(tx, ("cp", ex, ns, name)).data)
+            if doc is not None and doc.get("kind") != kind:
+                raise AgentCheckpointError(other_kind(doc, kind))
+
     def _read(self, tx: RowTx, addr: Address) -> RowRead:
         stored = tx.get(*addr)
         if stored is None:
@@ -445,6 +482,21 @@ class AgentCheckpointStore:
 def _scan_writes(tx: RowTx, ex: str, ns: str, cid: str) -> list[Any]:
     prefix = f"{_esc(cid)}|"
     return [r for r in tx.scan("w", ex, ns, prefix) if r.name.startswith(prefix)]
+
+
+AGENT_ID = re.compile(r"[0-9]{12}")
+_KIND_NAMES = {KIND_AGENT: "agent checkpoints (AgentCheckpointStore)",
+               KIND_LANGGRAPH: "a LangGraph thread's checkpoints (SealstreamSaver)"}
+
+
+def other_kind(doc: Mapping[str, Any], wanted: str) -> AgentVerdict:
+    """The verdict for a checkpoint of another kind than the reader's."""
+    ex, ns, cid = str(doc.get("execution")), str(doc.get("ns")), str(doc.get("id"))
+    found = _KIND_NAMES.get(str(doc.get("kind")), f"checkpoints of kind {doc.get('kind')!r}")
+    return AgentVerdict(
+        ex, ns, cid, _judge.INCONSISTENT, "OTHER_KIND",
+        f"execution {ex!r} holds {found}, not {_KIND_NAMES[wanted]}: an execution id "
+        "holds one kind; give the other its own id")
 
 
 def _loads(data: bytes | None) -> dict[str, Any] | None:

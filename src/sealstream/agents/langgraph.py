@@ -69,12 +69,14 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from sealstream.agents import judge as _judge
 from sealstream.agents._seal import FROM_ENV, seal_plain, wrap
 from sealstream.agents.checkpoint import (
+    AGENT_ID,
     KIND_LANGGRAPH,
     AgentCheckpointError,
     AgentCheckpointStore,
     Loaded,
     canonical_json,
     now_ms,
+    other_kind,
     write_name,
 )
 from sealstream.agents.judge import AgentVerdict
@@ -147,6 +149,8 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
 
     def _tuple(self, loaded: Loaded) -> CheckpointTuple:
         doc = loaded.manifest
+        if doc.get("kind") != KIND_LANGGRAPH:
+            raise AgentCheckpointError(other_kind(doc, KIND_LANGGRAPH))
         body = doc["body"]
         checkpoint: Checkpoint = self._loads(body["checkpoint"])
         values = {}
@@ -256,6 +260,9 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
             name = _blob_name(channel, version, blob)
             channels[channel], blobs[name] = name, blob
         with self.store.rows.transaction() as tx:
+            self.store.check_kind(tx, thread, ns, [r.name for r in tx.scan("cp", thread, ns)
+                                                   if AGENT_ID.fullmatch(r.name)],
+                                  KIND_LANGGRAPH)
             reuse: list[str] = []
             if missing and parent and tx.get("cp", thread, ns, str(parent)) is not None:
                 # the parent must verify before any of its blobs is reused: a blob

@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from sealstream._runtime.crash import CrashPoints
+from sealstream.agents import _check
 from sealstream.agents import judge as _judge
 from sealstream.agents._seal import FROM_ENV, Address, Keys, seal_doc, unwrap
 from sealstream.agents.checkpoint import (
@@ -71,7 +72,7 @@ from sealstream.agents.checkpoint import (
 from sealstream.agents.judge import AgentVerdict, RowRead
 from sealstream.agents.store import RowStore, RowTx
 from sealstream.checkpoint.crypto import EnvelopeError
-from sealstream.errors import SinkError
+from sealstream.errors import SinkError, SpecError
 
 
 class UnreconciledEffectError(SinkError):
@@ -165,6 +166,11 @@ class EffectLedger:
                  encryption_key: bytes | None | object = FROM_ENV,
                  crash: Callable[[str], None] | None = None,
                  lock_timeout: float = 10.0) -> None:
+        if not isinstance(rows, RowStore | AgentCheckpointStore | str | Path):
+            raise SpecError(f"rows: expected a store, a path or a URL, got "
+                            f"{type(rows).__name__}")
+        _check.text("execution_id", execution_id)
+        _check.text("namespace", namespace, empty_ok=True)
         if isinstance(rows, AgentCheckpointStore):
             self._store = rows
         else:
@@ -207,6 +213,9 @@ class EffectLedger:
 
         Two calls meant to happen twice (the same tool and arguments) must differ in
         ``step``: within one step the same call is the same effect."""
+        _tool(tool)
+        _check.step("step", step)
+        canonical_json(_check.mapping("args", args))
         with self.exclusive():
             return self._perform(tool, step, args)
 
@@ -238,6 +247,9 @@ class EffectLedger:
     def reconcile_pending(self, tools: Mapping[str, Tool]) -> list[Effect]:
         """Reconcile every intent without an outcome (do this first on resume);
         returns the effects as now recorded."""
+        _check.mapping("tools", tools)
+        for name, tool in tools.items():
+            _tool(tool, f"tools[{name!r}]")
         with self.exclusive():
             return self._reconcile_pending(tools)
 
@@ -266,6 +278,10 @@ class EffectLedger:
         args = dict(effect.args)
         if tool.reconcile is not None:
             found = tool.reconcile(effect.key, args)
+            if not isinstance(found, Reconciliation):
+                raise SpecError(f"tool {tool.name!r}: reconcile returned "
+                                f"{type(found).__name__}, expected a Reconciliation"
+                                "(happened, result); the intent stays open")
             if found.happened:
                 return self._record(effect.key, found.result, "reconcile")
             result = tool.call(effect.key, args)  # it never went through: the first call
@@ -329,6 +345,16 @@ class EffectLedger:
             reads = [self._read_row(r.name, r.data)
                      for r in tx.scan("fx", self.execution_id, self.namespace)]
             count_row = self._read_row("count", tx.get(*self._addr("fxm", "count")), space="fxm")
+            decisions = {r.name for r in tx.scan("ap", self.execution_id, self.namespace)
+                         if r.name.endswith("|decision")}
+            try:
+                decided = self._decided(tx)
+            except AgentCheckpointError as exc:
+                out.append(exc.verdict)
+                decided = []
+        for approval_id in decided:
+            if f"{approval_id}|decision" not in decisions:
+                out.append(self._missing_decision(approval_id))
         seqs: set[int] = set()
         intents: set[str] = set()
         outcomes: set[str] = set()
@@ -372,6 +398,8 @@ class EffectLedger:
     # ------------------------------------------------------------ approvals
     def request_approval(self, approval_id: str, payload: Mapping[str, Any]) -> Approval:
         """Record a pending approval (idempotent); returns its current state."""
+        _check.text("approval_id", approval_id)
+        canonical_json(_check.mapping("payload", payload))
         body = {"approval_id": approval_id, "payload": dict(payload), "created_ms": now_ms()}
         with self.rows.transaction() as tx:
             old = self._get(tx, f"{approval_id}|request", space="ap")
@@ -386,10 +414,17 @@ class EffectLedger:
 
     def decide(self, approval_id: str, approved: bool, *, by: str, note: str = "") -> Approval:
         """Record the explicit decision on a pending approval (final: once)."""
+        _check.text("approval_id", approval_id)
+        _check.flag("approved", approved)
+        _check.text("by", by)
+        _check.text("note", note, empty_ok=True)
         with self.rows.transaction() as tx:
             if self._get(tx, f"{approval_id}|request", space="ap") is None:
                 raise ApprovalError(f"approval {approval_id!r} was never requested")
+            decided = self._decided(tx, lock=True)
             old = self._get(tx, f"{approval_id}|decision", space="ap")
+            if old is None and approval_id in decided:
+                raise AgentCheckpointError(self._missing_decision(approval_id))
             if old is not None:
                 if bool(old["approved"]) != approved:
                     raise ApprovalError(f"approval {approval_id!r} was already decided")
@@ -399,14 +434,23 @@ class EffectLedger:
                 first = self._get(tx, f"{approval_id}|decision", space="ap")
                 if first is None or bool(first["approved"]) != approved:
                     raise ApprovalError(f"approval {approval_id!r} was already decided")
+            if approval_id not in decided:  # the signed list of decided approvals
+                addr = self._addr("apm", "decided")
+                tx.upsert(*addr, seal_doc(self.keys, addr,
+                                          {"decided": sorted({*decided, approval_id})}))
         approval = self.approval(approval_id)
         assert approval is not None
         return approval
 
     def approval(self, approval_id: str) -> Approval | None:
+        """The approval's request and decision; raises AgentCheckpointError when a
+        recorded decision is gone (a deleted row must not reopen a decided one)."""
+        _check.text("approval_id", approval_id)
         with self.rows.transaction() as tx:
             req = self._get(tx, f"{approval_id}|request", space="ap")
             dec = self._get(tx, f"{approval_id}|decision", space="ap")
+            if dec is None and approval_id in self._decided(tx):
+                raise AgentCheckpointError(self._missing_decision(approval_id))
         if req is None:
             if dec is not None:
                 raise AgentCheckpointError(AgentVerdict(
@@ -470,6 +514,17 @@ class EffectLedger:
         tx.upsert(*addr, seal_doc(self.keys, addr, {"count": int(counts.get("count", 0)),
                                                    "done": list(counts.get("done") or [])}))
 
+    def _decided(self, tx: RowTx, lock: bool = False) -> list[str]:
+        """The signed list of approvals with a decision (a marker, as ``done`` is for
+        outcomes: a decision row deleted later is caught, not taken as pending)."""
+        doc = self._get(tx, "decided", space="apm", lock=lock)
+        return [str(i) for i in doc.get("decided") or []] if doc is not None else []
+
+    def _missing_decision(self, approval_id: str) -> AgentVerdict:
+        return AgentVerdict(self.execution_id, self.namespace, approval_id, _judge.PARTIAL,
+                            "DECISION_MISSING", f"approval {approval_id!r} of "
+                            f"{self.execution_id!r} was decided, but its decision row is gone")
+
     def _missing_outcome(self, key: str) -> AgentVerdict:
         return AgentVerdict(self.execution_id, self.namespace, key, _judge.PARTIAL,
                             "OUTCOME_MISSING", f"ledger of {self.execution_id!r}: effect "
@@ -479,6 +534,12 @@ class EffectLedger:
         return AgentVerdict(self.execution_id, self.namespace, key, _judge.PARTIAL,
                             "INTENT_MISSING", f"ledger of {self.execution_id!r}: effect "
                             f"{key[:12]} has an outcome but its intent row is gone")
+
+
+def _tool(tool: Any, name: str = "tool") -> Tool:
+    if not isinstance(tool, Tool):
+        raise SpecError(f"{name}: expected a Tool(name, call, ...), got {type(tool).__name__}")
+    return tool
 
 
 def _effect(intent: Mapping[str, Any], outcome: Mapping[str, Any] | None) -> Effect:

@@ -306,6 +306,12 @@ def _lower_position(c: Ckpt) -> dict[str, Any]:
     return parent_of(c, positions=pos)
 
 
+def _lower_resume(c: Ckpt) -> dict[str, Any]:
+    pos = default_positions()
+    pos[0]["resume"]["offset"] = 101  # same next_offset, but it resumed further on
+    return parent_of(c, positions=pos)
+
+
 def _state_watermark(change: Callable[[dict[str, Any]], None]) -> Callable[[], Ckpt]:
     def make() -> Ckpt:
         wm = default_watermark()
@@ -474,6 +480,8 @@ CASES: dict[str, tuple[Build, str, str]] = {
         _simple(Ckpt, parent=_lower_partition), INCONSISTENT, "WATERMARK_REGRESSION"),
     "a position lower than the parent's": (
         _simple(Ckpt, parent=_lower_position), INCONSISTENT, "POSITION_REGRESSION"),
+    "a resume position lower than the parent's": (
+        _simple(Ckpt, parent=_lower_resume), INCONSISTENT, "POSITION_REGRESSION"),
     "another pipeline's checkpoint": (
         _simple(Ckpt, policy=lambda c: {"pipeline": "refunds"}), INCONSISTENT, "OTHER_PIPELINE"),
     "pipeline fingerprint differs": (

@@ -151,6 +151,7 @@ def test_watermark_and_positions_never_regress_across_restarts(tmp_path: Path) -
         assert b["watermark"]["global_ms"] >= a["watermark"]["global_ms"]
         for pa, pb in zip(a["positions"], b["positions"], strict=True):
             assert pb["next_offset"] >= pa["next_offset"]
+            assert pb["resume"]["offset"] >= pa["resume"]["offset"]
 
 
 def test_signed_checkpoints_catch_tampering(tmp_path: Path) -> None:

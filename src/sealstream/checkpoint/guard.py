@@ -325,4 +325,23 @@ def _regression(doc: Mapping[str, Any], parent: Mapping[str, Any]) -> tuple[str,
             return "POSITION_REGRESSION", (
                 f"position {pos[name]} of partition {name!r} is lower than its parent's {off}"
             )
+    # where a reader resumes (before the oldest buffered chunk) only moves forward too
+    presume = {p["partition"]: _resume_offset(p) for p in parent["positions"]}
+    for p in doc["positions"]:
+        now, before = _resume_offset(p), presume.get(p["partition"])
+        if now is not None and before is not None and now < before:
+            return "POSITION_REGRESSION", (
+                f"resume position {now} of partition {p['partition']!r} is lower than its "
+                f"parent's {before}"
+            )
     return None
+
+
+def _resume_offset(position: Mapping[str, Any]) -> int | None:
+    resume = position.get("resume")
+    if not isinstance(resume, Mapping) or isinstance(resume.get("offset"), bool):
+        return None
+    try:
+        return int(resume["offset"])
+    except (KeyError, TypeError, ValueError):
+        return None

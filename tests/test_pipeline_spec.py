@@ -572,3 +572,43 @@ def test_fingerprint_fields_are_plain_json(job_dir: Path) -> None:
     fields = load(job_dir, base_spec()).fingerprint_fields()
     assert json.loads(json.dumps(fields)) == fields
     assert copy.deepcopy(fields)["window"]["lateness_ms"] == 0
+
+
+def test_python_api_parts_of_the_wrong_type_are_spec_errors(job_dir: Path) -> None:
+    """Built in Python, a dict, string or number where a part belongs is a SpecError
+    naming the part, not an AttributeError from deep inside."""
+    import sealstream as ss
+
+    good: dict[str, Any] = dict(
+        name="p",
+        source=ss.FileSource(kind="jsonl", paths=("in/p0.jsonl",), key="user", time="ts",
+                             base_dir=job_dir),
+        window=ss.Tumbling(size_ms=1000),
+        aggregates={"n": "count"},
+        sink=ss.Output(kind="jsonl", path="out", base_dir=job_dir),
+    )
+    ss.Pipeline(**good)
+    for part, value, needle in [
+        ("window", {"kind": "tumbling", "size_ms": 1000}, "window: expected a Tumbling"),
+        ("watermark", 1000, "watermark: expected a Watermark"),
+        ("sink", "out", "sink: expected an Output"),
+        ("aggregates", ["count"], "aggregates: expected a mapping"),
+        ("checkpoint", "ckpt", "checkpoint: expected a Checkpoints"),
+        ("source", ss.FileSource(kind="jsonl", paths="in/p0.jsonl",  # type: ignore[arg-type]
+                                 key="user", time="ts", base_dir=job_dir),
+         "source.paths: expected a list of paths"),
+    ]:
+        with pytest.raises(SpecError, match=needle):
+            ss.Pipeline(**{**good, part: value})
+    for bad in (None, {"name": "p"}, 5):
+        with pytest.raises(SpecError, match="run: expected a Pipeline or a spec path"):
+            ss.run(bad)  # type: ignore[arg-type]
+
+
+def test_run_takes_a_spec_path(job_dir: Path) -> None:
+    import sealstream as ss
+
+    spec = write_spec(job_dir, base_spec())
+    summary = ss.run(spec)
+    assert summary.counters.events == 2
+    assert ss.run(str(spec)).resumed_from is not None  # a str works too; finished: resumes

@@ -335,8 +335,35 @@ def _check_path(setting: str, value: object) -> None:
         raise SpecError(f"{setting}: path {value!r} contains a NUL character")
 
 
+def _check_types(p: Pipeline) -> None:
+    """Each part of a pipeline built in Python is of its type (not a dict, a string
+    or a number standing for one)."""
+    def bad(setting: str, want: str, got: object) -> SpecError:
+        return SpecError(f"{setting}: expected {want}, got {type(got).__name__} {got!r:.60}")
+
+    parts: list[tuple[str, object, tuple[type, ...], str]] = [
+        ("source", p.source, (FileSource,), "a FileSource"),
+        ("window", p.window, (Tumbling, Sliding, Session), "a Tumbling, Sliding or Session"),
+        ("watermark", p.watermark, (Watermark,), "a Watermark"),
+        ("sink", p.sink, (Output,), "an Output"),
+        ("late", p.late, (Output, type(None)), "an Output or None"),
+        ("errors", p.errors, (Output, type(None)), "an Output or None"),
+        ("checkpoint", p.checkpoint, (Checkpoints, type(None)), "a Checkpoints or None"),
+    ]
+    for setting, value, types, want in parts:
+        if not isinstance(value, types):
+            raise bad(setting, want, value)
+    if not isinstance(p.aggregates, Mapping):
+        raise bad("aggregates", 'a mapping of output name to function, e.g. {"n": "count"}',
+                  p.aggregates)
+    paths = p.source.paths
+    if isinstance(paths, str | bytes) or not all(isinstance(x, str) for x in paths):
+        raise bad("source.paths", "a list of paths (strings), e.g. ['in/p0.jsonl']", paths)
+
+
 def validate(p: Pipeline) -> None:
     """Check a pipeline's settings; raise SpecError naming the first bad one."""
+    _check_types(p)
     for i, path in enumerate(p.source.paths):
         _check_path(f"source.paths[{i}]", path)
     for section, out in (("sink", p.sink), ("late", p.late), ("errors", p.errors)):

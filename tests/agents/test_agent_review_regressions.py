@@ -414,6 +414,10 @@ def _bad_calls(tmp_path: Path) -> list[tuple[str, Any]]:
         ("perform a plain function",
          lambda: ledger.perform(lambda k, a: 1, 1, {})),  # type: ignore[arg-type]
         ("perform step a float", lambda: ledger.perform(tool, 1.5, {})),  # type: ignore
+        ("a tool whose call is not a function",  # before: an intent left open, then TypeError
+         lambda: ledger.perform(Tool("t", 5), 1, {})),  # type: ignore[arg-type]
+        ("a tool whose reconcile is not a function",
+         lambda: ledger.perform(Tool("t", lambda k, a: 1, reconcile=5), 1, {})),  # type: ignore
         ("reconcile_pending a list",
          lambda: ledger.reconcile_pending([tool])),  # type: ignore[arg-type]
         ("approval payload None",

@@ -107,6 +107,8 @@ from sealstream.windows.aggregates import SEQ
 from sealstream.windows.operator import WindowOperator
 
 DEFINITION_REASONS = ("FINGERPRINT_MISMATCH", "OTHER_PIPELINE")
+#: the smallest batch (records per partition per step) pacing by ``every_ms`` goes to
+MIN_PACED_BATCH = 4096
 
 
 @dataclass(frozen=True)
@@ -183,6 +185,7 @@ class Job(Checkpointing):
         self.rejected: list[dict[str, Any]] = []
         self.started = time.monotonic()
         self.merger: PartitionMerger | None = None
+        self._batch_cap = self.p.batch_size
         self.operator = None
         self.wm = WatermarkState.initial(len(self.partitions), pipeline.watermark.max_delay_ms)
         self._verified = set()
@@ -257,8 +260,10 @@ class Job(Checkpointing):
         ]
         batch = self.p.batch_size
         if self.p.checkpoint and self.p.checkpoint.every_events:
-            per_partition = self.p.checkpoint.every_events // max(1, len(self.partitions))
+            # a step of full batches reaches every_events (rounding down took two steps)
+            per_partition = -(-self.p.checkpoint.every_events // max(1, len(self.partitions)))
             batch = max(1, min(batch, per_partition))
+        self._batch_cap = batch
         self.merger = PartitionMerger(readers, positions, self.plan, batch)
 
     def _committed_ids(self, newer_than: int | None) -> dict[str, pl.DataFrame]:
@@ -442,6 +447,7 @@ class Job(Checkpointing):
         since_events = 0
         last_ck = time.monotonic()
         dirty = False
+        step_started = time.monotonic()
         while True:
             batch = self.merger.next_batch()
             if batch is None:
@@ -458,6 +464,9 @@ class Job(Checkpointing):
                 self._await_checkpoint(checkpoint)  # published: commit its epoch's output
             if self.progress is not None:
                 self.progress(self)
+            if cfg is not None and cfg.every_ms is not None:
+                self._pace(time.monotonic() - step_started, cfg.every_ms)
+            step_started = time.monotonic()
             if checkpoint is None or cfg is None:
                 if batch.finished:
                     break
@@ -482,6 +491,18 @@ class Job(Checkpointing):
             if batch.finished:
                 break
         self.output.drain()
+
+    def _pace(self, took_s: float, every_ms: int) -> None:
+        """Keep steps shorter than the checkpoint interval: checkpoints (and progress)
+        happen between steps, so a step that outlasts ``every_ms`` halves the batch
+        size, and one under a quarter of it doubles it back, up to the configured
+        size. Results do not depend on the batch size."""
+        assert self.merger is not None
+        size = self.merger.batch_size
+        if took_s * 1000 > every_ms and size > MIN_PACED_BATCH:
+            self.merger.batch_size = max(MIN_PACED_BATCH, size // 2)
+        elif took_s * 1000 < every_ms / 4 and size < self._batch_cap:
+            self.merger.batch_size = min(self._batch_cap, size * 2)
 
     def _positions_moved(self, batch: Batch) -> bool:
         return [p.next_offset for p in self.positions] != [

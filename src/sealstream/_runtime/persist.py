@@ -326,6 +326,7 @@ class Checkpointing:
         st.blocked_ms += blocked * 1000
         st.total_bytes += size
         st.last_id, st.last_at, st.last_ms, st.last_bytes = job.cid, time.monotonic(), dt, size
+        st.recent.append((job.cid, dt, size))
 
     def _drain_checkpoint(self) -> None:
         """After a failure: let the writer finish (its files are durable and harmless;

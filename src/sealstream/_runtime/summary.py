@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,9 @@ class CheckpointStats:
     last_at: float | None = None
     last_ms: float = 0.0
     last_bytes: int = 0
+    #: (id, ms, bytes) of the checkpoints finished lately, oldest first: a log that
+    #: looks after several finished between two batches reports each of them
+    recent: deque[tuple[int, float, int]] = field(default_factory=lambda: deque(maxlen=256))
     #: time the processing thread spent on checkpoints (capture and commit), the
     #: rest of ``total_ms`` overlapped with processing
     blocked_ms: float = 0.0

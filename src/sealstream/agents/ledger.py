@@ -539,6 +539,14 @@ class EffectLedger:
 def _tool(tool: Any, name: str = "tool") -> Tool:
     if not isinstance(tool, Tool):
         raise SpecError(f"{name}: expected a Tool(name, call, ...), got {type(tool).__name__}")
+    _check.text(f"{name}.name", tool.name)
+    if not callable(tool.call):
+        raise SpecError(f"{name}.call: expected a function (key, args) -> result, got "
+                        f"{type(tool.call).__name__}")
+    if tool.reconcile is not None and not callable(tool.reconcile):
+        raise SpecError(f"{name}.reconcile: expected a function (key, args) -> "
+                        f"Reconciliation or None, got {type(tool.reconcile).__name__}")
+    _check.flag(f"{name}.reissue_safe", tool.reissue_safe)
     return tool
 
 

@@ -101,8 +101,12 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
             metrics = Metrics(server, metrics_file)
             metrics(job)  # partitions and zeros until the first batch
             if server is not None:  # announced once every scrape shows the partitions
-                click.echo(f"sealstream: metrics on http://127.0.0.1:{server.port}/metrics",
-                           err=True)
+                url = f"http://127.0.0.1:{server.port}/metrics"
+                if sys.stderr.isatty():
+                    click.echo(f"sealstream: metrics on {url}", err=True)
+                else:  # the log on stderr is JSON lines
+                    click.echo(json.dumps({"event": "metrics", "pipeline": pipeline.name,
+                                           "url": url}), err=True)
         hooks.extend(h for h in (metrics, progress) if h is not None)
         try:
             summary = job.run()

@@ -144,11 +144,15 @@ class Progress:
 
     # ------------------------------------------------------------ JSON log
     def _log_checkpoint(self, job: Job) -> None:
+        """One line per checkpoint finished since the last call (several may finish
+        between two batches: each gets its line)."""
         st = job.ck_stats
-        if st.count == self.last_ck:
+        new = st.count - self.last_ck
+        if new <= 0:
             return
         self.last_ck = st.count
-        self._emit(checkpoint_record(job))
+        for cid, ms, nbytes in list(st.recent)[-new:]:
+            self._emit(checkpoint_record(job, cid, ms, nbytes))
 
     def _emit(self, record: dict[str, Any]) -> None:
         print(json.dumps(record), file=self.out, flush=True)
@@ -257,17 +261,20 @@ def _now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
 
 
-def checkpoint_record(job: Job) -> dict[str, Any]:
-    """The JSON log record of the job's last checkpoint.
+def checkpoint_record(job: Job, cid: int | None = None, ms: float | None = None,
+                      nbytes: int | None = None) -> dict[str, Any]:
+    """The JSON log record of checkpoint ``cid`` (default: the job's last one).
 
     Counters, watermark and positions come from the checkpoint's manifest (their
     values at the checkpoint); if it cannot be read, from the job as it is now.
     """
     st = job.ck_stats
+    if cid is None:
+        cid, ms, nbytes = st.last_id, st.last_ms, st.last_bytes
     doc = None
-    if job.store is not None and st.last_id is not None:
+    if job.store is not None and cid is not None:
         try:
-            doc = job.store.read_manifest(st.last_id)
+            doc = job.store.read_manifest(cid)
         except Exception:  # logging must never stop the job
             doc = None
     c: dict[str, Any] = dict(job.counters.to_json())
@@ -299,7 +306,7 @@ def checkpoint_record(job: Job) -> dict[str, Any]:
             })
     return {
         "event": "checkpoint", "ts": _now_iso(), "pipeline": job.p.name,
-        "id": st.last_id, "ms": round(st.last_ms, 1), "bytes": st.last_bytes,
+        "id": cid, "ms": round(ms or 0.0, 1), "bytes": nbytes,
         "events": c["events"], "late": c["late_events"], "bad": c["bad_records"],
         "windows_fired": c["windows_fired"], "results_written": c["results_written"],
         "watermark": _fmt_wm(wm_ms), "watermark_ms": _wm_json(wm_ms),

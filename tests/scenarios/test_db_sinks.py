@@ -221,3 +221,39 @@ def test_a_table_that_does_not_fit_is_refused(tmp_path: Path) -> None:
     assert res.returncode != 0
     line = res.stderr.strip().splitlines()[-1]
     assert "story_results" in line and "does not fit" in line and "key_is_int" in line
+
+
+@pytest.mark.parametrize("sink", ["sqlite", "postgresql"])
+def test_replay_of_a_job_with_a_table_and_a_database_store(
+        tmp_path: Path, expected: Path, request: pytest.FixtureRequest, sink: str) -> None:
+    """Replay reads the checkpoints from the database and writes the results as JSONL
+    files under its destination: the live table is never written (it used to refuse
+    such jobs: 'an output of kind ... has no path')."""
+    import subprocess
+    import sys
+
+    pg_url = request.getfixturevalue("pg_url") if sink == "postgresql" else None
+    spec = _spec(tmp_path, sink, "same", pg_url)
+    assert run(spec).returncode == 0
+    rows = table_rows(tmp_path, sink, pg_url)
+
+    def replay(origin: str, to: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "sealstream", "replay", str(spec),
+                               "--from", origin, "--to", str(to), "--json"],
+                              capture_output=True, text=True, timeout=120)
+
+    res = replay("start", tmp_path / "rp")
+    assert res.returncode == 0, res.stderr
+    assert_same_output(tmp_path / "rp", expected)
+    listed = subprocess.run([sys.executable, "-m", "sealstream", "checkpoints", "list",
+                             *(["--pipeline", "story"] if sink == "postgresql" else []),
+                             "sqlite:///" + str(tmp_path / "results.db") if sink == "sqlite"
+                             else str(pg_url), "--json"], capture_output=True, text=True)
+    assert listed.returncode == 0, listed.stderr
+    cid = json.loads(listed.stdout)["checkpoints"][0]["id"]
+    res = replay(str(cid), tmp_path / "rp-id")
+    assert res.returncode == 0, res.stderr
+    assert table_rows(tmp_path, sink, pg_url) == rows  # the live table is untouched
+    if sink == "sqlite":
+        res = replay("start", tmp_path)  # the directory holding the live database file
+        assert res.returncode == 2 and "results.db" in res.stderr, res.stderr

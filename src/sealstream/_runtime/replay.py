@@ -3,7 +3,8 @@
 ``replay SPEC --from ORIGIN --to DIR`` runs the pipeline of SPEC with every
 output moved under DIR — results in ``DIR/out``, late events in ``DIR/late``,
 bad records in ``DIR/errors`` (each only when the spec has it; a ``stdout``
-output stays on stdout) — and its own checkpoints in ``DIR/ckpt``. The live
+output stays on stdout; a SQLite or PostgreSQL results table becomes JSONL files
+in ``DIR/out``) — and its own checkpoints in ``DIR/ckpt``. The live
 outputs and the live checkpoint directory are never written: the live
 checkpoint is only read, without taking its lock, so a replay can run next to
 the live job.
@@ -58,17 +59,26 @@ PARTIAL_NOTE = (
 
 
 def live_directories(p: Pipeline) -> dict[str, Path]:
-    """The live output and checkpoint directories of ``p`` (resolved)."""
+    """The live output and checkpoint directories of ``p`` (resolved); for a SQLite
+    database (a results table or the checkpoint store), its file. A PostgreSQL
+    database is no place on disk: the replay never writes to it."""
+    from sealstream.checkpoint.stores import is_postgres, sqlite_path
+
     out: dict[str, Path] = {}
     for section, o in (("sink", p.sink), ("late", p.late), ("errors", p.errors)):
-        if o is not None and o.kind != "stdout":
+        if o is None or o.kind in ("stdout", "postgresql"):
+            continue
+        if o.kind == "sqlite":
+            assert o.url is not None
+            out[section] = sqlite_path(o.url, o.base_dir).resolve()
+        else:
             out[section] = o.resolved.resolve()
     if p.checkpoint is not None:
         if p.checkpoint.url:
-            from sealstream.checkpoint.stores import sqlite_path
-
-            # the database file: a destination containing it is refused
-            out["checkpoint"] = sqlite_path(p.checkpoint.url, p.checkpoint.base_dir).resolve()
+            if not is_postgres(p.checkpoint.url):
+                # the database file: a destination containing it is refused
+                out["checkpoint"] = sqlite_path(p.checkpoint.url,
+                                                p.checkpoint.base_dir).resolve()
         else:
             out["checkpoint"] = p.checkpoint.resolved.resolve()
     return out
@@ -100,8 +110,12 @@ def check_destination(p: Pipeline, dest: Path) -> Path:
 
 
 def _redirect(out: Output | None, dest: Path, sub: str) -> Output | None:
+    """``out`` moved under ``dest``; a database table becomes JSONL files there (the
+    live table is never written)."""
     if out is None or out.kind == "stdout":
         return out
+    if out.kind in ("sqlite", "postgresql"):
+        return Output(kind="jsonl", path=str(dest / sub), base_dir=dest)
     return replace(out, path=str(dest / sub), base_dir=dest)
 
 

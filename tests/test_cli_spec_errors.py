@@ -393,3 +393,20 @@ def test_verify_against_a_changed_spec_reports_the_fingerprint(
     assert rc == 1
     assert {c["reason"] for c in data["checkpoints"]} == {"FINGERPRINT_MISMATCH"}
     assert data["resume_from"] is None
+
+
+def test_run_glob_that_would_read_its_own_results(
+    job_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`*/*.jsonl` matches in/p0.jsonl, and also out/part-*.jsonl once results exist:
+    a rerun would read its own output as input."""
+    spec = base_spec()
+    spec["source"]["paths"] = ["*/*.jsonl"]
+    path = write_spec(job_dir, spec)
+    assert main(["run", str(path), "--quiet"]) == 0  # no results yet: only the inputs
+    capsys.readouterr()
+    before = sorted(p.name for p in (job_dir / "out").iterdir())
+    rc = main(["run", str(path)])
+    line = one_error_line(capsys)
+    assert rc == 2 and "source.paths[0]" in line and "narrow the pattern" in line, line
+    assert sorted(p.name for p in (job_dir / "out").iterdir()) == before

@@ -489,6 +489,15 @@ def _check_layout(p: Pipeline, dirs: dict[Path, str]) -> None:
                 raise SpecError(f"source.paths[{i}]: {path!r} is inside the {section} "
                                 f"directory {written[section]!r} ({section}.path); "
                                 "inputs and outputs must be apart")
+        if cut < len(parts):  # a glob above an output directory may match its files
+            for m in sorted(glob.glob(path, root_dir=p.source.base_dir)):
+                hit = (p.source.base_dir / m).resolve()
+                for d, section in found:
+                    if _inside(hit, d):
+                        raise SpecError(
+                            f"source.paths[{i}]: {path!r} matches {m!r}, a file of the "
+                            f"{section} directory {written[section]!r} ({section}.path); "
+                            "narrow the pattern")
 
 
 # --------------------------------------------------------------------------- TOML

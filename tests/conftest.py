@@ -9,6 +9,7 @@ PostgreSQL tests skip with the reason, unless ``SEALSTREAM_REQUIRE_PG=1`` (set b
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -56,5 +57,20 @@ def pg_url() -> Iterator[str]:
     try:
         yield _with_db(admin, name)
     finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        _drop(admin, name)
+
+
+def _drop(admin: str, name: str) -> None:
+    """Drop a test database; a session of another role (say, an autovacuum worker)
+    may hold it for a moment, so a refused drop is retried for a few seconds."""
+    import psycopg
+
+    for attempt in range(20):
+        try:
+            with psycopg.connect(admin, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            return
+        except (psycopg.errors.InsufficientPrivilege, psycopg.errors.ObjectInUse):
+            if attempt == 19:
+                raise
+            time.sleep(0.25)

@@ -461,10 +461,6 @@ def _check_dir(setting: str, written: str | None, res: Path) -> None:
         raise SpecError(f"{setting}: {written!r} is a file, not a directory ({res})")
 
 
-def _inside(a: Path, b: Path) -> bool:
-    return a == b or b in a.parents
-
-
 def _check_layout(p: Pipeline, dirs: dict[Path, str]) -> None:
     """Output directories (results, late, errors, checkpoints) neither nest in each
     other nor hold an input: a run would read, clear away or commit the other's
@@ -475,8 +471,8 @@ def _check_layout(p: Pipeline, dirs: dict[Path, str]) -> None:
     found = list(dirs.items())
     for i, (a, sa) in enumerate(found):
         for b, sb in found[i + 1:]:
-            if _inside(a, b) or _inside(b, a):
-                inner, outer = (sa, sb) if _inside(a, b) else (sb, sa)
+            if a.is_relative_to(b) or b.is_relative_to(a):
+                inner, outer = (sa, sb) if a.is_relative_to(b) else (sb, sa)
                 raise SpecError(f"{inner}.path: {written[inner]!r} is inside the {outer} "
                                 f"directory {written[outer]!r} ({outer}.path); give each "
                                 "its own")
@@ -485,7 +481,7 @@ def _check_layout(p: Pipeline, dirs: dict[Path, str]) -> None:
         cut = next((k for k, part in enumerate(parts) if glob.has_magic(part)), len(parts))
         at = (p.source.base_dir / Path(*parts[:cut])).resolve()
         for d, section in found:
-            if _inside(at, d):
+            if at.is_relative_to(d):
                 raise SpecError(f"source.paths[{i}]: {path!r} is inside the {section} "
                                 f"directory {written[section]!r} ({section}.path); "
                                 "inputs and outputs must be apart")
@@ -493,7 +489,7 @@ def _check_layout(p: Pipeline, dirs: dict[Path, str]) -> None:
             for m in sorted(glob.glob(path, root_dir=p.source.base_dir)):
                 hit = (p.source.base_dir / m).resolve()
                 for d, section in found:
-                    if _inside(hit, d):
+                    if hit.is_relative_to(d):
                         raise SpecError(
                             f"source.paths[{i}]: {path!r} matches {m!r}, a file of the "
                             f"{section} directory {written[section]!r} ({section}.path); "

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -238,9 +237,8 @@ class AgentCheckpointStore:
         body = checkpoint.body()
         with self.rows.transaction() as tx:
             names = [r.name for r in tx.scan("cp", ex, ns)]
-            self.check_kind(tx, ex, ns, [n for n in names if not AGENT_ID.fullmatch(n)],
-                            KIND_AGENT)
             head = self._meta(tx, ex, ns).get("head") or ""
+            self.check_kind(tx, ex, ns, head, KIND_AGENT)
             last = max([*names, head]) if names or head else ""
             cid = f"{int(last) + 1 if last.isdigit() else 1:012d}"
             created = now_ms()
@@ -323,15 +321,13 @@ class AgentCheckpointStore:
                 tx.delete(space, execution_id)
 
     # ------------------------------------------------------------ core
-    def check_kind(self, tx: RowTx, ex: str, ns: str, names: Sequence[str],
-                   kind: str) -> None:
-        """Raise AgentCheckpointError (``OTHER_KIND``) when one of the checkpoints
-        ``names`` of ``ex``/``ns`` is readable and of another kind than ``kind``: an
-        execution id holds agent checkpoints or a LangGraph thread's, never both."""
-        for name in names:
-            doc = _loads(self._read(tx, ("cp", ex, ns, name)).data)
-            if doc is not None and doc.get("kind") != kind:
-                raise AgentCheckpointError(other_kind(doc, kind))
+    def check_kind(self, tx: RowTx, ex: str, ns: str, head: str, kind: str) -> None:
+        """Raise AgentCheckpointError (``OTHER_KIND``) when ``head``, the history's
+        head checkpoint, is of another kind than ``kind``: an execution id holds agent
+        checkpoints or a LangGraph thread's, never both, so its head tells which."""
+        doc = _loads(self._read(tx, ("cp", ex, ns, head)).data) if head else None
+        if doc is not None and doc.get("kind") != kind:
+            raise AgentCheckpointError(other_kind(doc, kind))
 
     def _read(self, tx: RowTx, addr: Address) -> RowRead:
         stored = tx.get(*addr)
@@ -484,7 +480,6 @@ def _scan_writes(tx: RowTx, ex: str, ns: str, cid: str) -> list[Any]:
     return [r for r in tx.scan("w", ex, ns, prefix) if r.name.startswith(prefix)]
 
 
-AGENT_ID = re.compile(r"[0-9]{12}")
 _KIND_NAMES = {KIND_AGENT: "agent checkpoints (AgentCheckpointStore)",
                KIND_LANGGRAPH: "a LangGraph thread's checkpoints (SealstreamSaver)"}
 

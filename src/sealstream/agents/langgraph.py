@@ -69,7 +69,6 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from sealstream.agents import judge as _judge
 from sealstream.agents._seal import FROM_ENV, seal_plain, wrap
 from sealstream.agents.checkpoint import (
-    AGENT_ID,
     KIND_LANGGRAPH,
     AgentCheckpointError,
     AgentCheckpointStore,
@@ -260,8 +259,8 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
             name = _blob_name(channel, version, blob)
             channels[channel], blobs[name] = name, blob
         with self.store.rows.transaction() as tx:
-            self.store.check_kind(tx, thread, ns, [r.name for r in tx.scan("cp", thread, ns)
-                                                   if AGENT_ID.fullmatch(r.name)],
+            self.store.check_kind(tx, thread, ns,
+                                  self.store._meta(tx, thread, ns).get("head") or "",
                                   KIND_LANGGRAPH)
             reuse: list[str] = []
             if missing and parent and tx.get("cp", thread, ns, str(parent)) is not None:

@@ -333,7 +333,9 @@ class CheckpointStore(abc.ABC):
                     facts[rel] = FileFact(True, size, "", (exc.reason, str(exc)))
                     continue
                 digest = hashlib.sha256(data).hexdigest()
-                facts[rel] = FileFact(True, len(data), digest, whole=_whole(rel, data))
+                short = len(data) < int(entry.get("bytes", 0) or 0)
+                facts[rel] = FileFact(True, len(data), digest,
+                                      whole=short and _whole(rel, data))
                 if digest != entry.get("sha256"):
                     continue  # the guard reports the mismatch; never parse unverified bytes
                 if role == "state":

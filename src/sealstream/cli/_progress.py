@@ -261,18 +261,14 @@ def _now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
 
 
-def checkpoint_record(job: Job, cid: int | None = None, ms: float | None = None,
-                      nbytes: int | None = None) -> dict[str, Any]:
-    """The JSON log record of checkpoint ``cid`` (default: the job's last one).
+def checkpoint_record(job: Job, cid: int, ms: float, nbytes: int) -> dict[str, Any]:
+    """The JSON log record of checkpoint ``cid`` (``ms`` and ``nbytes`` as finished).
 
     Counters, watermark and positions come from the checkpoint's manifest (their
     values at the checkpoint); if it cannot be read, from the job as it is now.
     """
-    st = job.ck_stats
-    if cid is None:
-        cid, ms, nbytes = st.last_id, st.last_ms, st.last_bytes
     doc = None
-    if job.store is not None and cid is not None:
+    if job.store is not None:
         try:
             doc = job.store.read_manifest(cid)
         except Exception:  # logging must never stop the job
@@ -306,7 +302,7 @@ def checkpoint_record(job: Job, cid: int | None = None, ms: float | None = None,
             })
     return {
         "event": "checkpoint", "ts": _now_iso(), "pipeline": job.p.name,
-        "id": cid, "ms": round(ms or 0.0, 1), "bytes": nbytes,
+        "id": cid, "ms": round(ms, 1), "bytes": nbytes,
         "events": c["events"], "late": c["late_events"], "bad": c["bad_records"],
         "windows_fired": c["windows_fired"], "results_written": c["results_written"],
         "watermark": _fmt_wm(wm_ms), "watermark_ms": _wm_json(wm_ms),

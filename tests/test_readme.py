@@ -89,6 +89,28 @@ def test_spec_example_runs(tmp_path: Path) -> None:
     assert summary["events"] == 5_000 and summary["checkpoints"]["count"] >= 1
 
 
+def test_spec_walkthrough_runs(tmp_path: Path) -> None:
+    """The spec section's shell lines as a new user types them, in a directory holding
+    only the spec: sample input with bad lines is written, and the run diverts them to
+    errors/ and counts every good event once."""
+    import shlex
+
+    (tmp_path / "payments.toml").write_text(_block("A pipeline in a spec file", "toml"))
+    lines = [x for x in _block("A pipeline in a spec file", "sh").splitlines() if x.strip()]
+    assert lines[-1] == "sealstream run payments.toml"
+    for line in lines:
+        argv = shlex.split(line.split("#")[0])
+        argv = ([sys.executable, "-m", "sealstream", *argv[1:]] if argv[0] == "sealstream"
+                else [sys.executable, *argv[1:]] if argv[0] == "python" else argv)
+        res = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, (line, res.stderr)
+    records = sum(len(f.read_text().splitlines()) for f in (tmp_path / "in").glob("*.jsonl"))
+    bad = _jsonl(tmp_path / "errors")
+    n = sum(int(str(r["n"])) for r in _jsonl(tmp_path / "out"))
+    assert bad and {b["_partition"] for b in bad} <= {"in/p0.jsonl", "in/p1.jsonl"}
+    assert n + len(_jsonl(tmp_path / "late")) + len(bad) == records
+
+
 def test_database_example_runs(tmp_path: Path, pg_url: str) -> None:
     """The database section's sink and checkpoint, in the spec example, against a real
     PostgreSQL server: the table holds every window once."""
@@ -115,3 +137,38 @@ def test_database_example_runs(tmp_path: Path, pg_url: str) -> None:
                              pg_url, "--json"], capture_output=True, text=True, timeout=60)
     assert listed.returncode == 0, listed.stderr
     assert json.loads(listed.stdout)["resume_from"] is not None
+
+
+ROOT = README.parent
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "examples" / "README.md",
+        ROOT / "bench" / "README.md"]
+
+
+def _anchors(md: Path) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings."""
+    out = set()
+    for line in re.sub(r"```.*?```", "", md.read_text(encoding="utf-8"), flags=re.S).splitlines():
+        m = re.match(r"#+ (.*)", line)
+        if m:
+            out.add(re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-"))
+    return out
+
+
+@pytest.mark.parametrize("md", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_doc_links_stay_in_the_repository(md: Path) -> None:
+    """A clone holds everything its docs link to: every relative link of the README and
+    docs names a file inside the repository (and a heading of it, with #anchor)."""
+    text = re.sub(r"```.*?```", "", md.read_text(encoding="utf-8"), flags=re.S)
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert "shared/spec" not in text
+    problems = []
+    for link in links:
+        if link.startswith(("http://", "https://", "mailto:")):
+            continue
+        path, _, anchor = link.partition("#")
+        target = (md.parent / path).resolve() if path else md
+        if not target.is_relative_to(ROOT.resolve()) or not target.exists():
+            problems.append(f"{link}: not a file of the repository")
+        elif anchor and target.suffix == ".md" and anchor not in _anchors(target):
+            problems.append(f"{link}: {target.name} has no heading #{anchor}")
+    assert not problems, problems

@@ -1,6 +1,6 @@
 """A small, per-event, pure-Python reference model of sealstream's semantics.
 
-This is the correctness oracle for sections 1-5 of ``/work/shared/spec/semantics.md``
+This is the correctness oracle for sections 1-5 of ``docs/semantics.md``
 (JSONL sources only). It favours clarity over speed: one loop over the events in
 the engine's documented read order, recomputing the watermark before every event.
 

@@ -1,7 +1,7 @@
 """Hand-computed examples for the reference model (tests/reference.py).
 
 Each example states the watermark reasoning in a comment so it can be checked
-by hand against /work/shared/spec/semantics.md.
+by hand against docs/semantics.md.
 """
 
 from __future__ import annotations

@@ -204,7 +204,7 @@ def step(work: Path) -> int:
             conversation=[{"text": t} for t in final.values["conversation"]],
             state={"invoice": final.values["invoice"]},
             completed_actions=ledger.completed(),
-            artifacts=[Artifact.of((work / "receipt.json").as_uri(), receipt)],
+            artifacts=[Artifact.of((work / "receipt.json").resolve().as_uri(), receipt)],
             namespace="summary"))
         print(f"[agent] finished; summary checkpoint {saved.checkpoint_id} saved")
     saver.close()
@@ -224,7 +224,8 @@ def history(work: Path) -> None:
         print(f"  ledger {key[:12]}…|{kind}: {v.verdict} ({v.reason})")
     for approval in [ledger.approval(APPROVAL)]:
         assert approval is not None
-        print(f"  approval {approval.approval_id}: {approval.status} by {approval.by}")
+        who = f" by {approval.by}" if approval.by else ""
+        print(f"  approval {approval.approval_id}: {approval.status}{who}")
     provider = PaymentProvider(work / "provider.db")
     counts = provider.counts()
     provider.close()

@@ -223,9 +223,10 @@ class JsonlReader(LineFileReader):
         plan: FieldPlan,
         position: PartitionPosition | None = None,
         block_bytes: int = DEFAULT_BLOCK_BYTES,
+        read_unterminated: bool = True,
     ) -> None:
         self._dtypes: dict[str, pl.DataType] | None = None
-        super().__init__(name, path, plan, position, block_bytes)
+        super().__init__(name, path, plan, position, block_bytes, read_unterminated)
         self._schema = cls_schema(len(self._roles))
 
     # -- decoding ------------------------------------------------------------

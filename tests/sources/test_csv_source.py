@@ -252,3 +252,15 @@ def test_csv_identity_and_append(tmp_path: Path) -> None:
     path.write_text(text[: mid.byte_offset - 3])
     with pytest.raises(SourceChangedError, match="shorter"):
         open_partition("csv", str(path), path, PLAN, mid)
+
+
+def test_a_half_written_last_row_that_grew_is_refused_on_resume(tmp_path: Path) -> None:
+    path = write(tmp_path, "user,ts,amount,x\na,1,2,q\nb,2,3")
+    _, _, chunks = read_all(path)
+    pos = chunks[-1].position
+    path.write_text("user,ts,amount,x\na,1,2,q\nb,2,35,r\nc,3,1,s\n")
+    with pytest.raises(SourceChangedError, match="had no newline when it was read and has grown"):
+        open_partition("csv", "p.csv", path, PLAN, pos)
+    path.write_text("user,ts,amount,x\na,1,2,q\nb,2,3\nc,3,1,s\n")  # it had ended there
+    ev, _, _ = read_all(path, position=pos)
+    assert ev["__key"].to_list() == ["c"]

@@ -722,3 +722,37 @@ def test_a_reader_that_waits_never_reads_an_unterminated_last_line(tmp_path: Pat
     assert ev[float_col("amount")].to_list() + ev[int_col("amount")].to_list() in (
         [None, 4], [4.0, None])
     assert chunks[-1].position.offset == 4  # "d" has no newline yet: it waits
+
+
+# -- lone surrogate escapes ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("line", "field"), [
+    (r'{"user": "\ud800u01944", "ts": 1}', "user"),  # polars reads "\u0000u01944"
+    (r'{"user": "a\udc00b", "ts": 1}', "user"),
+    (r'{"user": "\ud800\ud800\udc00", "ts": 1}', "user"),
+    (r'{"user": "a", "ts": 1, "x": "\ud800"}', "x"),
+    (r'{"user": "a", "ts": 1, "x": {"y": ["\uDFFF"]}}', "x"),
+])
+def test_a_lone_surrogate_in_a_read_field_is_a_bad_record(
+    tmp_path: Path, line: str, field: str
+) -> None:
+    """Never a key (or value) changed silently: the record is bad, with a reason."""
+    ok = '{"user": "b", "ts": 2}'
+    events, bad, _ = read_all(write(tmp_path, f"{ok}\n{line}\n{ok}\n"))
+    assert events["__key"].to_list() == ["b", "b"]
+    assert bad.rows() == [(1, 2, f"field {field!r} holds a lone surrogate escape (\\ud800-\\udfff "
+                           "without its pair), which is not a Unicode character", line)]
+
+
+@pytest.mark.parametrize(("line", "key"), [
+    (r'{"user": "\ud83d\ude00", "ts": 1}', "\U0001f600"),  # a pair: one character
+    (r'{"user": "\\ud800", "ts": 1}', "\\ud800"),  # an escaped backslash: plain text
+    (r'{"user": "a", "ts": 1, "other": "\ud800"}', "a"),  # a field no one reads
+])
+def test_surrogate_pairs_and_look_alikes_are_kept_exactly(
+    tmp_path: Path, line: str, key: str
+) -> None:
+    events, bad, _ = read_all(write(tmp_path, line + "\n"))
+    assert bad.height == 0
+    assert events["__key"].to_list() == [key] and events["__raw"].to_list() == [line]

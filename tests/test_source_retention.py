@@ -191,3 +191,31 @@ def test_a_partition_changed_while_read_stops_the_run(
     again = run(spec)
     assert again.returncode == 0, again.stderr
     assert_same_output(job, ref)
+
+
+def test_a_half_written_last_line_that_grew_after_a_checkpoint_is_refused(
+    tmp_path: Path
+) -> None:
+    """Partition p0 ends in the line being written when the run opened it (no
+    newline): the bounded run takes it as it was (a bad record) and checkpoints a
+    position inside it while the other partitions go on. Killed, the line then
+    completed and more appended: the resume refuses (exit 1) instead of reading the
+    rest of the line as a new record."""
+    d = tmp_path / "job"
+    names = make_input(d)
+    p0 = d / "in" / "p0.jsonl"
+    lines = p0.read_text().splitlines(keepends=True)
+    whole = "".join(lines[:6])
+    p0.write_text(whole[: len(whole) - 12])  # the 6th line cut 11 bytes before its end
+    spec = write_spec(d, names, errors=True)
+    crashed = run(spec, crash_at="after_retention:3")
+    assert crashed.returncode == -9, crashed.stderr
+    bad = committed(d, "errors")
+    assert [(r["_partition"], r["_offset"]) for r in bad] == [("in/p0.jsonl", 5)]
+    with p0.open("a") as f:
+        f.write(whole[len(whole) - 12:] + "".join(lines[6:]))
+    res = run(spec)
+    assert res.returncode == 1, res.stderr
+    err = res.stderr.strip()
+    assert len(err.splitlines()) == 1 and "partition 'in/p0.jsonl' changed since its" in err
+    assert "had no newline when it was read and has grown since" in err

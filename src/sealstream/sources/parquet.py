@@ -376,7 +376,9 @@ class ParquetReader:
     def close(self) -> None:
         self._stop_ahead()
         self._file.close()
-        os.close(self._fd)
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def identity(self) -> dict[str, Any]:
         return dict(self._identity)

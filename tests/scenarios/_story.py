@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -121,28 +122,64 @@ def run(spec: Path, *extra: str, crash_at: str | None = None,
 
 
 def run_killed_randomly(spec: Path, rng: random.Random, typical_s: float, max_rounds: int = 6,
-                        env: dict[str, str] | None = None) -> int:
-    """SIGKILL the run at random instants (within its typical duration) up to
-    ``max_rounds`` times, then let it finish; returns the kill count."""
+                        env: dict[str, str] | None = None,
+                        reset: Callable[[], None] | None = None) -> int:
+    """SIGKILL the run at random instants, up to ``max_rounds`` times, then let it
+    finish; returns the kill count, always at least 1.
+
+    ``typical_s`` is how long an uninterrupted run of the same job took here, measured
+    in the same test (a constant would be too short on a slow machine and too long on
+    a fast one). Each timer is drawn in [0.05, 0.95) of the expected duration. Until
+    the first kill lands, a run that finishes before its timer does not count: the
+    job is set back to its start (every file the runs created under the spec's
+    directory is removed, then ``reset()`` undoes what lives elsewhere, e.g. tables
+    in a database) and the expected duration becomes that run's own, so the next
+    draw falls inside it. After the first kill, a run that finishes ends the story.
+    """
     e = dict(os.environ)
     e.pop("SEALSTREAM_CRASH_AT", None)
+    e.pop("SEALSTREAM_PAUSE_AT", None)
     if env:
         e.update(env)
-    kills = 0
-    for _ in range(max_rounds):
+    home = spec.parent
+    before = {p.relative_to(home) for p in home.rglob("*")}
+
+    def set_back() -> None:
+        for p in sorted(home.rglob("*"), key=lambda q: len(q.parts), reverse=True):
+            if p.relative_to(home) not in before:
+                if p.is_dir() and not p.is_symlink():
+                    p.rmdir()
+                else:
+                    p.unlink()
+        if reset is not None:
+            reset()
+
+    expected_s = typical_s
+    kills = rounds = fresh_tries = 0
+    while rounds < max_rounds:
+        timer = rng.uniform(0.05, 0.95) * expected_s
+        started = time.monotonic()
         with subprocess.Popen(
             [sys.executable, "-m", "sealstream", "run", str(spec), "--quiet"],
             env=e, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         ) as proc:
             try:
-                _, err = proc.communicate(timeout=rng.uniform(0.1, 0.6) * typical_s)
+                _, err = proc.communicate(timeout=timer)
             except subprocess.TimeoutExpired:
                 proc.send_signal(signal.SIGKILL)
                 proc.communicate()
                 kills += 1
+                rounds += 1
                 continue
+        took = time.monotonic() - started
         assert proc.returncode == 0, err
-        return kills
+        if kills:
+            return kills
+        # finished before the first kill: start over, timed by this very run
+        fresh_tries += 1
+        assert fresh_tries <= 20, f"20 runs in a row finished before a timer under {took:.2f} s"
+        set_back()
+        expected_s = took
     final = run(spec, env=env)
     assert final.returncode == 0, final.stderr
     return kills

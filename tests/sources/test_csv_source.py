@@ -252,3 +252,24 @@ def test_csv_identity_and_append(tmp_path: Path) -> None:
     path.write_text(text[: mid.byte_offset - 3])
     with pytest.raises(SourceChangedError, match="shorter"):
         open_partition("csv", str(path), path, PLAN, mid)
+
+
+def test_a_half_written_last_row_that_grew_is_refused_on_resume(tmp_path: Path) -> None:
+    path = write(tmp_path, "user,ts,amount,x\na,1,2,q\nb,2,3")
+    _, _, chunks = read_all(path)
+    pos = chunks[-1].position
+    path.write_text("user,ts,amount,x\na,1,2,q\nb,2,35,r\nc,3,1,s\n")
+    with pytest.raises(SourceChangedError, match="had no newline when it was read and has grown"):
+        open_partition("csv", "p.csv", path, PLAN, pos)
+    path.write_text("user,ts,amount,x\na,1,2,q\nb,2,3\nc,3,1,s\n")  # it had ended there
+    ev, _, _ = read_all(path, position=pos)
+    assert ev["__key"].to_list() == ["c"]
+
+
+def test_a_surrogate_in_a_csv_key_is_kept_as_text_or_bad_as_utf8(tmp_path: Path) -> None:
+    # CSV has no escapes: "\ud800" is six characters of text, kept exactly; a
+    # surrogate encoded in the bytes (CESU-8 "\xed\xa0\x80") is invalid UTF-8
+    path = write(tmp_path, b"user,ts,amount,x\n\\ud800,1,2,q\n\xed\xa0\x80,2,3,r\nb,3,4,s\n")
+    events, bad, _ = read_all(path)
+    assert events["__key"].to_list() == ["\\ud800", "b"]
+    assert bad["_offset"].to_list() == [1] and "invalid UTF-8" in bad["_reason"][0]

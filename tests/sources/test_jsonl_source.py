@@ -665,3 +665,94 @@ def test_size_hint_tracks_consumption(tmp_path: Path) -> None:
         assert reader.size_hint() == (len(text), len(text))
     finally:
         reader.close()
+
+
+# -- a final line without a newline --------------------------------------------------------
+
+
+def test_a_half_written_last_line_that_grew_is_refused_on_resume(tmp_path: Path) -> None:
+    """A bounded run reads the line being written when the file was opened as it
+    was (here a bad record). Resuming after the file grew must not read the rest
+    of that line as if it were a new one: the record was read incomplete."""
+    path = write(tmp_path, '{"user":"a","ts":1}\n{"user":"b","ts":2,"amo')
+    _, bad, chunks = read_all(path)
+    assert bad["_offset"].to_list() == [1]  # half a line: a bad record
+    pos = chunks[-1].position
+    path.write_text('{"user":"a","ts":1}\n{"user":"b","ts":2,"amount":5}\n{"user":"c","ts":3}\n')
+    with pytest.raises(SourceChangedError, match=r"p\.jsonl.*had no newline when it was read"
+                                                 r" and has grown since.*read incomplete"):
+        open_partition("jsonl", "p.jsonl", path, PLAN, pos)
+
+
+@pytest.mark.parametrize("eol", ["\n", "\r\n"])
+def test_a_complete_last_line_whose_newline_came_later_resumes_exactly(
+    tmp_path: Path, eol: str
+) -> None:
+    head = '{"user":"a","ts":1}\n{"user":"b","ts":2}'
+    path = write(tmp_path, head)
+    _, _, chunks = read_all(path)
+    pos = chunks[-1].position
+    path.write_text(head + eol + '{"user":"c","ts":3}' + eol)
+    ev, bad, _ = read_all(path, position=pos)
+    assert ev["__key"].to_list() == ["c"] and ev["__off"].to_list() == [2]
+    assert bad.height == 0
+
+
+def test_a_reader_that_waits_never_reads_an_unterminated_last_line(tmp_path: Path) -> None:
+    """``read_unterminated=False`` (a file still being written): the last line
+    without a newline stays unread, the position at its start; once complete it
+    is read whole, exactly once."""
+    done = '{"user":"a","ts":1}\n\n{"user":"b","ts":2}\n'
+    path = write(tmp_path, done + '{"user":"c","ts":3,"amo')
+
+    def read_waiting(position: PartitionPosition | None) -> tuple[pl.DataFrame, list[Any]]:
+        reader = JsonlReader("p.jsonl", path, PLAN, position, block_bytes=16,
+                             read_unterminated=False)
+        ev, bad, chunks = read_chunks(reader, 1)
+        assert bad.height == 0
+        return ev, chunks
+
+    ev, chunks = read_waiting(None)
+    assert ev["__key"].to_list() == ["a", "b"]
+    pos = chunks[-1].position
+    assert (pos.offset, pos.byte_offset) == (3, len(done))
+    path.write_text(done + '{"user":"c","ts":3,"amount":4}\n{"user":"d","ts":5}')
+    ev, chunks = read_waiting(pos)
+    assert ev["__key"].to_list() == ["c"] and ev["__off"].to_list() == [3]
+    assert ev[float_col("amount")].to_list() + ev[int_col("amount")].to_list() in (
+        [None, 4], [4.0, None])
+    assert chunks[-1].position.offset == 4  # "d" has no newline yet: it waits
+
+
+# -- lone surrogate escapes ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("line", "field"), [
+    (r'{"user": "\ud800u01944", "ts": 1}', "user"),  # polars reads "\u0000u01944"
+    (r'{"user": "a\udc00b", "ts": 1}', "user"),
+    (r'{"user": "\ud800\ud800\udc00", "ts": 1}', "user"),
+    (r'{"user": "a", "ts": 1, "x": "\ud800"}', "x"),
+    (r'{"user": "a", "ts": 1, "x": {"y": ["\uDFFF"]}}', "x"),
+])
+def test_a_lone_surrogate_in_a_read_field_is_a_bad_record(
+    tmp_path: Path, line: str, field: str
+) -> None:
+    """Never a key (or value) changed silently: the record is bad, with a reason."""
+    ok = '{"user": "b", "ts": 2}'
+    events, bad, _ = read_all(write(tmp_path, f"{ok}\n{line}\n{ok}\n"))
+    assert events["__key"].to_list() == ["b", "b"]
+    assert bad.rows() == [(1, 2, f"field {field!r} holds a lone surrogate escape (\\ud800-\\udfff "
+                           "without its pair), which is not a Unicode character", line)]
+
+
+@pytest.mark.parametrize(("line", "key"), [
+    (r'{"user": "\ud83d\ude00", "ts": 1}', "\U0001f600"),  # a pair: one character
+    (r'{"user": "\\ud800", "ts": 1}', "\\ud800"),  # an escaped backslash: plain text
+    (r'{"user": "a", "ts": 1, "other": "\ud800"}', "a"),  # a field no one reads
+])
+def test_surrogate_pairs_and_look_alikes_are_kept_exactly(
+    tmp_path: Path, line: str, key: str
+) -> None:
+    events, bad, _ = read_all(write(tmp_path, line + "\n"))
+    assert bad.height == 0
+    assert events["__key"].to_list() == [key] and events["__raw"].to_list() == [line]

@@ -51,7 +51,10 @@ def open_partition(
     written in the spec (it names the partition in messages). Raises
     :class:`~sealstream.errors.SourceError` when the file cannot be read and
     :class:`~sealstream.errors.SourceChangedError` when ``position`` no longer
-    matches the file (it shrank, was replaced or rotated).
+    matches the file (it shrank, was replaced or rotated). The reader's
+    ``next_chunk`` raises :class:`~sealstream.errors.SourceChangedError` when the
+    file changes while it is read (truncated, rewritten or replaced; growing is
+    not a change), before it serves any record read after the change.
     """
     if kind == "jsonl":
         from .jsonl import JsonlReader

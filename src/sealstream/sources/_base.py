@@ -180,7 +180,10 @@ class PartitionReader(Protocol):
     """The partition's name: its path as written in the spec."""
 
     def next_chunk(self, max_records: int) -> Chunk | None:
-        """The next chunk of at most ``max_records`` lines/rows, or None once at end."""
+        """The next chunk of at most ``max_records`` lines/rows, or None once at end.
+
+        Raises :class:`~sealstream.errors.SourceChangedError` when the file changed
+        since it was opened (checked before every chunk, the last one included)."""
         ...
 
     def size_hint(self) -> tuple[int, int] | None:

@@ -362,6 +362,16 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def changed_while_read(name: str, path: Path, what: str) -> SourceChangedError:
+    """The error of a partition whose file changed while this run read it."""
+    where = "" if name == str(path) else f" ({str(path)!r})"
+    return SourceChangedError(
+        f"partition {name!r}{where} changed while it was read: {what}; the run stops before "
+        "anything read after the change is committed - restore the file and run again "
+        "(it resumes from its last checkpoint), or replay into an isolated destination"
+    )
+
+
 def changed_error(name: str, position: PartitionPosition, what: str) -> SourceChangedError:
     return SourceChangedError(
         f"partition {name!r} changed since its checkpoint at offset {position.offset} "
@@ -518,6 +528,23 @@ class LineFileReader:
     :meth:`_start`). Offsets count lines from the start of the file (from
     ``position.offset`` when resuming); a chunk holds at most ``max_records``
     records (blank lines between them do not count).
+
+    The file must not change while it is read, except by growing (what is
+    appended after it was opened is left for a later run). Before every chunk
+    it serves, including the last, the reader checks that the file's path
+    still names the file it opened (device and inode), that the file is not
+    shorter than when it was opened and that its first bytes are the same; a
+    block read short is a change too. A change raises
+    :class:`SourceChangedError` naming the file, so no record read after the
+    change ever reaches a batch.
+
+    A final line without a newline is a record when ``read_unterminated`` is
+    True (a bounded file is finished: many files lack the final newline); its
+    chunk's position then ends inside that line, and a resume after the file
+    grew continues only if the line had in fact ended there (the next bytes
+    are its newline), else it refuses (:meth:`_start`). With
+    ``read_unterminated`` False (for a file that is still being written) such a
+    line is never read: the position stays at its start.
     """
 
     line_delta = 1
@@ -529,21 +556,25 @@ class LineFileReader:
         plan: FieldPlan,
         position: PartitionPosition | None = None,
         block_bytes: int = DEFAULT_BLOCK_BYTES,
+        read_unterminated: bool = True,
     ) -> None:
         self.name = name
         self._path = path
         self._plan = plan
         self._roles = roles(plan)
         self._typer = Typer(plan, self.line_delta)
+        self._read_unterminated = read_unterminated
         self._block_bytes = max(1, block_bytes)
         # the first blocks are small, so that the first batch does not wait for a
         # whole block of every partition to parse; they double up to block_bytes
         self._cut_bytes = min(self._block_bytes, FIRST_BLOCK_BYTES)
         try:
             self._f = open(path, "rb")  # noqa: SIM115 - closed by close()
-            self._size = os.fstat(self._f.fileno()).st_size
+            st = os.fstat(self._f.fileno())
         except OSError as e:
             raise SourceError(f"cannot read {str(path)!r}: {e.strerror or e}") from e
+        self._size = st.st_size
+        self._file_id = (st.st_dev, st.st_ino)
         self._queue: deque[ParsedBlock] = deque()
         self._ahead: deque[Future[ParsedBlock]] = deque()
         self._raw_done = False
@@ -574,7 +605,18 @@ class LineFileReader:
         self.verify(position)
         bo = position.byte_offset
         if bo > 0 and self._pread(bo - 1, 1) != b"\n":
-            self._skip_partial = True  # the rest of that line belongs to a consumed record
+            # the position ends a final line that had no newline when it was read (a
+            # bounded run takes it as a record): that record is exact only if the line
+            # did end there, i.e. the file has not grown or goes on with the newline
+            after = self._pread(bo, 2)
+            if after and not after.startswith((b"\n", b"\r\n")) and after != b"\r":
+                raise changed_error(
+                    self.name,
+                    position,
+                    "the line ending there had no newline when it was read and has grown "
+                    "since (it was still being written), so its record was read incomplete",
+                )
+            self._skip_partial = True  # that newline belongs to the consumed record
         return position.offset, bo
 
     def _cut(self, data: bytes, prefix: bytes) -> int:
@@ -601,6 +643,32 @@ class LineFileReader:
         raise NotImplementedError
 
     # -- identity ----------------------------------------------------------
+    def _changed(self, what: str) -> SourceChangedError:
+        return changed_while_read(self.name, self._path, what)
+
+    def _check_unchanged(self) -> None:
+        """Raise :class:`SourceChangedError` when the file changed since it was
+        opened: its path names another file (replaced, rotated), it is shorter
+        (truncated), or its first bytes differ (truncated and written again, as
+        a copytruncate rotation does). Growing is not a change."""
+        try:
+            st = os.fstat(self._f.fileno())
+            at_path = os.stat(self._path)
+        except FileNotFoundError:
+            raise self._changed("the file was removed or renamed") from None
+        except OSError as e:
+            raise SourceError(f"cannot read {str(self._path)!r}: {e.strerror or e}") from e
+        if (at_path.st_dev, at_path.st_ino) != self._file_id:
+            raise self._changed("its path now names another file (replaced or rotated)")
+        if st.st_size < self._size:
+            raise self._changed(
+                f"it was truncated to {st.st_size} bytes (it had {self._size} when opened)"
+            )
+        if self._pread(0, len(self._head)) != self._head:
+            raise self._changed(
+                "its first bytes differ (rewritten, or truncated and written again)"
+            )
+
     def _pread(self, at: int, n: int) -> bytes:
         if n <= 0:
             return b""
@@ -692,9 +760,9 @@ class LineFileReader:
     def _read_block(self, raw: _RawBlock) -> bytes:
         buf = self._pread(raw.start, raw.length)
         if len(buf) != raw.length:
-            raise SourceError(
-                f"cannot read {str(self._path)!r}: the file shrank while it was read "
-                f"(byte {raw.start + len(buf)} of {raw.start + raw.length})"
+            raise self._changed(
+                f"it ends at byte {raw.start + len(buf)}, it had {self._size} when opened "
+                "(truncated)"
             )
         return buf
 
@@ -713,8 +781,15 @@ class LineFileReader:
             if self._read_pos >= self._size:
                 if not self._pending:
                     return None
-                buf, self._pending = self._pending, b""
-                return self._raw(buf, final=True)
+                if self._read_unterminated:
+                    buf, self._pending = self._pending, b""
+                    return self._raw(buf, final=True)
+                # a final line without newline may still be being written: leave it
+                cut = self._cut(self._pending, b"")
+                if cut == 0:
+                    return None
+                buf, self._pending = self._pending[:cut], self._pending[cut:]
+                return self._raw(buf, final=False)
             want = max(self._cut_bytes - len(self._pending), len(self._pending), 1)
             want = min(want, self._size - self._read_pos)
             try:
@@ -722,8 +797,10 @@ class LineFileReader:
             except OSError as e:
                 raise SourceError(f"cannot read {str(self._path)!r}: {e.strerror or e}") from e
             if not data:
-                self._size = self._read_pos  # the file shrank while reading: stop here
-                continue
+                raise self._changed(
+                    f"it ends at byte {self._read_pos}, it had {self._size} when opened "
+                    "(truncated)"
+                )
             self._read_pos += len(data)
             if self._skip_partial:
                 nl = data.find(b"\n")
@@ -805,6 +882,9 @@ class LineFileReader:
         if self._finished:
             return None
         blk = self._front()
+        # after the records were read and before any is served: a change (even one
+        # the reads could not see, as a truncated file written again) stops here
+        self._check_unchanged()
         if blk is None:
             self._finished = True
             pos = self._end_position()

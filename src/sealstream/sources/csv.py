@@ -97,10 +97,11 @@ class CsvReader(LineFileReader):
         plan: FieldPlan,
         position: PartitionPosition | None = None,
         block_bytes: int = DEFAULT_BLOCK_BYTES,
+        read_unterminated: bool = True,
     ) -> None:
         self._header: list[str] = []
         self._cls_exprs: list[pl.Expr] | None = None
-        super().__init__(name, path, plan, position, block_bytes)
+        super().__init__(name, path, plan, position, block_bytes, read_unterminated)
 
     # -- header and start ----------------------------------------------------
     def _read_header(self) -> tuple[int, int]:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,12 @@ _WS = "[ \t\r\n]*"
 # polars raises ComputeError & co; a Rust panic surfaces as PanicException (a BaseException)
 _POLARS_ERRORS = (Exception, pl.exceptions.PanicException)
 _AMBIGUOUS_FIRST = np.frombuffer(b"-0123456789tf{[", np.uint8)
+# a \uD800-\uDBFF escape not followed by a \uDC00-\uDFFF one, or the reverse (may
+# also match an escaped backslash before "u": each match is checked with json)
+_LONE_SURROGATE = re.compile(
+    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
 
 
 def _reject_constant(name: str) -> Any:
@@ -223,9 +230,10 @@ class JsonlReader(LineFileReader):
         plan: FieldPlan,
         position: PartitionPosition | None = None,
         block_bytes: int = DEFAULT_BLOCK_BYTES,
+        read_unterminated: bool = True,
     ) -> None:
         self._dtypes: dict[str, pl.DataType] | None = None
-        super().__init__(name, path, plan, position, block_bytes)
+        super().__init__(name, path, plan, position, block_bytes, read_unterminated)
         self._schema = cls_schema(len(self._roles))
 
     # -- decoding ------------------------------------------------------------
@@ -362,6 +370,74 @@ class JsonlReader(LineFileReader):
         dtypes: dict[str, pl.DataType],
     ) -> tuple[pl.DataFrame, pl.DataFrame, RawTexts]:
         """Events, bad records and the text lookup of a block's records."""
+        events, bad, texts = self._type_lines(buf, a, starts, stops, rec_idx, rec_off, dtypes)
+        if events.height and buf.find(b"\\u") >= 0:
+            events, bad = self._lone_surrogates(buf, starts, stops, rec_idx, rec_off, events, bad)
+        return events, bad, texts
+
+    def _lone_surrogates(
+        self,
+        buf: bytes,
+        starts: I64Array,
+        stops: I64Array,
+        rec_idx: I64Array,
+        rec_off: I64Array,
+        events: pl.DataFrame,
+        bad: pl.DataFrame,
+    ) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """Events whose key, time or value field holds a lone surrogate escape
+        (``"\\ud800"``: no Unicode character) become bad records. Polars decodes
+        such a string as another one (``"\\u0000..."``); a key must never change
+        silently. Only lines the regex finds are decoded, with ``json``."""
+        hits = [m.start() for m in _LONE_SURROGATE.finditer(buf)]
+        if not hits:
+            return events, bad
+        lines = np.unique(np.searchsorted(starts, np.asarray(hits, np.int64), side="right") - 1)
+        lines = lines[np.isin(lines, rec_idx)]
+        offsets = rec_off[np.searchsorted(rec_idx, lines)]
+        in_events = np.isin(offsets, events[OFFSET].to_numpy())
+        bad_off: list[int] = []
+        reasons: list[str] = []
+        raws: list[str] = []
+        for line, off in zip(lines[in_events].tolist(), offsets[in_events].tolist(), strict=True):
+            text = _strip_eol(buf[starts[line] : stops[line]])
+            reason = self._surrogate_problem(text)
+            if reason is not None:
+                bad_off.append(off)
+                reasons.append(reason)
+                raws.append(text.decode("utf-8", "replace"))
+        if not bad_off:
+            return events, bad
+        events = events.filter(~pl.col(OFFSET).is_in(pl.Series(bad_off, dtype=pl.Int64)))
+        lines_1 = [o + self.line_delta for o in bad_off]
+        bad = pl.concat([bad, bad_frame(bad_off, lines_1, reasons, raws)]).sort("_offset")
+        return events, bad
+
+    def _surrogate_problem(self, line: bytes) -> str | None:
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(obj, dict):
+            return None
+        for name in dict.fromkeys(self._roles):
+            if name in obj and _has_surrogate(obj[name]):
+                return (
+                    f"field {name!r} holds a lone surrogate escape (\\ud800-\\udfff "
+                    "without its pair), which is not a Unicode character"
+                )
+        return None
+
+    def _type_lines(
+        self,
+        buf: bytes,
+        a: np.ndarray[Any, np.dtype[np.uint8]],
+        starts: I64Array,
+        stops: I64Array,
+        rec_idx: I64Array,
+        rec_off: I64Array,
+        dtypes: dict[str, pl.DataType],
+    ) -> tuple[pl.DataFrame, pl.DataFrame, RawTexts]:
         utf8_ok = True
         if a.max() >= 0x80:
             try:
@@ -513,7 +589,9 @@ class JsonlReader(LineFileReader):
         if len(rows) == 1:
             r = rows[0]
             bad_off.append(int(rec_off[r]))
-            bad_reason.append("record cannot be decoded as a JSON object")
+            line = _strip_eol(buf[starts[rec_idx[r]] : stops[rec_idx[r]]])
+            problem = self._surrogate_problem(line)
+            bad_reason.append(problem or "record cannot be decoded as a JSON object")
             bad_raw.append(raw[r])
             return []
         mid = len(rows) // 2
@@ -552,6 +630,17 @@ def _line_problem(line: bytes) -> str | None:
         )
         return f"record is not a JSON object (it is {kind})"
     return None
+
+
+def _has_surrogate(value: Any) -> bool:
+    """Whether a decoded JSON value holds a lone surrogate (in a string, at any depth)."""
+    if not isinstance(value, (str, list, dict)):
+        return False
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _strip_eol(line: bytes) -> bytes:

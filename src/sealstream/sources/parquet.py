@@ -15,7 +15,11 @@ The file must have the key and time columns (else
 
 The identity of a position is the file's size and a hash of its footer
 (metadata): a Parquet file is rewritten, not appended to, so any change
-invalidates a checkpoint.
+invalidates a checkpoint. The file must not change while it is read either:
+before every chunk it serves, including the last, the reader checks that the
+path still names the file it opened (device and inode) and that its size and
+footer are those it had when opened, else it raises
+:class:`~sealstream.errors.SourceChangedError` naming the file.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import SourceError
+from ..errors import SourceChangedError, SourceError
 from ._base import OFFSET, RAW, Chunk, FieldPlan, PartitionPosition, RawSpan, RawTexts
 from ._parse import (
     BOOL,
@@ -50,6 +54,7 @@ from ._parse import (
     I64Array,
     Typer,
     changed_error,
+    changed_while_read,
     cls_schema,
     empty_bad,
     empty_events,
@@ -153,19 +158,30 @@ class ParquetReader:
         self._roles = roles(plan)
         self._typer = Typer(plan, 1)
         try:
-            self._size = os.path.getsize(path)
+            # our own descriptor watches the file while pyarrow reads it
+            self._fd = os.open(path, os.O_RDONLY)
+        except OSError as e:
+            raise SourceError(f"cannot read {str(path)!r}: {e.strerror or e}") from e
+        try:
+            st = os.fstat(self._fd)
+            self._size = st.st_size
+            self._file_id = (st.st_dev, st.st_ino)
             self._file = pq.ParquetFile(path)
             footer = self._footer()
         except OSError as e:
+            os.close(self._fd)
             raise SourceError(f"cannot read {str(path)!r}: {e.strerror or e}") from e
         except (pa.ArrowException, ValueError) as e:
+            os.close(self._fd)
             raise SourceError(f"cannot read {str(path)!r} as Parquet: {e}") from e
         self._identity = {"file_size": self._size, "footer_sha256": footer}
         self._rows = self._file.metadata.num_rows
         try:
+            self._check_unchanged()  # pyarrow opened the file we watch
             start = self._check(position)
         except BaseException:
             self._file.close()
+            os.close(self._fd)
             raise
         self._next_row = start
         self._consumed = start
@@ -195,12 +211,33 @@ class ParquetReader:
         return position.byte_offset
 
     def _footer(self) -> str:
-        with open(self._path, "rb") as f:
-            f.seek(max(0, self._size - 8))
-            tail = f.read(8)
-            n = int.from_bytes(tail[:4], "little") if len(tail) == 8 else 0
-            f.seek(max(0, self._size - 8 - n))
-            return hashlib.sha256(f.read(n + 8)).hexdigest()
+        tail = os.pread(self._fd, 8, max(0, self._size - 8))
+        n = int.from_bytes(tail[:4], "little") if len(tail) == 8 else 0
+        return hashlib.sha256(os.pread(self._fd, n + 8, max(0, self._size - 8 - n))).hexdigest()
+
+    def _check_unchanged(self) -> None:
+        """Raise :class:`SourceChangedError` when the file changed since it was
+        opened: its path names another file, or its size or footer differ."""
+        try:
+            st = os.fstat(self._fd)
+            at_path = os.stat(self._path)
+        except FileNotFoundError:
+            raise self._changed("the file was removed or renamed") from None
+        except OSError as e:
+            raise SourceError(f"cannot read {str(self._path)!r}: {e.strerror or e}") from e
+        if (at_path.st_dev, at_path.st_ino) != self._file_id:
+            raise self._changed("its path now names another file (replaced or rotated)")
+        if st.st_size != self._size:
+            raise self._changed(f"it is now {st.st_size} bytes, it had {self._size} when opened")
+        try:
+            footer = self._footer()
+        except OSError as e:
+            raise SourceError(f"cannot read {str(self._path)!r}: {e.strerror or e}") from e
+        if footer != self._identity["footer_sha256"]:
+            raise self._changed("its footer differs (the file was rewritten)")
+
+    def _changed(self, what: str) -> SourceChangedError:
+        return changed_while_read(self.name, self._path, what)
 
     def _iter_from(self, row: int) -> Iterator[tuple[int, pa.RecordBatch]]:
         md = self._file.metadata
@@ -304,13 +341,20 @@ class ParquetReader:
             return None
         typed = self._typed
         if self._next_row >= typed.end:
-            item = self._next_typed()
+            try:
+                item = self._next_typed()
+            except SourceError:
+                self._check_unchanged()  # a file cut short fails to read: say why
+                raise
+            self._check_unchanged()  # the rows were read before any is served
             if item is None:
                 self._finished = True
                 pos = PartitionPosition(self._next_row, self._next_row, dict(self._identity))
                 return Chunk(empty_events(self._plan), empty_bad(), None, pos, eof=True)
             self._typed = typed = item
             self._next_row = item.first
+        else:
+            self._check_unchanged()
         lo = self._next_row
         hi = min(typed.end, lo + max_records) - 1
         e0, e1 = np.searchsorted(typed.ev_off, [lo, hi + 1])
@@ -332,6 +376,9 @@ class ParquetReader:
     def close(self) -> None:
         self._stop_ahead()
         self._file.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def identity(self) -> dict[str, Any]:
         return dict(self._identity)

@@ -15,9 +15,9 @@ lines up to the next quote then form one record, reported as bad.
 Values are text: an empty field is missing (null); the key is always text
 (``__kint`` False); the time is an integer when it is digits with an optional
 ``-``, else an ISO-8601 string, else bad; a value field is an integer, a float
-(decimal or exponent notation, no inf/nan), or a string. The header must name
-the key and time columns (else :class:`SourceError`); a value column the
-header lacks is null in every row. ``__raw`` maps each header name to the row's
+(decimal or exponent notation, no inf/nan), or a string. A header without
+the key or time column makes every row a bad record (it lacks the field); a
+value column the header lacks is null in every row. ``__raw`` maps each header name to the row's
 text (a repeated header name gets a ``_2``, ``_3``... suffix there).
 
 The good path parses the block with ``polars.read_csv`` (all columns String);

@@ -10,8 +10,8 @@ nested values "other"; a time column may also be a timestamp or date (converted
 to ms since the epoch; naive timestamps are taken as UTC). A record's raw text
 (for late events and bad records) is the row encoded as JSON, built only for
 those rows. Batches are typed on the parse threads, ahead of the one served.
-The file must have the key and time columns (else
-:class:`SourceError`); a value column it lacks is null in every row.
+A file without the key or time column makes every row a bad
+record (it lacks the field); a value column it lacks is null in every row.
 
 The identity of a position is the file's size and a hash of its footer
 (metadata): a Parquet file is rewritten, not appended to, so any change

@@ -36,7 +36,7 @@ Fencing: the lock's session can end while the job runs (``pg_terminate_backend``
 then take the lock. So taking the lock also bumps the pipeline's ``generation``
 in ``sealstream_lock_holders`` (in the lock's own session) and records that
 session's backend pid; every commit of a locked store (claiming a checkpoint id,
-the publish, moving aside, deleting) first locks that row (``SELECT ... FOR
+each file, the publish, moving aside, deleting) first locks that row (``SELECT ... FOR
 UPDATE``) in the same transaction and checks that the generation is still its
 own and that its lock session still holds the advisory lock. Otherwise it raises
 :class:`~sealstream.errors.LockHeldError` ("the lock ... was lost") and commits
@@ -471,12 +471,15 @@ class PostgresCheckpointStore(CheckpointStore):
 
         def put(rel: str, blob: bytes) -> Callable[[Any, int], None]:
             def run(conn: Any, attempt: int) -> None:
-                if attempt:  # the lost attempt's row, if it went through (the id is ours)
-                    conn.execute("DELETE FROM sealstream_checkpoint_files WHERE pipeline = %s "
-                                 "AND id = %s AND name = %s", (self.pipeline, cid, rel))
-                conn.execute(
-                    "INSERT INTO sealstream_checkpoint_files (pipeline, id, name, data) "
-                    "VALUES (%s, %s, %s, %s)", (self.pipeline, cid, rel, blob))
+                with conn.transaction():  # fenced: no row lands after another run took over
+                    self._check_fence(conn)
+                    if attempt:  # the lost attempt's row, if it went through (the id is ours)
+                        conn.execute("DELETE FROM sealstream_checkpoint_files WHERE "
+                                     "pipeline = %s AND id = %s AND name = %s",
+                                     (self.pipeline, cid, rel))
+                    conn.execute(
+                        "INSERT INTO sealstream_checkpoint_files (pipeline, id, name, data) "
+                        "VALUES (%s, %s, %s, %s)", (self.pipeline, cid, rel, blob))
             return run
 
         def publish(conn: Any, attempt: int) -> None:

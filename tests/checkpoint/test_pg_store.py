@@ -142,7 +142,9 @@ def test_release_is_synchronous(pg_url: str) -> None:
                 pass
             # pg_locks is read here, in the same instant: no waiting for the server
             assert admin.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                                 "AND granted AND objsubid = 1").fetchone() == (0,)
+                                 "AND granted AND objsubid = 1 AND database = (SELECT oid "
+                                 "FROM pg_database WHERE datname = current_database())"
+                                 ).fetchone() == (0,)
             with second.locked():
                 pass
 

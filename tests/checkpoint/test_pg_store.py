@@ -111,7 +111,8 @@ class TestPostgresStore(StoreContract):
                 proc.stdout.close()
 
 
-def test_urls_and_errors_never_show_the_password() -> None:
+def test_urls_and_errors_never_show_the_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEALSTREAM_PG_RETRY_S", "0.3")
     url = "postgresql://bob:s3cret@127.0.0.1:1/nowhere"
     assert redact(url) == "postgresql://bob:***@127.0.0.1:1/nowhere"
     assert redact("postgres://h/db?user=x&password=s3cret&x=1") == \
@@ -126,3 +127,104 @@ def test_urls_and_errors_never_show_the_password() -> None:
         open_store("postgresql://", "p")
     with pytest.raises(SpecError, match="expected sqlite:///FILE, postgresql://"):
         open_store("mysql://x/y", "p")
+
+
+def test_release_is_synchronous(pg_url: str) -> None:
+    """When ``locked()`` returns, the lock is free: a run started right after is never
+    refused (closing the connection alone lets the server release it a moment later,
+    and a fresh-clone CI run under load was refused that way)."""
+    first = PostgresCheckpointStore(pg_url, "job")
+    second = PostgresCheckpointStore(pg_url, "job")
+    first.ensure_root()
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        for _ in range(25):
+            with first.locked():
+                pass
+            # pg_locks is read here, in the same instant: no waiting for the server
+            assert admin.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                 "AND granted AND objsubid = 1 AND database = (SELECT oid "
+                                 "FROM pg_database WHERE datname = current_database())"
+                                 ).fetchone() == (0,)
+            with second.locked():
+                pass
+
+
+def test_a_lock_lost_during_the_run_is_reported_and_fences_commits(pg_url: str) -> None:
+    """The lock's session ends under a locked store: every commit (claim, publish,
+    move aside, delete) and ``check_lock`` refuse with "was lost", and leaving
+    ``locked()`` says so too; a new holder bumps the generation."""
+    store = PostgresCheckpointStore(pg_url, "job")
+    files, manifest = sample_checkpoint(1)
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        with pytest.raises(LockHeldError, match="its database session ended"):
+            with store.locked():
+                store.write_checkpoint(1, files, manifest)
+                store.check_lock()
+                (pid, gen), = admin.execute(
+                    "SELECT backend_pid, generation FROM sealstream_lock_holders "
+                    "WHERE pipeline = 'job'").fetchall()
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                while admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
+                                    (pid,)).fetchone() != (0,):
+                    time.sleep(0.02)
+                for commit in (lambda: store.write_checkpoint(2, *sample_checkpoint(2, 1)),
+                               store.check_lock, lambda: store.delete(1),
+                               lambda: store.move_aside(1, "test")):
+                    with pytest.raises(LockHeldError, match="was lost while this run held it"):
+                        commit()
+                assert store.ids() == [1] and not store.has_manifest(2)
+                other = PostgresCheckpointStore(pg_url, "job")
+                with other.locked():  # a new run takes the lock: a new generation
+                    assert admin.execute("SELECT generation FROM sealstream_lock_holders "
+                                         "WHERE pipeline = 'job'").fetchone() == (gen + 1,)
+                    with pytest.raises(LockHeldError, match="another run took it"):
+                        store.write_checkpoint(2, *sample_checkpoint(2, 1))
+                    other.write_checkpoint(2, *sample_checkpoint(2, 1))
+                other.close()
+    assert store.ids() == [1, 2]
+    store.close()
+
+
+def test_a_lost_data_connection_is_reconnected(pg_url: str) -> None:
+    """Reads, writes and the publish go on after the data connection is ended."""
+    store = PostgresCheckpointStore(pg_url, "job")
+    with psycopg.connect(pg_url, autocommit=True) as admin, store.locked():
+        store.write_checkpoint(1, *sample_checkpoint(1))
+        for step in range(3):
+            pid = store._db().info.backend_pid
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            while admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
+                                (pid,)).fetchone() != (0,):
+                time.sleep(0.02)
+            if step == 0:
+                assert store.ids() == [1]
+            elif step == 1:
+                store.write_checkpoint(2, *sample_checkpoint(2, 1))
+            else:
+                store.delete(1)
+        assert store.ids() == [2] and store.has_manifest(2)
+    store.close()
+
+
+def test_driver_noise_is_never_printed(pg_url: str) -> None:
+    """A COPY cut by a lost connection: psycopg logs 'error ignored terminating
+    Copy ...', which Python prints on stderr unless the logger has a handler."""
+    code = ("import sys, time, psycopg\n"
+            "from sealstream.checkpoint.pg_store import connect\n"
+            "conn = connect(sys.argv[1], 'db')\n"
+            "conn.execute('CREATE TEMP TABLE t (v INT)')\n"
+            "admin = psycopg.connect(sys.argv[1], autocommit=True)\n"
+            "pid = conn.info.backend_pid\n"
+            "try:\n"
+            "    with conn.cursor().copy('COPY t (v) FROM STDIN') as copy:\n"
+            "        admin.execute('SELECT pg_terminate_backend(%s)', (pid,))\n"
+            "        while admin.execute('SELECT count(*) FROM pg_stat_activity '\n"
+            "                            'WHERE pid = %s', (pid,)).fetchone() != (0,):\n"
+            "            time.sleep(0.02)\n"
+            "        raise RuntimeError('cut')\n"
+            "except RuntimeError:\n"
+            "    print('cut', flush=True)\n")
+    res = subprocess.run([sys.executable, "-c", code, pg_url], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0 and res.stdout == "cut\n", res.stderr
+    assert res.stderr == ""

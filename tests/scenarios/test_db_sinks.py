@@ -270,3 +270,41 @@ def test_replay_of_a_job_with_a_table_and_a_database_store(
     if sink == "sqlite":
         res = replay("start", tmp_path)  # the directory holding the live database file
         assert res.returncode == 2 and "results.db" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("sink", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("first", ["alpha", "beta"])
+def test_a_results_table_belongs_to_one_pipeline(
+        tmp_path: Path, expected: Path, request: pytest.FixtureRequest, sink: str,
+        first: str) -> None:
+    """Two jobs, one results table: the job that used it first keeps it. The other is
+    refused at start (exit 1, naming the table and the owner) before it touches the
+    owner's staged rows, so the owner, killed with an epoch staged, resumes exactly
+    (it used to fail on every rerun: 'the staged rows are gone')."""
+    pg_url = request.getfixturevalue("pg_url") if sink == "postgresql" else None
+    second = "beta" if first == "alpha" else "alpha"
+    owner_dir, other_dir = tmp_path / first, tmp_path / second
+    owner_dir.mkdir()
+    other_dir.mkdir()
+    owner = _spec(owner_dir, sink, "dir", pg_url)
+    other = _spec(other_dir, sink, "dir", pg_url)
+    owner.write_text(owner.read_text().replace('name = "story"', f'name = "{first}"'))
+    text = other.read_text().replace('name = "story"', f'name = "{second}"')
+    other.write_text(text.replace('"sqlite:///results.db"',
+                                  json.dumps(f"sqlite:///{owner_dir / 'results.db'}")))
+    crashed = run(owner, crash_at="after_manifest_publish:2")  # an epoch staged, uncommitted
+    assert crashed.returncode == -9, crashed.stderr
+    staged = _staged_count(owner_dir, sink, pg_url)
+    assert staged >= 1
+    refused = run(other)
+    assert refused.returncode == 1, refused.stderr
+    line = refused.stderr.strip().splitlines()[-1]
+    assert "table 'story_results' in " in line and f"results of pipeline {first!r}" in line
+    assert f"pipeline {second!r} cannot share it" in line and "sink.table" in line, line
+    assert _staged_count(owner_dir, sink, pg_url) == staged  # untouched
+    resumed = run(owner)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_table_equals(owner_dir, sink, pg_url, expected)
+    assert_files_equal(owner_dir, expected)
+    assert run(other).returncode == 1  # still the owner's
+    assert_table_equals(owner_dir, sink, pg_url, expected)

@@ -29,9 +29,10 @@ def _sqlite_story(d: Path, name: str = "story") -> Path:
     return spec
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "sealstream", "checkpoints", *args],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **(env or {})})
 
 
 def _db_story(d: Path, db: str, request: pytest.FixtureRequest) -> tuple[Path, str]:
@@ -207,7 +208,9 @@ def test_passwords_never_appear_in_output(tmp_path: Path, request: pytest.Fixtur
     spec.write_text(text.replace(url, bad))
     failed = subprocess.run([sys.executable, "-m", "sealstream", "run",
                              str(spec), "--quiet"], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "PGCONNECT_TIMEOUT": "2"})
+                            env={**os.environ, "PGCONNECT_TIMEOUT": "2",
+                                 "SEALSTREAM_PG_RETRY_S": "0.5"})
     assert failed.returncode == 1 and "cannot connect" in failed.stderr
-    seen += failed.stdout + failed.stderr + _cli("list", bad).stderr
+    seen += failed.stdout + failed.stderr + _cli("list", bad,
+                                                 env={"SEALSTREAM_PG_RETRY_S": "0.5"}).stderr
     assert ":sealstream_test@" not in seen and "***@" in seen

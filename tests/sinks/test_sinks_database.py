@@ -19,6 +19,8 @@ from sealstream.sinks.database import DatabaseSink
 from sealstream.testing.sink_contract import results_frame
 
 AGGS = {"n": "count", "total": "sum", "avg": "mean", "first_v": "first"}
+ROW = {"key": "k", "window_start": 0, "window_end": 10, "n": 1, "total": 2, "avg": 2.0,
+       "first_v": 1}
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -150,3 +152,55 @@ def test_bad_names_and_roles() -> None:
         DatabaseSink("sqlite", "x.db", "t", {"window_end": "count"}, "r", shown="x")
     with pytest.raises(SinkError, match="can only hold results"):
         DatabaseSink("sqlite", "x.db", "t", AGGS, "r", shown="x", role="records")
+
+
+def test_a_table_of_another_pipeline_is_refused_and_its_staging_kept(
+        db: tuple[str, str | Path]) -> None:
+    """Pipeline b may not take pipeline a's table: refused when it opens it, naming the
+    table and a, before its recovery could drop a's staged rows."""
+    a = DatabaseSink(db[0], db[1], "results", AGGS, "runa", shown="test-db", pipeline="a")
+    a.recover({})
+    a.write(1, results_frame([ROW]))
+    tokens = a.prepare(1)
+    b = DatabaseSink(db[0], db[1], "results", AGGS, "runb", shown="test-db", pipeline="b")
+    with pytest.raises(SinkError, match="table 'results' in test-db holds the results of "
+                                        "pipeline 'a'; pipeline 'b' cannot share it"):
+        b.recover({})
+    b.close()
+    a.close()
+    again = DatabaseSink(db[0], db[1], "results", AGGS, "runa2", shown="test-db", pipeline="a")
+    again.recover({1: tokens})  # a's staged rows are still there to commit
+    assert len(rows(db)) == 1
+    again.close()
+
+
+def test_staged_rows_of_other_pipelines_and_older_versions(db: tuple[str, str | Path]) -> None:
+    """A staging table without the pipeline column (an older version) gets it; a
+    job's recovery drops its own and unowned staging, never another pipeline's."""
+    blob = "BYTEA" if db[0] == "postgresql" else "BLOB"
+    sql = [f"CREATE TABLE sealstream_sink_staging (tbl TEXT NOT NULL, token TEXT NOT NULL, "
+           f"epoch BIGINT NOT NULL, data {blob} NOT NULL, PRIMARY KEY (tbl, token))",
+           "INSERT INTO sealstream_sink_staging VALUES ('results', 'old', 1, 'x')"]
+    if db[0] == "sqlite":
+        conn = sqlite3.connect(db[1])
+        for q in sql:
+            conn.execute(q)
+        conn.commit()
+        conn.close()
+    else:
+        import psycopg
+
+        with psycopg.connect(str(db[1]), autocommit=True) as c:
+            for q in sql:
+                c.execute(q)
+    a = DatabaseSink(db[0], db[1], "results", AGGS, "runa", shown="test-db", pipeline="a")
+    a.recover({})  # migrates, then drops the unowned row
+    assert query(db, "SELECT count(*) FROM sealstream_sink_staging") == [(0,)]
+    a.write(2, results_frame([ROW]))
+    a.prepare(2)
+    a.close()
+    # another pipeline's staged row in the same staging table (another table of its own)
+    c = DatabaseSink(db[0], db[1], "other", AGGS, "runc", shown="test-db", pipeline="c")
+    c.recover({})
+    c.close()
+    assert query(db, "SELECT tbl, pipeline FROM sealstream_sink_staging") == [("results", "a")]

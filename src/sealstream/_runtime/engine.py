@@ -252,6 +252,9 @@ class Job(Checkpointing):
             self.sinks["late"] = open_sink(self.p.late, "records", self.run_token)
         if self.p.errors is not None:
             self.sinks["errors"] = open_sink(self.p.errors, "records", self.run_token)
+        for sink in self.sinks.values():
+            if isinstance(sink, DatabaseSink):
+                sink.pipeline = self.p.name  # its staged rows and its table are its own
 
     def _start_sources(self, positions: list[SourcePosition]) -> None:
         readers = [

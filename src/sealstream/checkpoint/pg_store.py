@@ -25,9 +25,30 @@ that last transaction (``in_publish``).
 Lock: one writer per job is a session-level advisory lock
 (``pg_try_advisory_lock``) on a 64-bit key derived from the pipeline name, held
 by a dedicated connection for the run's lifetime. The server releases it when
-that connection ends, however the process dies. The holder (pid, host, start
-time) is recorded in ``sealstream_lock_holders``, which is only believed while
-the advisory lock is actually held.
+that connection ends, however the process dies; a run that ends releases it
+itself (``pg_advisory_unlock``) before it returns, so a restart right after is
+never refused. The holder (pid, host, start time) is recorded in
+``sealstream_lock_holders``, which is only believed while the advisory lock is
+actually held.
+
+Fencing: the lock's session can end while the job runs (``pg_terminate_backend``,
+``idle_session_timeout``, a server restart, a network cut), and another run may
+then take the lock. So taking the lock also bumps the pipeline's ``generation``
+in ``sealstream_lock_holders`` (in the lock's own session) and records that
+session's backend pid; every commit of a locked store (claiming a checkpoint id,
+each file, the publish, moving aside, deleting) first locks that row (``SELECT ... FOR
+UPDATE``) in the same transaction and checks that the generation is still its
+own and that its lock session still holds the advisory lock. Otherwise it raises
+:class:`~sealstream.errors.LockHeldError` ("the lock ... was lost") and commits
+nothing. A run that takes the lock bumps the generation only once the other
+run's commit in flight is over (the row lock), so no epoch is committed twice.
+
+Connection faults: connecting, and a connection lost under an idempotent read or
+write, are retried with exponential back-off for :func:`retry_seconds` (default
+:data:`RETRY_S`, ``SEALSTREAM_PG_RETRY_S`` overrides) before failing with the
+server named (password hidden). A publish whose connection was lost is not
+repeated blindly: the manifest row is read back first (it is there: the commit
+went through). The driver's own log lines (``psycopg`` logger) are never printed.
 """
 
 from __future__ import annotations
@@ -35,17 +56,21 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
+import math
 import os
 import socket
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from sealstream.checkpoint import crypto
 from sealstream.checkpoint.manifest import MANIFEST_NAME
 from sealstream.checkpoint.store import CheckpointStore, checkpoint_dirname
-from sealstream.errors import CheckpointError, LockHeldError
+from sealstream.errors import CheckpointError, LockHeldError, SpecError
+
+T = TypeVar("T")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sealstream_checkpoints (
@@ -74,9 +99,28 @@ CREATE TABLE IF NOT EXISTS sealstream_rejected (
 );
 CREATE TABLE IF NOT EXISTS sealstream_lock_holders (
     pipeline TEXT PRIMARY KEY,
-    holder TEXT NOT NULL
+    holder TEXT NOT NULL,
+    generation BIGINT NOT NULL DEFAULT 0,
+    backend_pid INTEGER
 );
 """
+#: columns added to ``sealstream_lock_holders`` since its first version
+_LOCK_COLUMNS = {"generation": "BIGINT NOT NULL DEFAULT 0", "backend_pid": "INTEGER"}
+
+#: seconds transient connection errors are retried by default
+RETRY_S = 30.0
+#: the environment variable that sets it (seconds, >= 0; 0: no retry)
+RETRY_ENV = "SEALSTREAM_PG_RETRY_S"
+#: the longest pause between two attempts
+_MAX_DELAY_S = 2.0
+#: connect-time failures that are the server's answer, not a fault of the moment
+_PERMANENT = ("password authentication failed", "does not exist", "no pg_hba.conf entry",
+              "is not permitted to log in", "could not translate host name",
+              "invalid")
+#: connect-time answers that are transient even so
+_TRANSIENT = ("the database system is starting up", "the database system is shutting down",
+              "the database system is in recovery mode", "too many clients",
+              "connection slots are reserved", "terminating connection")
 
 #: the first half of every advisory lock key of ours ("sealstream" in a few bits)
 _LOCK_SPACE = b"sealstream checkpoint lock:"
@@ -95,17 +139,100 @@ def _psycopg() -> Any:
         raise CheckpointError(
             "PostgreSQL checkpoint stores need psycopg 3: pip install 'sealstream[postgres]'"
         ) from None
+    quiet_driver()
     return psycopg
 
 
-def connect(url: str, what: str, **kwargs: Any) -> Any:
-    """An autocommit psycopg connection to ``url``; CheckpointError naming ``what``
-    (a redacted location) when it cannot connect."""
+_quiet = False
+
+
+def quiet_driver() -> None:
+    """Keep the driver's log lines (``error ignored terminating Copy...``, printed by
+    Python's last-resort handler when nothing is configured) off the terminal; the
+    error itself is reported as one line. An application that configures logging
+    still gets them through its own handlers."""
+    global _quiet
+    if not _quiet:
+        logging.getLogger("psycopg").addHandler(logging.NullHandler())
+        _quiet = True
+
+
+def retry_seconds() -> float:
+    """How long transient connection errors are retried: ``SEALSTREAM_PG_RETRY_S``
+    (seconds, >= 0) or :data:`RETRY_S`."""
+    text = os.environ.get(RETRY_ENV, "").strip()
+    if not text:
+        return RETRY_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not math.isfinite(value) or value < 0:
+        raise SpecError(f"{RETRY_ENV}: {text!r} is not a number of seconds >= 0")
+    return value
+
+
+def transient(exc: BaseException, conn: Any = None) -> bool:
+    """Whether ``exc`` is a fault of the moment (a connection refused, cut or
+    ended by the server) rather than the server's answer (a wrong password, a
+    missing database, an SQL error). ``conn``: the connection it came from."""
+    psycopg = _psycopg()
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    if conn is not None and (conn.broken or conn.closed):
+        return True
+    state = getattr(exc, "sqlstate", None)
+    if state is not None:
+        return bool(state.startswith("08") or state in ("57P01", "57P02", "57P03"))
+    text = str(exc)
+    if any(t in text for t in _TRANSIENT):
+        return True
+    return not any(p in text for p in _PERMANENT)
+
+
+def _pause(delay: float, deadline: float) -> float | None:
+    """Sleep before the next attempt; the next delay, or None when the time is up."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return None
+    time.sleep(min(delay, left))
+    return min(delay * 2, _MAX_DELAY_S)
+
+
+def connect_raw(url: str, deadline: float | None = None, **kwargs: Any) -> Any:
+    """An autocommit psycopg connection to ``url``, transient failures retried until
+    ``deadline`` (a ``time.monotonic()`` instant; default: :func:`retry_seconds`
+    from now). Raises the driver's last error."""
+    psycopg = _psycopg()
+    if deadline is None:
+        deadline = time.monotonic() + retry_seconds()
+    delay: float | None = 0.1
+    while True:
+        try:
+            return psycopg.connect(url, autocommit=True, connect_timeout=10, **kwargs)
+        except psycopg.Error as exc:
+            if not transient(exc):
+                raise
+            delay = _pause(delay, deadline) if delay is not None else None
+            if delay is None:
+                raise
+
+
+def retried_for() -> str:
+    """How a message says that the fault was retried."""
+    s = retry_seconds()
+    return f" (retried for {s:g} s)" if s > 0 else ""
+
+
+def connect(url: str, what: str, deadline: float | None = None, **kwargs: Any) -> Any:
+    """An autocommit psycopg connection to ``url`` (see :func:`connect_raw`);
+    CheckpointError naming ``what`` (a redacted location) when it cannot connect."""
     psycopg = _psycopg()
     try:
-        return psycopg.connect(url, autocommit=True, connect_timeout=10, **kwargs)
+        return connect_raw(url, deadline, **kwargs)
     except psycopg.Error as exc:
-        raise CheckpointError(f"cannot connect to {what}: {_reason(exc)}") from None
+        more = retried_for() if transient(exc) else ""
+        raise CheckpointError(f"cannot connect to {what}: {_reason(exc)}{more}") from None
 
 
 def _reason(exc: BaseException) -> str:
@@ -146,6 +273,9 @@ class PostgresCheckpointStore(CheckpointStore):
         self.root = Path(self._shown)  # only ever used in messages
         self._conn: Any = None
         self._ready = False
+        self._migrated = False
+        #: (generation, backend pid of the lock's session) while :meth:`locked` holds
+        self._fence: tuple[int, int] | None = None
         self._init_key(encryption_key)
 
     @property
@@ -165,31 +295,59 @@ class PostgresCheckpointStore(CheckpointStore):
             self._conn.close()
             self._conn = None
 
-    def _tables_exist(self) -> bool:
+    def _retrying(self, fn: Callable[[Any, int], T]) -> T:
+        """``fn(connection, attempt)``, again on a new connection while the connection
+        is lost (a transient fault), for :func:`retry_seconds` at most. ``fn`` must be
+        safe to repeat after a lost outcome (``attempt`` > 0 says it is a repeat)."""
+        psycopg = _psycopg()
+        deadline = time.monotonic() + retry_seconds()
+        delay: float | None = 0.1
+        attempt = 0
+        while True:
+            try:
+                return fn(self._db(), attempt)
+            except psycopg.Error as exc:
+                conn = self._conn
+                if not transient(exc, conn):
+                    raise
+                delay = _pause(delay, deadline) if delay is not None else None
+                if delay is None:
+                    raise
+                if conn is not None:
+                    with contextlib.suppress(psycopg.Error):
+                        conn.close()
+                self._conn = None
+                attempt += 1
+
+    def _failed(self, what: str, exc: BaseException) -> CheckpointError:
+        more = retried_for() if transient(exc, self._conn) else ""
+        return CheckpointError(f"cannot {what} {self._shown}: {_reason(exc)}{more}")
+
+    def _tables_exist(self, conn: Any) -> bool:
         if self._ready:
             return True
-        row = self._db().execute(
+        row = conn.execute(
             "SELECT to_regclass('sealstream_checkpoint_files') IS NOT NULL").fetchone()
         self._ready = bool(row[0])
         return self._ready
 
     def _query(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-        psycopg = _psycopg()
-        try:
-            if not self._tables_exist():
+        def run(conn: Any, _attempt: int) -> list[tuple[Any, ...]]:
+            if not self._tables_exist(conn):
                 return []
-            return list(self._db().execute(sql, (self.pipeline, *args)).fetchall())
-        except psycopg.Error as exc:
-            raise CheckpointError(
-                f"cannot read checkpoints in {self._shown}: {_reason(exc)}") from None
+            return list(conn.execute(sql, (self.pipeline, *args)).fetchall())
+
+        try:
+            return self._retrying(run)
+        except _psycopg().Error as exc:
+            raise self._failed("read checkpoints in", exc) from None
 
     # ------------------------------------------------------------ reading
     def exists(self) -> bool:
         try:
-            return self._tables_exist()
+            return self._retrying(lambda conn, _a: self._tables_exist(conn))
         except _psycopg().Error as exc:
-            raise CheckpointError(
-                f"cannot read checkpoints in {self._shown}: {_reason(exc)}") from None
+            raise self._failed("read checkpoints in", exc) from None
 
     def ids(self) -> list[int]:
         return [int(r[0]) for r in self._query(
@@ -225,61 +383,142 @@ class PostgresCheckpointStore(CheckpointStore):
     # ------------------------------------------------------------ writing
     def ensure_root(self) -> None:
         psycopg = _psycopg()
-        if self._ready:
+        if self._migrated:
             return
-        try:
-            conn = self._db()
+
+        def create(conn: Any, _attempt: int) -> None:
             with conn.transaction():
                 # concurrent first runs must not race on CREATE TABLE IF NOT EXISTS
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(""),))
                 conn.execute(SCHEMA)
+                have = {str(r[0]) for r in conn.execute(
+                    "SELECT column_name FROM information_schema.columns WHERE table_name = "
+                    "'sealstream_lock_holders' AND table_schema = current_schema()")}
+                for col, decl in _LOCK_COLUMNS.items():  # a table of an older version
+                    if col not in have:
+                        conn.execute(
+                            f"ALTER TABLE sealstream_lock_holders ADD COLUMN {col} {decl}")
+
+        try:
+            self._retrying(create)
         except psycopg.Error as exc:
-            raise CheckpointError(
-                f"cannot create the checkpoint tables in {self._shown}: {_reason(exc)}"
-            ) from None
-        self._ready = True
+            raise self._failed("create the checkpoint tables in", exc) from None
+        self._ready = self._migrated = True
 
     transactional = True
+
+    def _lost(self, why: str) -> LockHeldError:
+        return LockHeldError(
+            f"the lock on the checkpoints of pipeline {self.pipeline!r} in {self._shown} "
+            f"was lost while this run held it ({why}); nothing more was committed. "
+            "Run again: the job resumes from its last checkpoint")
+
+    def _check_fence(self, conn: Any, *, hold: bool = True) -> None:
+        """Inside the caller's transaction (``hold``: locking the holder row until it
+        ends): LockHeldError unless this run still holds the job's lock. A no-op for
+        a store that is not :meth:`locked`."""
+        fence = self._fence
+        if fence is None:
+            return
+        key = lock_key(self.pipeline)
+        row = conn.execute(
+            "SELECT h.generation, h.backend_pid, EXISTS (SELECT 1 FROM pg_locks l "
+            "WHERE l.locktype = 'advisory' AND l.granted AND l.pid = h.backend_pid "
+            "AND l.classid::bigint = %s AND l.objid::bigint = %s AND l.objsubid = 1 "
+            "AND l.database = (SELECT oid FROM pg_database "
+            "WHERE datname = current_database())) "
+            "FROM sealstream_lock_holders h WHERE h.pipeline = %s"
+            + (" FOR UPDATE OF h" if hold else ""),
+            ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF, self.pipeline)).fetchone()
+        if row is None or (int(row[0]), row[1]) != fence:
+            raise self._lost("another run took it")
+        if not row[2]:
+            raise self._lost("its database session ended")
+
+    def check_lock(self) -> None:
+        """LockHeldError when this locked store no longer holds the job's lock (the
+        engine asks before committing output after a checkpoint)."""
+        psycopg = _psycopg()
+        if self._fence is None:
+            return
+        try:
+            self._retrying(lambda conn, _a: self._check_fence(conn, hold=False))
+        except psycopg.Error as exc:
+            raise self._failed("check the lock in", exc) from None
 
     def write_checkpoint(self, cid: int, files: dict[str, bytes], manifest: bytes,
                          crash: Any = None,
                          in_publish: Callable[[Any], None] | None = None) -> None:
         """See :meth:`CheckpointStore.write_checkpoint`. ``in_publish(conn)`` runs in
         the transaction that publishes the manifest (a sink's rows in this database
-        commit exactly with the checkpoint)."""
+        commit exactly with the checkpoint); it may run again on a new connection
+        when the connection was lost before that transaction committed."""
         psycopg = _psycopg()
         self.ensure_root()
-        conn = self._db()
         d = checkpoint_dirname(cid)
         mrel = f"{d}/{MANIFEST_NAME}"
         claimed = False
-        try:
-            conn.execute("INSERT INTO sealstream_checkpoints (pipeline, id) VALUES (%s, %s)",
-                         (self.pipeline, cid))
-            claimed = True
-            for name, data in files.items():
-                rel = f"{d}/{name}"
-                conn.execute(
-                    "INSERT INTO sealstream_checkpoint_files (pipeline, id, name, data) "
-                    "VALUES (%s, %s, %s, %s)", (self.pipeline, cid, rel, self._seal(rel, data)))
-                if crash is not None:
-                    crash(f"after_write_{name.split('.')[0]}")
-            sealed = self._seal(mrel, manifest)
-            if crash is not None:
-                crash("before_manifest_publish")
+
+        def claim(conn: Any, attempt: int) -> None:
+            with conn.transaction():
+                self._check_fence(conn)
+                if attempt and conn.execute(
+                        "SELECT 1 FROM sealstream_checkpoints WHERE pipeline = %s AND id = %s",
+                        (self.pipeline, cid)).fetchone() is not None:
+                    return  # the lost attempt's claim went through
+                conn.execute("INSERT INTO sealstream_checkpoints (pipeline, id) "
+                             "VALUES (%s, %s)", (self.pipeline, cid))
+
+        def put(rel: str, blob: bytes) -> Callable[[Any, int], None]:
+            def run(conn: Any, attempt: int) -> None:
+                with conn.transaction():  # fenced: no row lands after another run took over
+                    self._check_fence(conn)
+                    if attempt:  # the lost attempt's row, if it went through (the id is ours)
+                        conn.execute("DELETE FROM sealstream_checkpoint_files WHERE "
+                                     "pipeline = %s AND id = %s AND name = %s",
+                                     (self.pipeline, cid, rel))
+                    conn.execute(
+                        "INSERT INTO sealstream_checkpoint_files (pipeline, id, name, data) "
+                        "VALUES (%s, %s, %s, %s)", (self.pipeline, cid, rel, blob))
+            return run
+
+        def publish(conn: Any, attempt: int) -> None:
+            if attempt:  # never repeat blindly: did the lost commit go through?
+                row = conn.execute(
+                    "SELECT data FROM sealstream_checkpoint_files WHERE pipeline = %s "
+                    "AND name = %s", (self.pipeline, mrel)).fetchone()
+                if row is not None and bytes(row[0]) == sealed:
+                    return
             with conn.transaction():  # the publish
+                self._check_fence(conn)
                 if in_publish is not None:
                     in_publish(conn)
                 conn.execute(
                     "INSERT INTO sealstream_checkpoint_files (pipeline, id, name, data) "
                     "VALUES (%s, %s, %s, %s)", (self.pipeline, cid, mrel, sealed))
+
+        try:
+            self._retrying(claim)
+            claimed = True
+            for name, data in files.items():
+                rel = f"{d}/{name}"
+                self._retrying(put(rel, self._seal(rel, data)))
+                if crash is not None:
+                    crash(f"after_write_{name.split('.')[0]}")
+            sealed = self._seal(mrel, manifest)
+            if crash is not None:
+                crash("before_manifest_publish")
+            self._retrying(publish)
         except psycopg.Error as exc:
-            if claimed:
+            conn = self._conn
+            if claimed and conn is not None:
                 with contextlib.suppress(psycopg.Error):
                     if conn.info.transaction_status == 0 and self._raw(mrel) is None:
                         self._drop(conn, cid)
-            what = ("already exists" if isinstance(exc, psycopg.errors.UniqueViolation)
-                    else _reason(exc))
+            if isinstance(exc, psycopg.errors.UniqueViolation):
+                what = "already exists"
+            else:
+                what = _reason(exc) + (retried_for() if transient(exc, conn) else "")
             raise CheckpointError(
                 f"cannot write checkpoint {cid} in {self._shown}: {what}; "
                 "the previous checkpoints are intact"
@@ -287,6 +526,7 @@ class PostgresCheckpointStore(CheckpointStore):
 
     def _drop(self, conn: Any, cid: int) -> None:
         with conn.transaction():
+            self._check_fence(conn)
             conn.execute("DELETE FROM sealstream_checkpoint_files WHERE pipeline = %s "
                          "AND id = %s", (self.pipeline, cid))
             conn.execute("DELETE FROM sealstream_checkpoints WHERE pipeline = %s AND id = %s",
@@ -298,15 +538,16 @@ class PostgresCheckpointStore(CheckpointStore):
         psycopg = _psycopg()
         if not self.exists():
             return None
-        conn = self._db()
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        try:
+
+        def move(conn: Any, _attempt: int) -> bool:
             with conn.transaction():
+                self._check_fence(conn)
                 gone = conn.execute(
                     "DELETE FROM sealstream_checkpoints WHERE pipeline = %s AND id = %s",
                     (self.pipeline, cid)).rowcount == 0
                 if gone:
-                    return None
+                    return False
                 cur = conn.execute(
                     "INSERT INTO sealstream_rejected (pipeline, id, reason, name, data) "
                     "SELECT pipeline, id, %s, name, data FROM sealstream_checkpoint_files "
@@ -317,21 +558,22 @@ class PostgresCheckpointStore(CheckpointStore):
                                  "VALUES (%s, %s, %s)", (self.pipeline, cid, reason))
                 conn.execute("DELETE FROM sealstream_checkpoint_files WHERE pipeline = %s "
                              "AND id = %s", (self.pipeline, cid))
+            return True
+
+        try:
+            moved = self._retrying(move)
         except psycopg.Error as exc:
-            raise CheckpointError(
-                f"cannot move checkpoint {cid} aside in {self._shown}: {_reason(exc)}"
-            ) from None
-        return f"rejected/{checkpoint_dirname(cid)}-{reason}-{stamp}"
+            raise self._failed(f"move checkpoint {cid} aside in", exc) from None
+        return f"rejected/{checkpoint_dirname(cid)}-{reason}-{stamp}" if moved else None
 
     def delete(self, cid: int) -> None:
         psycopg = _psycopg()
         if not self.exists():
             return
         try:
-            self._drop(self._db(), cid)
+            self._retrying(lambda conn, _a: self._drop(conn, cid))
         except psycopg.Error as exc:
-            raise CheckpointError(
-                f"cannot delete checkpoint {cid} in {self._shown}: {_reason(exc)}") from None
+            raise self._failed(f"delete checkpoint {cid} in", exc) from None
 
     def clear_trash(self) -> None:
         """Nothing to finish: a deletion is one transaction."""
@@ -342,14 +584,19 @@ class PostgresCheckpointStore(CheckpointStore):
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        """Hold this pipeline's advisory lock for the run; LockHeldError names the holder."""
+        """Hold this pipeline's advisory lock for the run; LockHeldError names the
+        holder. While it is held, every commit of this store checks it (fencing,
+        see the module docstring); on exit it is released before returning."""
         psycopg = _psycopg()
         self.ensure_root()
-        conn = connect(self.url, self._shown, application_name=self._holder_name())
+        # keepalives: a cut network is noticed by the server (which frees the lock)
+        conn = connect(self.url, self._shown, application_name=self._holder_name(),
+                       keepalives=1, keepalives_idle=30, keepalives_interval=10,
+                       keepalives_count=3)
+        key = lock_key(self.pipeline)
         try:
             try:
-                got = conn.execute("SELECT pg_try_advisory_lock(%s)",
-                                   (lock_key(self.pipeline),)).fetchone()[0]
+                got = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]
             except psycopg.Error as exc:
                 raise CheckpointError(
                     f"cannot lock the checkpoints of pipeline {self.pipeline!r} in "
@@ -361,12 +608,51 @@ class PostgresCheckpointStore(CheckpointStore):
                     f"by another run ({holder})")
             info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-            conn.execute("INSERT INTO sealstream_lock_holders (pipeline, holder) "
-                         "VALUES (%s, %s) ON CONFLICT (pipeline) DO UPDATE "
-                         "SET holder = EXCLUDED.holder", (self.pipeline, info))
-            yield
+            try:
+                # the lock's session idles for the whole run: a server's
+                # idle_session_timeout (PostgreSQL 14+) must not end it
+                with contextlib.suppress(psycopg.Error):
+                    conn.execute("SELECT set_config('idle_session_timeout', '0', false)")
+                # the fencing token: a new generation, waiting for the commit of a run
+                # that lost the lock, if one is in flight (it holds this row)
+                row = conn.execute(
+                    "INSERT INTO sealstream_lock_holders (pipeline, holder, generation, "
+                    "backend_pid) VALUES (%s, %s, 1, pg_backend_pid()) ON CONFLICT (pipeline) "
+                    "DO UPDATE SET holder = EXCLUDED.holder, "
+                    "generation = sealstream_lock_holders.generation + 1, "
+                    "backend_pid = EXCLUDED.backend_pid RETURNING generation, backend_pid",
+                    (self.pipeline, info)).fetchone()
+            except psycopg.Error as exc:
+                raise CheckpointError(
+                    f"cannot lock the checkpoints of pipeline {self.pipeline!r} in "
+                    f"{self._shown}: {_reason(exc)}") from None
+            self._fence = (int(row[0]), int(row[1]))
+            try:
+                yield
+            except BaseException:
+                self._fence = None
+                self._release(conn, key, quiet=True)
+                raise
+            self._fence = None
+            self._release(conn, key, quiet=False)
         finally:
-            conn.close()  # ends the session: the server releases the lock
+            self._fence = None
+            conn.close()  # ends the session: the server releases a lock still held
+
+    def _release(self, conn: Any, key: int, *, quiet: bool) -> None:
+        """Release the lock before the connection closes (closing alone lets the
+        server release it a moment later: a run started right after could be
+        refused). ``quiet``: another error is on its way, report nothing."""
+        psycopg = _psycopg()
+        why = "its database session ended"
+        try:
+            if conn.execute("SELECT pg_advisory_unlock(%s)", (key,)).fetchone()[0]:
+                return
+        except psycopg.Error as exc:
+            if not transient(exc, conn):
+                why = _reason(exc)
+        if not quiet:
+            raise self._lost(why)
 
     def is_locked(self) -> str | None:
         key = lock_key(self.pipeline)

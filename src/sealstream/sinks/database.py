@@ -36,6 +36,18 @@ Exactly once, two ways:
 Either way ``sealstream_sink_commits`` records each committed unit (table,
 token, epoch, and the ids of its rows as Arrow IPC) so the engine can read back
 what was committed after an older checkpoint (:meth:`read_ids`).
+
+One table, one pipeline (**choice**): ``sealstream_sink_owners`` records which
+pipeline a results table belongs to (claimed by the first run that uses it, or
+that creates it). Another pipeline's run is refused at start, before it touches
+anything, with a message naming the table and its owner: two pipelines upserting
+the same ``(key, window)`` rows would overwrite each other's results. Staged rows
+carry their pipeline too, and a run only ever drops its own pipeline's staging.
+
+PostgreSQL connection faults are retried like the checkpoint store's
+(:func:`sealstream.checkpoint.pg_store.retry_seconds`): connecting, and a lost
+connection under staging, committing (recorded once: repeating it is harmless)
+and reading back.
 """
 
 from __future__ import annotations
@@ -46,10 +58,11 @@ import json
 import math
 import re
 import sqlite3
+import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import polars as pl
 import pyarrow as pa
@@ -89,6 +102,9 @@ _FITS: dict[str, set[str]] = {
 
 STAGING = "sealstream_sink_staging"
 COMMITS = "sealstream_sink_commits"
+OWNERS = "sealstream_sink_owners"
+
+T = TypeVar("T")
 
 
 def column_types(aggregates: dict[str, str], dialect: str) -> dict[str, str]:
@@ -166,7 +182,7 @@ class DatabaseSink(Sink):
 
     def __init__(self, dialect: str, target: str | Path, table: str,
                  aggregates: dict[str, str], run_token: str, *, shown: str,
-                 role: SinkRole = "results") -> None:
+                 role: SinkRole = "results", pipeline: str | None = None) -> None:
         if role != "results":
             raise SinkError(f"a {dialect} output can only hold results, not {role}; "
                             'use kind = "jsonl" for late events and bad records')
@@ -195,6 +211,8 @@ class DatabaseSink(Sink):
         self._prepared: dict[str, pl.DataFrame] = {}  # token -> rows (transactional mode)
         #: set by the engine when the checkpoint store shares this database
         self.transactional = False
+        #: the pipeline the table belongs to (set by the engine); None: no claim
+        self.pipeline = pipeline
 
     # ------------------------------------------------------------ connection
     @property
@@ -204,10 +222,46 @@ class DatabaseSink(Sink):
     def _q(self, name: str) -> str:
         return ".".join(f'"{p}"' for p in name.split("."))
 
-    def _error(self, what: str, exc: BaseException) -> SinkError:
+    def _error(self, what: str, exc: BaseException, more: str = "") -> SinkError:
         text = str(exc).strip().splitlines()
         reason = text[0] if text else type(exc).__name__
-        return SinkError(f"cannot {what} table {self.table!r} in {self.shown}: {reason}")
+        return SinkError(f"cannot {what} table {self.table!r} in {self.shown}: {reason}{more}")
+
+    def _retried(self, exc: BaseException, conn: Any = None) -> str:
+        if self.dialect != "postgresql":
+            return ""
+        from sealstream.checkpoint.pg_store import retried_for, transient
+
+        return retried_for() if transient(exc, conn) else ""
+
+    def _retrying(self, fn: Callable[[Any, int], T]) -> T:
+        """``fn(connection, attempt)``; for PostgreSQL, again on a new connection while
+        the connection is lost, for ``retry_seconds()`` at most (``fn`` must be safe to
+        repeat after a lost outcome; ``attempt`` > 0 says it is a repeat)."""
+        if self.dialect != "postgresql":
+            return fn(self._db(), 0)
+        import psycopg
+
+        from sealstream.checkpoint.pg_store import _pause, retry_seconds, transient
+
+        deadline = time.monotonic() + retry_seconds()
+        delay: float | None = 0.1
+        attempt = 0
+        while True:
+            try:
+                return fn(self._db(), attempt)
+            except psycopg.Error as exc:
+                conn = self._conn
+                if not transient(exc, conn):
+                    raise
+                delay = _pause(delay, deadline) if delay is not None else None
+                if delay is None:
+                    raise
+                if conn is not None:
+                    with contextlib.suppress(psycopg.Error):
+                        conn.close()
+                self._conn = None
+                attempt += 1
 
     def _db_errors(self) -> tuple[type[BaseException], ...]:
         if self.dialect == "sqlite":
@@ -230,13 +284,12 @@ class DatabaseSink(Sink):
                     conn.execute("PRAGMA synchronous=FULL")
                     weakref.finalize(self, conn.close)
                 else:
-                    import psycopg
+                    from sealstream.checkpoint.pg_store import connect_raw
 
-                    conn = psycopg.connect(str(self.target), autocommit=True,
-                                           connect_timeout=10)
+                    conn = connect_raw(str(self.target))
                     weakref.finalize(self, conn.close)
             except errors as exc:
-                raise self._error("open the database of", exc) from None
+                raise self._error("open the database of", exc, self._retried(exc)) from None
             self._conn = conn
         if not self._ready:
             self._ensure_tables(self._conn)
@@ -253,11 +306,12 @@ class DatabaseSink(Sink):
         with immediate(conn):
             yield
 
-    def _existing_columns(self, conn: Any) -> dict[str, str] | None:
+    def _existing_columns(self, conn: Any, table: str | None = None) -> dict[str, str] | None:
+        table = self.table if table is None else table
         if self.dialect == "sqlite":
-            rows = conn.execute(f"PRAGMA table_info({self._q(self.table)})").fetchall()
+            rows = conn.execute(f"PRAGMA table_info({self._q(table)})").fetchall()
             return {str(r[1]): str(r[2]).lower() for r in rows} or None
-        schema, _, name = self.table.rpartition(".")
+        schema, _, name = table.rpartition(".")
         rows = conn.execute(
             "SELECT column_name, data_type FROM information_schema.columns "
             "WHERE table_name = %s AND table_schema = "
@@ -282,15 +336,49 @@ class DatabaseSink(Sink):
                     self._check_fit(existing)
                 conn.execute(f"CREATE TABLE IF NOT EXISTS {STAGING} (tbl TEXT NOT NULL, "
                              f"token TEXT NOT NULL, epoch BIGINT NOT NULL, data {blob} NOT NULL, "
-                             "PRIMARY KEY (tbl, token))")
+                             "pipeline TEXT, PRIMARY KEY (tbl, token))")
+                if "pipeline" not in (self._existing_columns(conn, STAGING) or {}):
+                    # a staging table of an older version: its rows have no pipeline
+                    conn.execute(f"ALTER TABLE {STAGING} ADD COLUMN pipeline TEXT")
                 conn.execute(f"CREATE TABLE IF NOT EXISTS {COMMITS} (tbl TEXT NOT NULL, "
                              f"token TEXT NOT NULL, epoch BIGINT NOT NULL, ids {blob} NOT NULL, "
                              "PRIMARY KEY (tbl, token))")
+                conn.execute(f"CREATE TABLE IF NOT EXISTS {OWNERS} (tbl TEXT PRIMARY KEY, "
+                             "pipeline TEXT NOT NULL)")
+                self._claim(conn, created=existing is None)
         except SinkError:
             raise
         except self._db_errors() as exc:
             raise self._error("create", exc) from None
         self._ready = True
+
+    def _canonical(self, conn: Any) -> str:
+        """The table's name as the owners table records it: ``schema.name`` in
+        PostgreSQL (``t`` and ``public.t`` are one table), lower case in SQLite."""
+        if self.dialect == "sqlite":
+            return self.table.lower()
+        row = conn.execute("SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n "
+                           "ON n.oid = c.relnamespace WHERE c.oid = to_regclass(%s)",
+                           (self._q(self.table),)).fetchone()
+        return f"{row[0]}.{row[1]}" if row is not None else self.table
+
+    def _claim(self, conn: Any, *, created: bool) -> None:
+        """Record the table as this pipeline's, or refuse when it is another's (in the
+        transaction that set the tables up). A table created just now is ours."""
+        if self.pipeline is None:
+            return
+        ph, name = self._ph, self._canonical(conn)
+        if created:
+            conn.execute(f"DELETE FROM {OWNERS} WHERE tbl = {ph}", (name,))
+        conn.execute(f"INSERT INTO {OWNERS} (tbl, pipeline) VALUES ({ph}, {ph}) "
+                     "ON CONFLICT (tbl) DO NOTHING", (name, self.pipeline))
+        owner = conn.execute(f"SELECT pipeline FROM {OWNERS} WHERE tbl = {ph}",
+                             (name,)).fetchone()[0]
+        if owner != self.pipeline:
+            raise SinkError(
+                f"table {self.table!r} in {self.shown} holds the results of pipeline "
+                f"{owner!r}; pipeline {self.pipeline!r} cannot share it (both would upsert "
+                "the same (key, window) rows): give this pipeline its own sink.table")
 
     def _check_fit(self, existing: dict[str, str]) -> None:
         for col, want in self.columns.items():
@@ -399,15 +487,25 @@ class DatabaseSink(Sink):
         if self.transactional:
             self._prepared[token] = frame  # committed inside the checkpoint's transaction
             return [token]
-        conn = self._db()
         ph = self._ph
+        blob = _ipc(frame.to_arrow())
+
+        def stage(conn: Any, attempt: int) -> None:
+            conn.execute(f"INSERT INTO {STAGING} (tbl, token, epoch, data, pipeline) "
+                         f"VALUES ({ph}, {ph}, {ph}, {ph}, {ph})"
+                         # a repeat after a lost connection: the same row may be there
+                         + (" ON CONFLICT (tbl, token) DO NOTHING" if attempt else ""),
+                         (self.table, token, epoch, blob, self._owner))
+
         try:
-            conn.execute(f"INSERT INTO {STAGING} (tbl, token, epoch, data) "
-                         f"VALUES ({ph}, {ph}, {ph}, {ph})",
-                         (self.table, token, epoch, _ipc(frame.to_arrow())))
+            self._retrying(stage)
         except self._db_errors() as exc:
-            raise self._error("stage rows for", exc) from None
+            raise self._error("stage rows for", exc, self._retried(exc, self._conn)) from None
         return [token]
+
+    @property
+    def _owner(self) -> str:
+        return self.pipeline if self.pipeline is not None else ""
 
     def _is_committed(self, conn: Any, token: str) -> bool:
         ph = self._ph
@@ -451,53 +549,73 @@ class DatabaseSink(Sink):
         check_epoch(epoch)
         if not tokens:
             return
-        conn = self._db()
-        try:
-            with self._transaction(conn):
+        def run(conn: Any, _attempt: int) -> None:
+            with self._transaction(conn):  # recorded once: a repeat commits nothing twice
                 self.commit_in(conn, epoch, tokens)
+
+        try:
+            self._retrying(run)
         except SinkError:
             raise
         except self._db_errors() as exc:
-            raise self._error("commit results to", exc) from None
+            raise self._error("commit results to", exc, self._retried(exc, self._conn)) from None
         for token in tokens:
             self._prepared.pop(token, None)
 
     def recover(self, prepared: dict[int, list[str]]) -> None:
         self._buffers.clear()
         self._prepared.clear()
-        conn = self._db()
         ph = self._ph
         for epoch, tokens in sorted(prepared.items()):
-            pending = [t for t in tokens if not self._is_committed(conn, t)]
+            def uncommitted(conn: Any, _attempt: int, tokens: list[str] = tokens) -> list[str]:
+                return [t for t in tokens if not self._is_committed(conn, t)]
+
+            try:
+                pending = self._retrying(uncommitted)
+            except self._db_errors() as exc:
+                raise self._error("read the commits of", exc,
+                                  self._retried(exc, self._conn)) from None
             if pending:
                 self.commit(epoch, pending)
-        try:
-            conn.execute(f"DELETE FROM {STAGING} WHERE tbl = {ph}", (self.table,))
+        try:  # only this pipeline's staging (rows of an older version have none)
+            self._retrying(lambda conn, _a: conn.execute(
+                f"DELETE FROM {STAGING} WHERE tbl = {ph} AND (pipeline = {ph} "
+                "OR pipeline IS NULL)", (self.table, self._owner)))
         except self._db_errors() as exc:
-            raise self._error("clear the staged rows of", exc) from None
+            raise self._error("clear the staged rows of", exc,
+                              self._retried(exc, self._conn)) from None
 
     def committed(self) -> list[CommittedFile]:
-        conn = self._db()
         ph = self._ph
         try:
-            rows = conn.execute(f"SELECT epoch, token FROM {COMMITS} WHERE tbl = {ph} "
-                                "ORDER BY epoch, token", (self.table,)).fetchall()
+            rows = self._retrying(lambda conn, _a: conn.execute(
+                f"SELECT epoch, token FROM {COMMITS} WHERE tbl = {ph} "
+                "ORDER BY epoch, token", (self.table,)).fetchall())
         except self._db_errors() as exc:
-            raise self._error("read the commits of", exc) from None
+            raise self._error("read the commits of", exc,
+                              self._retried(exc, self._conn)) from None
         return [CommittedFile(int(e), str(t)) for e, t in rows]
 
     def read_ids(self, files: list[CommittedFile]) -> pl.DataFrame:
         schema = id_schema(self.role)
         if not files:
             return pl.DataFrame(schema=schema)
-        conn = self._db()
         ph = self._ph
-        frames = []
-        for f in files:
-            row = conn.execute(f"SELECT ids FROM {COMMITS} WHERE tbl = {ph} AND token = {ph}",
-                               (self.table, f.token)).fetchone()
-            if row is not None:
-                frames.append(_unipc(bytes(row[0])))
+
+        def read(conn: Any, _attempt: int) -> list[pl.DataFrame]:
+            out = []
+            for f in files:
+                row = conn.execute(f"SELECT ids FROM {COMMITS} WHERE tbl = {ph} "
+                                   f"AND token = {ph}", (self.table, f.token)).fetchone()
+                if row is not None:
+                    out.append(_unipc(bytes(row[0])))
+            return out
+
+        try:
+            frames = self._retrying(read)
+        except self._db_errors() as exc:
+            raise self._error("read the commits of", exc,
+                              self._retried(exc, self._conn)) from None
         if not frames:
             return pl.DataFrame(schema=schema)
         return pl.concat(frames).select([pl.col(c).cast(t) for c, t in schema.items()])

@@ -1,6 +1,6 @@
 """What ``sealstream checkpoints inspect|diff|export|prune`` print (and export writes).
 
-The computations live in :mod:`sealstream.checkpoint.inspect` (read-only) and
+The computations live in :mod:`sealstream.inspect` (read-only) and
 :mod:`sealstream.cli._prune`; this module renders their JSON-ready dicts as rich
 tables and writes export files.
 """
@@ -16,9 +16,9 @@ from rich.console import Console
 from rich.table import Table
 
 from sealstream.checkpoint import guard
-from sealstream.checkpoint.inspect import open_windows_table, typed_for_parquet, wm_iso
 from sealstream.checkpoint.store import LocalCheckpointStore
 from sealstream.errors import SinkError, SpecError
+from sealstream.inspect import open_windows_table, typed_for_parquet, wm_iso
 from sealstream.sinks._files import fsync_dir, fsync_file, os_reason
 
 _COLOURS = {guard.ATOMIC: "green", guard.PARTIAL: "yellow", guard.INCONSISTENT: "red"}

@@ -205,6 +205,9 @@ class Checkpointing:
             "pipeline": self.p.name,
             "fingerprint": self.fingerprint,
             "definition": self.p.fingerprint_fields(),
+            # the definition's aggregates are a JSON object (sorted when sealed): the
+            # results' column order, for exports of the open windows
+            "aggregate_order": [a.name for a in self.p.parsed_aggregates],
             "created_ms": int(time.time() * 1000),
             "epoch": epoch,
             "lateness_ms": self.p.window.allowed_lateness_ms,

@@ -159,10 +159,18 @@ def render_diff(data: dict[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------- export
+PLAINTEXT_NOTE = ("the export is plaintext although the checkpoints are encrypted at rest "
+                  "(written with mode 0600): keep it as safe as the key")
+
 def export(store: LocalCheckpointStore, cid: int, to: Path, *, force: bool,
            replace: bool = False) -> dict[str, Any]:
     """Write the open windows of ``cid`` to ``to`` (.parquet or .jsonl), atomically.
-    An existing ``to`` is replaced only with ``replace``; never inside the store."""
+    An existing ``to`` is replaced only with ``replace``; never inside the store.
+
+    The file is always created with mode 0600 (it holds the job's keys and values);
+    the result's ``note`` says so when the store is encrypted at rest, since the export
+    itself is plaintext. Columns follow the spec's aggregate order; Parquet values are
+    typed (see :func:`sealstream.inspect.typed_json`)."""
     suffix = to.suffix.lower()
     if suffix not in (".parquet", ".jsonl"):
         raise SpecError(f"--to: {str(to)!r} must end with .parquet or .jsonl")
@@ -178,7 +186,9 @@ def export(store: LocalCheckpointStore, cid: int, to: Path, *, force: bool,
         raise SinkError(f"cannot write {to}: directory {parent} does not exist")
     tmp = parent / f".{to.name}.{os.getpid()}.tmp"
     try:
-        with open(tmp, "wb") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
+                     0o600)
+        with os.fdopen(fd, "wb") as f:
             if suffix == ".jsonl":
                 lines = table.get_column("__json").to_list()
                 f.write("".join(f"{line}\n" for line in lines).encode())
@@ -200,6 +210,8 @@ def export(store: LocalCheckpointStore, cid: int, to: Path, *, force: bool,
         "to": str(to),
         "format": suffix[1:],
         "columns": [c for c in table.columns if c not in ("__json", "__kint")],
+        "mode": "0600",
+        "note": (PLAINTEXT_NOTE if getattr(store, "encrypted", False) else None),
     }
 
 
@@ -209,6 +221,8 @@ def render_export(data: dict[str, Any]) -> None:
         f" [yellow](forced: checkpoint is {data['verdict']}, {data['reason']})[/]")
     console.print(f"exported {data['rows']} open windows of checkpoint {data['id']} to "
                   f"{data['to']} ({data['format']}){note}", soft_wrap=True)
+    if data.get("note"):
+        Console(stderr=True, highlight=False).print(f"note: {data['note']}", soft_wrap=True)
 
 
 # --------------------------------------------------------------------------- prune

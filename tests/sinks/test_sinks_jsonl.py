@@ -356,19 +356,3 @@ def test_commit_replaces_a_planted_link_not_its_target(tmp_path: Path) -> None:
     assert not (tmp_path / "out" / token).is_symlink()
     assert target.read_text() == SECRET
     assert sink.read_ids(sink.committed()).height == len(_rows(1))
-
-
-@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
-def test_a_link_planted_at_a_staging_name_is_not_written_through(tmp_path: Path,
-                                                                 kind: str) -> None:
-    from sealstream.sinks import ParquetDirSink
-
-    target = tmp_path / "target.txt"
-    target.write_text(SECRET)
-    cls = JsonlDirSink if kind == "jsonl" else ParquetDirSink
-    sink = cls(tmp_path / "out", "results", "r")
-    (tmp_path / "out" / f".part-000000000001-r.{kind}.inprogress").symlink_to(target)
-    with pytest.raises(SinkError, match=r"cannot write results to .*inprogress: \[Errno"):
-        sink.write(1, results_frame(_rows(1)))
-        sink.prepare(1)
-    assert target.read_text() == SECRET

@@ -54,7 +54,6 @@ __all__ = [
     "fsync_file",
     "id_schema",
     "is_regular_file",
-    "open_staging",
     "os_reason",
     "read_own_file",
     "remove_if_exists",
@@ -509,14 +508,6 @@ def symlink_refusal(role: str, path: Path) -> str:
         "regular files only); it is not followed and nothing of its target was read: "
         "replace the link with the file itself, or remove it"
     )
-
-
-def open_staging(path: Path) -> BinaryIO:
-    """Create (or truncate) the staging file ``path`` for writing, never through a
-    symbolic link planted under its name (``O_NOFOLLOW``: the open fails with ELOOP)."""
-    flags = (os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
-             | getattr(os, "O_CLOEXEC", 0))
-    return os.fdopen(os.open(path, flags, 0o666), "wb")
 
 
 def read_own_file(path: Path, role: str) -> bytes:

@@ -45,7 +45,6 @@ from sealstream.sinks._files import (
     fsync_dir,
     fsync_file,
     id_schema,
-    open_staging,
     read_own_file,
 )
 
@@ -165,7 +164,7 @@ class JsonlDirSink(StagedDirSink):
         try:
             f = self._open.get(epoch)
             if f is None:
-                f = open_staging(staging)  # kept open across writes
+                f = open(staging, "wb")  # noqa: SIM115 - kept open across writes
                 self._open[epoch] = f
             f.write(data)
             f.flush()

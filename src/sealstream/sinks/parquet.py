@@ -53,7 +53,6 @@ from sealstream.sinks._files import (
     fsync_dir,
     fsync_file,
     id_schema,
-    open_staging,
     os_reason,
     read_own_file,
 )
@@ -174,7 +173,7 @@ class ParquetDirSink(StagedDirSink):
             # serialise in memory first so that I/O errors are plain OSErrors
             buf = io.BytesIO()
             table.write_parquet(buf, metadata=meta or None)
-            with open_staging(staging) as f:
+            with open(staging, "wb") as f:
                 f.write(buf.getbuffer())
                 fsync_file(f)
             fsync_dir(self.path)

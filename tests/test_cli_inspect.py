@@ -525,8 +525,8 @@ def test_prune_while_a_job_holds_the_lock(job: Path,
 
 
 def test_prune_tolerates_concurrent_removal(job: Path) -> None:
-    from sealstream.checkpoint.inspect import plan_prune
     from sealstream.cli._prune import _apply
+    from sealstream.inspect import plan_prune
 
     store = LocalCheckpointStore(job / "ckpt")
     flip_byte(cp(job, 3) / "state.arrow")

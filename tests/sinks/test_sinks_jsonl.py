@@ -287,3 +287,72 @@ def test_write_after_commit_is_refused(tmp_path: Path, kind: str) -> None:
     sink.commit(1, sink.prepare(1))
     with pytest.raises(ValueError, match="already committed"):
         sink.write(1, results_frame(_rows(1)))
+
+
+# ---------------------------------------------------------------- files that are not ours
+SECRET = "Qz7-very-secret\n"
+
+
+def _commit_one(path: Path) -> str:
+    sink = JsonlDirSink(path, "results", "r")
+    sink.write(1, results_frame(_rows(1)))
+    (token,) = sink.prepare(1)
+    sink.commit(1, [token])
+    return token
+
+
+def test_a_symlinked_results_file_is_refused_and_not_followed(tmp_path: Path) -> None:
+    """A results file replaced by a link to a secret: refused with a clear message,
+    never read (O_NOFOLLOW), and nothing of the secret is printed."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text(SECRET)
+    token = _commit_one(tmp_path / "out")
+    link = tmp_path / "out" / token
+    link.unlink()
+    link.symlink_to(secret)
+    sink = JsonlDirSink(tmp_path / "out", "results", "r2")
+    for read in (sink.committed, lambda: sink.read_ids([CommittedFile(1, token)])):
+        with pytest.raises(SinkError) as err:
+            read()
+        msg = str(err.value)
+        assert msg.startswith(f"{link} is a symbolic link, not a results file written by")
+        assert "not followed and nothing of its target was read" in msg
+        assert "Qz7" not in msg and "'Q'" not in msg and "secret" not in msg.replace(
+            str(tmp_path), "")
+    assert secret.read_text() == SECRET
+
+
+def test_unparsable_file_content_is_never_quoted(tmp_path: Path) -> None:
+    """A regular file of our name holding someone else's text (a hard link, a copy):
+    the refusal names the file, not its content."""
+    token = _commit_one(tmp_path / "out")
+    (tmp_path / "out" / token).write_text(SECRET)
+    sink = JsonlDirSink(tmp_path / "out", "results", "r2")
+    with pytest.raises(SinkError, match="is not JSON Lines as sealstream writes them") as err:
+        sink.read_ids(sink.committed())
+    assert "Qz7" not in str(err.value) and "'Q'" not in str(err.value)
+
+
+def test_a_fifo_under_a_final_name_does_not_hang(tmp_path: Path) -> None:
+    from sealstream.sinks._files import read_own_file
+
+    out = tmp_path / "out"
+    sink = JsonlDirSink(out, "results", "r")
+    fifo = out / "part-000000000003-x.jsonl"
+    os.mkfifo(fifo)
+    assert sink.committed() == []  # not a regular file: not listed
+    with pytest.raises(SinkError, match="it is not a regular file"):
+        read_own_file(fifo, "results")
+
+
+def test_commit_replaces_a_planted_link_not_its_target(tmp_path: Path) -> None:
+    target = tmp_path / "target.txt"
+    target.write_text(SECRET)
+    sink = JsonlDirSink(tmp_path / "out", "results", "r")
+    sink.write(1, results_frame(_rows(1)))
+    (token,) = sink.prepare(1)
+    (tmp_path / "out" / token).symlink_to(target)
+    sink.commit(1, [token])
+    assert not (tmp_path / "out" / token).is_symlink()
+    assert target.read_text() == SECRET
+    assert sink.read_ids(sink.committed()).height == len(_rows(1))

@@ -9,9 +9,9 @@ import polars as pl
 import pytest
 
 from sealstream.errors import SinkError
-from sealstream.sinks import ParquetDirSink
+from sealstream.sinks import CommittedFile, ParquetDirSink
 from sealstream.sinks.parquet import KEY_IS_INT_METADATA
-from sealstream.testing.sink_contract import results_frame
+from sealstream.testing.sink_contract import results_frame, sample_rows
 
 
 def _commit(sink: ParquetDirSink, epoch: int, rows: list[dict[str, object]]) -> Path:
@@ -126,3 +126,17 @@ def test_read_ids_of_a_corrupt_file(tmp_path: Path) -> None:
     (tmp_path / "part-000000000001-r.parquet").write_bytes(b"PAR1 not really")
     with pytest.raises(SinkError, match="cannot read results from"):
         sink.read_ids(sink.committed())
+
+
+def test_a_symlinked_results_file_is_refused(tmp_path: Path) -> None:
+    elsewhere = ParquetDirSink(tmp_path / "elsewhere", run_token="r")
+    elsewhere.write(1, results_frame(sample_rows("results", 1, n=2)))
+    (token,) = elsewhere.prepare(1)
+    elsewhere.commit(1, [token])
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / token).symlink_to(tmp_path / "elsewhere" / token)
+    sink = ParquetDirSink(tmp_path / "out", run_token="r2")
+    with pytest.raises(SinkError, match=r"is a symbolic link, not a results file"):
+        sink.committed()
+    with pytest.raises(SinkError, match=r"is a symbolic link, not a results file"):
+        sink.read_ids([CommittedFile(1, token)])

@@ -420,7 +420,7 @@ class Job(Checkpointing):
         for role, sink in self.sinks.items():
             entry = doc["sinks"].get(role)
             prepared = {int(entry["epoch"]): list(entry["tokens"])} if entry else {}
-            sink.recover(prepared)
+            sink.recover_at(entry.get("path") if entry else None, prepared)
         self.suppress = self._committed_ids(restored_epoch)
         if "suppress" in doc["files"]:
             pending, _ = decode_table(store.read(doc["files"]["suppress"]["path"]))

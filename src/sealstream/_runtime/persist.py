@@ -206,6 +206,9 @@ class Checkpointing:
             "pipeline": self.p.name,
             "fingerprint": self.fingerprint,
             "definition": self.p.fingerprint_fields(),
+            # the definition's aggregates are a JSON object (sorted when sealed): the
+            # results' column order, for exports of the open windows
+            "aggregate_order": [a.name for a in self.p.parsed_aggregates],
             "created_ms": int(time.time() * 1000),
             "epoch": epoch,
             "lateness_ms": self.p.window.allowed_lateness_ms,
@@ -218,7 +221,7 @@ class Checkpointing:
             "state": {"open_windows": self.operator.open_windows,
                       "incremental": chain is not None},
             "receipts": {},  # the writer thread digests them
-            "sinks": {role: {"epoch": epoch, "tokens": t} for role, t in tokens.items()},
+            "sinks": self._sink_entries(epoch, tokens),
             "counters": self.counters.to_json(),
         }
         body = copy.deepcopy(body)
@@ -260,6 +263,19 @@ class Checkpointing:
         self._inflight = _InFlight(cid, epoch, tokens, t0, time.monotonic() - t0, future)
         if cfg is None or not cfg.asynchronous or self.stop_when is not None:
             self._await_checkpoint(store)
+
+    def _sink_entries(self, epoch: int, tokens: dict[str, list[str]]) -> dict[str, Any]:
+        """The manifest's ``sinks``: per output, the epoch's commit tokens and where they
+        are staged (``path``, when the sink has a location), so that a restart after the
+        output's path changed commits them there (:meth:`Sink.recover_at`)."""
+        out: dict[str, Any] = {}
+        for role, t in tokens.items():
+            entry: dict[str, Any] = {"epoch": epoch, "tokens": t}
+            where = self.sinks[role].location()
+            if where is not None:
+                entry["path"] = where
+            out[role] = entry
+        return out
 
     def _write_checkpoint(
         self, store: CheckpointStore, cid: int, snap: pl.DataFrame, wm_json: Any,

@@ -322,8 +322,8 @@ def inspect_cmd(directory: str, checkpoint_id: str | None, as_json: bool,
     signer, pipeline and fingerprint. Works on partial or corrupt checkpoints too.
     The verdict uses SEALSTREAM_CHECKPOINT_KEY from the environment.
     """
-    from sealstream.checkpoint.inspect import inspect_checkpoint, resolve_id
     from sealstream.cli._inspect import render_inspect
+    from sealstream.inspect import inspect_checkpoint, resolve_id
 
     store = _store(directory, pipeline_name)
     try:
@@ -347,8 +347,8 @@ def diff_cmd(directory: str, a: str, b: str, as_json: bool, pipeline_name: str |
     Positions and watermarks per partition, windows opened/closed, outputs emitted,
     state size and counters. Exit 1 when a state file cannot be read or verified.
     """
-    from sealstream.checkpoint.inspect import diff_checkpoints, resolve_id
     from sealstream.cli._inspect import render_diff
+    from sealstream.inspect import diff_checkpoints, resolve_id
 
     store = _store(directory, pipeline_name)
     try:
@@ -373,8 +373,8 @@ def export_cmd(directory: str, checkpoint_id: str | None, to: Path, replace: boo
                force: bool, as_json: bool, pipeline_name: str | None) -> None:
     """Export the open windows of checkpoint ID (default: the newest) with the current
     partial value of every aggregate. Only an ATOMIC_CHECKPOINT, unless --force."""
-    from sealstream.checkpoint.inspect import resolve_id
     from sealstream.cli._inspect import export, render_export
+    from sealstream.inspect import resolve_id
 
     store = _store(directory, pipeline_name)
     try:

@@ -1,6 +1,6 @@
 """What ``sealstream checkpoints inspect|diff|export|prune`` print (and export writes).
 
-The computations live in :mod:`sealstream.checkpoint.inspect` (read-only) and
+The computations live in :mod:`sealstream.inspect` (read-only) and
 :mod:`sealstream.cli._prune`; this module renders their JSON-ready dicts as rich
 tables and writes export files.
 """
@@ -16,9 +16,9 @@ from rich.console import Console
 from rich.table import Table
 
 from sealstream.checkpoint import guard
-from sealstream.checkpoint.inspect import open_windows_table, typed_for_parquet, wm_iso
 from sealstream.checkpoint.store import LocalCheckpointStore
 from sealstream.errors import SinkError, SpecError
+from sealstream.inspect import open_windows_table, typed_for_parquet, wm_iso
 from sealstream.sinks._files import fsync_dir, fsync_file, os_reason
 
 _COLOURS = {guard.ATOMIC: "green", guard.PARTIAL: "yellow", guard.INCONSISTENT: "red"}
@@ -159,10 +159,18 @@ def render_diff(data: dict[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------- export
+PLAINTEXT_NOTE = ("the export is plaintext although the checkpoints are encrypted at rest "
+                  "(written with mode 0600): keep it as safe as the key")
+
 def export(store: LocalCheckpointStore, cid: int, to: Path, *, force: bool,
            replace: bool = False) -> dict[str, Any]:
     """Write the open windows of ``cid`` to ``to`` (.parquet or .jsonl), atomically.
-    An existing ``to`` is replaced only with ``replace``; never inside the store."""
+    An existing ``to`` is replaced only with ``replace``; never inside the store.
+
+    The file is always created with mode 0600 (it holds the job's keys and values);
+    the result's ``note`` says so when the store is encrypted at rest, since the export
+    itself is plaintext. Columns follow the spec's aggregate order; Parquet values are
+    typed (see :func:`sealstream.inspect.typed_json`)."""
     suffix = to.suffix.lower()
     if suffix not in (".parquet", ".jsonl"):
         raise SpecError(f"--to: {str(to)!r} must end with .parquet or .jsonl")
@@ -178,7 +186,9 @@ def export(store: LocalCheckpointStore, cid: int, to: Path, *, force: bool,
         raise SinkError(f"cannot write {to}: directory {parent} does not exist")
     tmp = parent / f".{to.name}.{os.getpid()}.tmp"
     try:
-        with open(tmp, "wb") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
+                     0o600)
+        with os.fdopen(fd, "wb") as f:
             if suffix == ".jsonl":
                 lines = table.get_column("__json").to_list()
                 f.write("".join(f"{line}\n" for line in lines).encode())
@@ -200,6 +210,8 @@ def export(store: LocalCheckpointStore, cid: int, to: Path, *, force: bool,
         "to": str(to),
         "format": suffix[1:],
         "columns": [c for c in table.columns if c not in ("__json", "__kint")],
+        "mode": "0600",
+        "note": (PLAINTEXT_NOTE if getattr(store, "encrypted", False) else None),
     }
 
 
@@ -209,6 +221,8 @@ def render_export(data: dict[str, Any]) -> None:
         f" [yellow](forced: checkpoint is {data['verdict']}, {data['reason']})[/]")
     console.print(f"exported {data['rows']} open windows of checkpoint {data['id']} to "
                   f"{data['to']} ({data['format']}){note}", soft_wrap=True)
+    if data.get("note"):
+        Console(stderr=True, highlight=False).print(f"note: {data['note']}", soft_wrap=True)
 
 
 # --------------------------------------------------------------------------- prune

@@ -1,6 +1,6 @@
-"""``sealstream checkpoints prune``: apply a :class:`~sealstream.checkpoint.inspect.PrunePlan`.
+"""``sealstream checkpoints prune``: apply a :class:`~sealstream.inspect.PrunePlan`.
 
-Safety rules (see :func:`sealstream.checkpoint.inspect.plan_prune` for what is planned):
+Safety rules (see :func:`sealstream.inspect.plan_prune` for what is planned):
 
 Works on every store (a directory, SQLite, PostgreSQL); in a database a deletion or
 a move aside is one transaction.
@@ -25,7 +25,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from sealstream.checkpoint.inspect import PrunePlan, plan_prune
 from sealstream.checkpoint.store import (
     REJECTED,
     CheckpointStore,
@@ -33,6 +32,7 @@ from sealstream.checkpoint.store import (
     checkpoint_dirname,
 )
 from sealstream.errors import CheckpointError, LockHeldError
+from sealstream.inspect import PrunePlan, plan_prune
 from sealstream.sinks._files import fsync_dir, os_reason
 
 HIDDEN = ".pruning-"

@@ -18,6 +18,11 @@ On restart, ``recover(tokens)`` commits what the restored checkpoint prepared
 and aborts (deletes) every other staged file: no checkpoint refers to it, so
 its rows will be produced again by the replay.
 
+Where an output is may change between runs (a new directory in the spec). The
+checkpoint records :meth:`Sink.location` next to the tokens of its epoch, and a
+restart calls :meth:`Sink.recover_at` with it: the prepared epoch is committed
+where it was staged, and new output goes to the new location.
+
 Frames handed to sinks carry a ``__json`` column (the output line as JSON text,
 already typed per row) plus identity columns: for results ``key``, ``__kint``,
 ``window_start``, ``window_end``; for record outputs (late events, bad records)
@@ -51,6 +56,9 @@ class CommittedFile:
 
     epoch: int
     token: str
+    #: the directory holding it when that is not the sink's own (an earlier path of
+    #: the output, see :meth:`Sink.recover_at`); None for the sink's own location
+    location: str | None = None
 
 
 def _nothing() -> None:
@@ -95,6 +103,21 @@ class Sink(ABC):
     @abstractmethod
     def recover(self, prepared: dict[int, list[str]]) -> None:
         """Commit ``prepared`` (epoch -> tokens) if still staged; abort all other staging."""
+
+    def location(self) -> str | None:
+        """Where this sink stages and publishes, as the checkpoint records it (an
+        absolute directory path for directory sinks), or None when there is nothing
+        to record (the default)."""
+        return None
+
+    def recover_at(self, staged_at: object, prepared: dict[int, list[str]]) -> None:
+        """:meth:`recover`, for tokens that were staged at ``staged_at`` (what
+        :meth:`location` returned when the checkpoint was taken; None when the
+        checkpoint did not record it). A sink whose location can change commits
+        them where they are and then also lists, in :meth:`committed`, what is
+        committed there. The default ignores ``staged_at``.
+        """
+        self.recover(prepared)
 
     @abstractmethod
     def committed(self) -> list[CommittedFile]:

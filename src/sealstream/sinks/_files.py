@@ -21,15 +21,19 @@ error with :func:`os_reason` (``"[Errno 28] No space left on device"``).
 
 Also here, because every sink needs them: :func:`id_schema`, the schema of
 ``Sink.read_ids`` frames, and :class:`StagedDirSink`, the naming scheme and the
-commit/recover protocol shared by the JSON Lines and Parquet directory sinks.
+commit/recover protocol shared by the JSON Lines and Parquet directory sinks,
+and :func:`read_own_file`, how they read their committed files back: without
+following a symbolic link, regular files only, never quoting a file's content.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import secrets
+import stat
 from pathlib import Path
 from typing import BinaryIO
 
@@ -49,8 +53,11 @@ __all__ = [
     "fsync_dir",
     "fsync_file",
     "id_schema",
+    "is_regular_file",
     "os_reason",
+    "read_own_file",
     "remove_if_exists",
+    "symlink_refusal",
     "write_new",
 ]
 
@@ -218,6 +225,8 @@ class StagedDirSink(Sink):
         self.role = check_role(role)
         self.run_token = check_run_token(run_token)
         self.path = Path(path)
+        #: the directory the restored checkpoint staged in, when not ``path``
+        self._earlier: Path | None = None
         ext = re.escape(self.ext)
         self._final_re = re.compile(rf"part-([0-9]{{12,}})-([A-Za-z0-9]+)\.{ext}")
         self._staging_re = re.compile(rf"\.part-([0-9]{{12,}})-([A-Za-z0-9]+)\.{ext}\.inprogress")
@@ -257,6 +266,12 @@ class StagedDirSink(Sink):
             raise SinkError(f"{self.path}: token {token!r} does not belong to epoch {epoch}")
         return parsed[0]
 
+    def _run_of(self, token: str) -> str:
+        """The run token in a checked final name."""
+        parsed = self._parse(self._final_re, token)
+        assert parsed is not None, token
+        return parsed[1]
+
     def _sink_error(self, action: str, path: Path, exc: OSError) -> SinkError:
         return SinkError(f"cannot {action} {self.role} to {path}: {os_reason(exc)}")
 
@@ -275,22 +290,32 @@ class StagedDirSink(Sink):
             raise ValueError(f"epoch {epoch} is already committed as {final}")
 
     # ---------------------------------------------------------------- protocol
+    def location(self) -> str:
+        """The directory as an absolute path, symbolic links resolved (recorded by
+        checkpoints; see :meth:`recover_at`)."""
+        return str(self.path.resolve())
+
     def commit(self, epoch: int, tokens: list[str]) -> None:
         """Rename each token's staging file to its final name, then fsync the directory.
 
         Idempotent: a token whose final file exists is already committed (a
         leftover staging copy of it is removed). Raises :class:`SinkError` if
         neither the staging nor the final file exists (prepared data was lost)
-        or a rename fails.
+        or a rename fails. A symbolic link under the final name is not a
+        committed file: the rename replaces the link (never its target).
         """
         check_epoch(epoch)
         for token in tokens:
             self._check_token(token, epoch)
+        self._commit_in(self.path, epoch, tokens)
+        self._forget(epoch)
+
+    def _commit_in(self, directory: Path, epoch: int, tokens: list[str]) -> None:
         changed = False
         for token in tokens:
-            final = self.path / token
-            staging = self.path / self.staging_name(token)
-            if final.is_file():
+            final = directory / token
+            staging = directory / self.staging_name(token)
+            if is_regular_file(final):
                 try:
                     changed |= remove_if_exists(staging)
                 except OSError as exc:
@@ -301,7 +326,7 @@ class StagedDirSink(Sink):
             try:
                 os.replace(staging, final)
             except FileNotFoundError:
-                if final.is_file():  # committed concurrently; nothing lost
+                if is_regular_file(final):  # committed concurrently; nothing lost
                     continue
                 raise SinkError(
                     f"cannot commit {self.role} epoch {epoch}: neither {staging} nor {final} "
@@ -313,8 +338,13 @@ class StagedDirSink(Sink):
                 ) from None
             changed = True
         if changed:
-            self._fsync_dir()
-        self._forget(epoch)
+            self._fsync_dir(directory)
+
+    def _holds(self, directory: Path, token: str) -> bool:
+        """``token`` is staged or committed in ``directory``."""
+        return is_regular_file(directory / token) or os.path.lexists(
+            directory / self.staging_name(token)
+        )
 
     def recover(self, prepared: dict[int, list[str]]) -> None:
         """Commit ``prepared`` (see :meth:`commit`), then delete every other staging
@@ -337,37 +367,167 @@ class StagedDirSink(Sink):
         if removed:
             self._fsync_dir()
 
+    def recover_at(self, staged_at: object, prepared: dict[int, list[str]]) -> None:
+        """:meth:`recover`, where ``staged_at`` is the directory the checkpoint's epoch
+        was staged in (:meth:`location` then; None when the checkpoint did not
+        record it, as older checkpoints do not: plain :meth:`recover`).
+
+        When ``staged_at`` is another directory (the output's path changed between
+        runs), each prepared token is committed where it is: in ``staged_at`` when
+        its staging or final file is there, else in this sink's directory (the
+        whole directory was moved). ``staged_at`` is never created; the only other
+        files removed there are staging files of the run that staged the tokens
+        (its later epochs: no valid checkpoint refers to them), so a directory now
+        used by another job loses nothing. From then on :meth:`committed` also lists the final
+        files in ``staged_at``, so that output committed there after the restored
+        checkpoint is not produced again here.
+
+        Raises :class:`SinkError` when ``staged_at`` is not an absolute path, or a
+        prepared token is in neither directory (prepared output was deleted).
+        """
+        if staged_at is None:
+            self.recover(prepared)
+            return
+        if not isinstance(staged_at, str) or not os.path.isabs(staged_at) or "\0" in staged_at:
+            raise SinkError(
+                f"{self.path}: the checkpoint records {staged_at!r} as the {self.role} "
+                "directory of its epoch; expected an absolute path"
+            )
+        earlier = Path(staged_at)
+        if earlier == Path(self.location()):
+            self.recover(prepared)
+            return
+        self._discard_pending()
+        here: dict[int, list[str]] = {}
+        for epoch in sorted(prepared):
+            tokens = list(prepared[epoch])
+            for token in tokens:
+                self._check_token(token, epoch)
+            there = [t for t in tokens if self._holds(earlier, t)]
+            self._commit_in(earlier, epoch, there)
+            here[epoch] = [t for t in tokens if t not in there]
+            for token in here[epoch]:
+                if not self._holds(self.path, token):
+                    raise SinkError(
+                        f"cannot commit {self.role} epoch {epoch}: {token} is staged neither "
+                        f"in {earlier} (where the checkpoint staged it) nor in {self.path}; "
+                        "prepared output was deleted"
+                    )
+        self._earlier = earlier
+        self._sweep_runs(earlier, {self._run_of(t) for ts in prepared.values() for t in ts})
+        self.recover(here)
+
+    def _sweep_runs(self, directory: Path, runs: set[str]) -> None:
+        """Delete the staging files of run tokens ``runs`` in ``directory``."""
+        removed = False
+        for name in self._names(directory) if runs else []:
+            parsed = self._parse(self._staging_re, name)
+            if parsed is None or parsed[1] not in runs:
+                continue
+            try:
+                removed |= remove_if_exists(directory / name)
+            except OSError as exc:
+                raise SinkError(
+                    f"cannot remove {self.role} staging file {directory / name}: {os_reason(exc)}"
+                ) from None
+        if removed:
+            self._fsync_dir(directory)
+
     def committed(self) -> list[CommittedFile]:
-        """Every final file of the scheme (any run token), ordered by epoch then name."""
-        out: list[CommittedFile] = []
-        for name in self._names():
-            parsed = self._parse(self._final_re, name)
-            if parsed is not None and (self.path / name).is_file():
-                out.append(CommittedFile(parsed[0], name))
-        out.sort(key=lambda c: (c.epoch, c.token))
+        """Every final file of the scheme (any run token), ordered by epoch then name;
+        also those in the directory the restored checkpoint staged in, when it was
+        another one (see :meth:`recover_at`). Raises :class:`SinkError` for a
+        symbolic link under a final name: it is not followed."""
+        out = [CommittedFile(e, name) for e, name in self._finals(self.path)]
+        if self._earlier is not None:
+            where = str(self._earlier)
+            out.extend(CommittedFile(e, name, where) for e, name in self._finals(self._earlier))
+        out.sort(key=lambda c: (c.epoch, c.token, c.location or ""))
         return out
+
+    def _finals(self, directory: Path) -> list[tuple[int, str]]:
+        found = []
+        for name in self._names(directory):
+            parsed = self._parse(self._final_re, name)
+            if parsed is None:
+                continue
+            try:
+                mode = os.lstat(directory / name).st_mode
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise SinkError(
+                    f"cannot read {self.role} file {directory / name}: {os_reason(exc)}"
+                ) from None
+            if stat.S_ISLNK(mode):
+                raise SinkError(symlink_refusal(self.role, directory / name))
+            if stat.S_ISREG(mode):
+                found.append((parsed[0], name))
+        return found
 
     def _files_of(self, files: list[CommittedFile]) -> list[Path]:
         paths = []
         for f in files:
             self._check_token(f.token, f.epoch)
-            paths.append(self.path / f.token)
+            paths.append((Path(f.location) if f.location else self.path) / f.token)
         return paths
 
-    def _names(self) -> list[str]:
+    def _names(self, directory: Path | None = None) -> list[str]:
+        where = self.path if directory is None else directory
         try:
-            return os.listdir(self.path)
+            return os.listdir(where)
         except FileNotFoundError:
             return []
         except OSError as exc:
             raise SinkError(
-                f"cannot list the {self.role} directory {self.path}: {os_reason(exc)}"
+                f"cannot list the {self.role} directory {where}: {os_reason(exc)}"
             ) from None
 
-    def _fsync_dir(self) -> None:
+    def _fsync_dir(self, directory: Path | None = None) -> None:
+        where = self.path if directory is None else directory
         try:
-            fsync_dir(self.path)
+            fsync_dir(where)
         except OSError as exc:
             raise SinkError(
-                f"cannot sync the {self.role} directory {self.path}: {os_reason(exc)}"
+                f"cannot sync the {self.role} directory {where}: {os_reason(exc)}"
             ) from None
+
+
+# --------------------------------------------------------------------------- reading back
+def is_regular_file(path: Path) -> bool:
+    """``path`` is a regular file itself (a symbolic link is not, whatever it points to)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def symlink_refusal(role: str, path: Path) -> str:
+    return (
+        f"{path} is a symbolic link, not a {role} file written by sealstream (which writes "
+        "regular files only); it is not followed and nothing of its target was read: "
+        "replace the link with the file itself, or remove it"
+    )
+
+
+def read_own_file(path: Path, role: str) -> bytes:
+    """The bytes of a committed output file, opened without following a symbolic link
+    (``O_NOFOLLOW``) and without blocking on a FIFO; anything but a regular file is
+    refused. Raises :class:`SinkError` naming ``path``; the message never quotes the
+    file's content."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or os.path.islink(path):
+            raise SinkError(symlink_refusal(role, path)) from None
+        raise SinkError(f"cannot read {role} from {path}: {os_reason(exc)}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SinkError(f"cannot read {role} from {path}: it is not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    except OSError as exc:
+        raise SinkError(f"cannot read {role} from {path}: {os_reason(exc)}") from None
+    finally:
+        os.close(fd)

@@ -45,7 +45,7 @@ from sealstream.sinks._files import (
     fsync_dir,
     fsync_file,
     id_schema,
-    os_reason,
+    read_own_file,
 )
 
 __all__ = ["JsonlDirSink", "json_lines_bytes", "read_json_ids"]
@@ -75,8 +75,10 @@ def json_lines_bytes(frame: pl.DataFrame) -> bytes:
 
 def read_json_ids(paths: list[Path], role: SinkRole) -> pl.DataFrame:
     """Read the identity columns (see :func:`~sealstream.sinks._files.id_schema`)
-    from JSON Lines files, columnar. Raises :class:`SinkError` naming the file
-    set when a file cannot be read or parsed, or a line lacks an identity field.
+    from JSON Lines files, columnar, file by file. Raises :class:`SinkError` naming
+    the file when it cannot be read or parsed, is not a regular file (a symbolic
+    link is refused, not followed: see :func:`~sealstream.sinks._files.read_own_file`),
+    or a line lacks an identity field. Messages never quote the file's content.
 
     The key's text comes from a String read (integers keep their exact digits,
     however long); ``__kint`` from a second, lenient Float64 read of the same
@@ -84,27 +86,35 @@ def read_json_ids(paths: list[Path], role: SinkRole) -> pl.DataFrame:
     parse the top-level field, so nested objects named ``key`` cannot confuse it.
     """
     schema = id_schema(role)
-    if not paths:
-        return pl.DataFrame(schema=schema)
-    sources = [str(p) for p in paths]
-    where = sources[0] if len(sources) == 1 else f"{sources[0]} (and {len(sources) - 1} more)"
+    parts = [pl.DataFrame(schema=schema)]
+    for path in paths:
+        data = read_own_file(path, role)
+        if data.strip():
+            parts.append(_parse_ids(data, path, role))
+    return pl.concat(parts, how="vertical")
+
+
+def _parse_ids(data: bytes, where: Path, role: SinkRole) -> pl.DataFrame:
+    schema = id_schema(role)
     try:
         if role == "results":
             ids = pl.read_ndjson(
-                sources,
+                data,
                 schema={"key": pl.String, "window_start": pl.Int64, "window_end": pl.Int64},
             )
-            numeric = pl.read_ndjson(sources, schema={"key": pl.Float64}, ignore_errors=True)
+            numeric = pl.read_ndjson(data, schema={"key": pl.Float64}, ignore_errors=True)
             ids = ids.with_columns(numeric.get_column("key").is_not_null().alias("__kint")).select(
                 list(schema)
             )
         else:
-            ids = pl.read_ndjson(sources, schema=schema)
-    except OSError as exc:
-        raise SinkError(f"cannot read {role} from {where}: {os_reason(exc)}") from None
-    except pl.exceptions.PolarsError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SinkError(f"cannot read {role} from {where}: {first}") from None
+            ids = pl.read_ndjson(data, schema=schema)
+    except pl.exceptions.PolarsError:
+        # the parser's message quotes the text it met: never show it (the file may
+        # hold anything, e.g. a hard link to someone's secret)
+        raise SinkError(
+            f"cannot read {role} from {where}: it is not JSON Lines as sealstream writes "
+            "them (a line is not a JSON object); move the file out of the directory"
+        ) from None
     nulls = [c for c in ids.columns if ids.get_column(c).null_count()]
     if nulls:
         raise SinkError(

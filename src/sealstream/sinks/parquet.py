@@ -54,6 +54,7 @@ from sealstream.sinks._files import (
     fsync_file,
     id_schema,
     os_reason,
+    read_own_file,
 )
 
 __all__ = ["KEY_IS_INT_METADATA", "ParquetDirSink"]
@@ -193,13 +194,16 @@ class ParquetDirSink(StagedDirSink):
         schema = id_schema("results")
         parts = [pl.DataFrame(schema=schema)]
         for path in self._files_of(files):
+            data = read_own_file(path, "results")
             try:
-                df = pl.read_parquet(path, columns=["key", "window_start", "window_end"])
-                meta = pl.read_parquet_metadata(path)
-            except OSError as exc:
-                raise SinkError(f"cannot read results from {path}: {os_reason(exc)}") from None
-            except pl.exceptions.PolarsError as exc:
-                raise SinkError(f"cannot read results from {path}: {_first_line(exc)}") from None
+                df = pl.read_parquet(data, columns=["key", "window_start", "window_end"])
+                meta = pl.read_parquet_metadata(io.BytesIO(data))
+            except pl.exceptions.PolarsError:
+                # never quote what the reader met: the file may hold anything
+                raise SinkError(
+                    f"cannot read results from {path}: it is not a Parquet file of results "
+                    "as sealstream writes them; move the file out of the directory"
+                ) from None
             key = df.get_column("key")
             if key.dtype.is_integer():
                 kint = pl.Series("__kint", np.ones(df.height, dtype=np.bool_))
@@ -211,8 +215,11 @@ class ParquetDirSink(StagedDirSink):
                         pl.col(name).cast(dtype, strict=True) for name, dtype in schema.items()
                     )
                 )
-            except pl.exceptions.PolarsError as exc:
-                raise SinkError(f"cannot read results from {path}: {_first_line(exc)}") from None
+            except pl.exceptions.PolarsError:
+                raise SinkError(
+                    f"cannot read results from {path}: its key, window_start or window_end "
+                    "column has a type sealstream does not write"
+                ) from None
         return pl.concat(parts, how="vertical")
 
     def _discard_pending(self) -> None:

@@ -62,6 +62,7 @@ __all__ = [
     "plan_prune",
     "resolve_id",
     "typed_for_parquet",
+    "typed_json",
     "wm_json",
     "wm_iso",
 ]
@@ -589,7 +590,17 @@ def diff_checkpoints(
 
 
 # --------------------------------------------------------------------------- export
-def _accumulators(definition: Mapping[str, Any]) -> Accumulators:
+def _spec_order(aggs_def: Mapping[str, Any], order: Any) -> list[str]:
+    """The aggregates' names in the spec's order, as the manifest's ``aggregate_order``
+    records it; in name order for a checkpoint without it (or with one that does not
+    name exactly the definition's aggregates)."""
+    if (isinstance(order, list) and all(isinstance(n, str) for n in order)
+            and len(order) == len(aggs_def) and set(order) == set(aggs_def)):
+        return list(order)
+    return sorted(aggs_def)
+
+
+def _accumulators(definition: Mapping[str, Any], order: Any = None) -> Accumulators:
     aggs_def = _dict(definition.get("aggregates"))
     source = _dict(definition.get("source"))
     if not aggs_def or not isinstance(source.get("key"), str) or not isinstance(
@@ -597,7 +608,8 @@ def _accumulators(definition: Mapping[str, Any]) -> Accumulators:
     ):
         raise CheckpointError("the manifest's pipeline definition lacks aggregates or source")
     try:
-        aggs: list[Aggregate] = [parse_aggregate(n, e) for n, e in aggs_def.items()]
+        aggs: list[Aggregate] = [parse_aggregate(n, aggs_def[n])
+                                 for n in _spec_order(aggs_def, order)]
     except SpecError as exc:
         raise CheckpointError(f"the manifest's aggregates cannot be read: {exc}") from None
     kinds: dict[str, FieldKind] = {}
@@ -618,8 +630,10 @@ def open_windows_table(
     """The open windows of ``cid`` with each aggregate's current partial value.
 
     Columns as :meth:`Accumulators.finalize` gives them: ``key``, ``__kint``,
-    ``window_start``, ``window_end``, one typed column per aggregate (in the
-    manifest's order) and ``__json`` (the row as a result line, with per-row types).
+    ``window_start``, ``window_end``, one column per aggregate in the spec's order
+    (the manifest's ``aggregate_order``; name order for checkpoints without it) and
+    ``__json`` (the row as a result line, with per-row types). First/last of a field
+    that met non-numbers are JSON text in their column (see :func:`typed_for_parquet`).
     Refuses (CheckpointError) unless the checkpoint is ``ATOMIC_CHECKPOINT`` or
     ``force``; even forced, the state must match its recorded SHA-256.
     """
@@ -636,7 +650,7 @@ def open_windows_table(
         raise CheckpointError(f"checkpoint {cid}: {loaded.manifest_error}")
     if loaded.state is None:
         raise CheckpointError(f"checkpoint {cid}: {loaded.state_error}")
-    acc = _accumulators(_dict(loaded.doc.get("definition")))
+    acc = _accumulators(_dict(loaded.doc.get("definition")), loaded.doc.get("aggregate_order"))
     expected = {KEY: pl.String(), KEY_IS_INT: pl.Boolean(), WSTART: pl.Int64(),
                 WEND: pl.Int64(), **acc.schema()}
     problem = f"checkpoint {cid}: state columns {list(loaded.state.schema)} do not match " \
@@ -657,15 +671,60 @@ def open_windows_table(
 
 
 def typed_for_parquet(table: pl.DataFrame) -> pl.DataFrame:
-    """Drop ``__json``/``__kint``; ``key`` is Int64 when every key is an integer."""
+    """The open windows as typed columns: drop ``__json``/``__kint``; ``key`` is Int64
+    when every key is an integer; every aggregate column of JSON text (first/last of a
+    field that met non-numbers) becomes typed by :func:`typed_json`."""
     kint = table.get_column(KEY_IS_INT).fill_null(False)
     out = table.drop("__json", KEY_IS_INT)
+    out = out.with_columns(
+        typed_json(out.get_column(c)) for c, dtype in out.schema.items()
+        if dtype == pl.String and c not in ("key", WSTART, WEND)
+    )
     if table.height and bool(kint.all()):
         try:
             return out.with_columns(pl.col("key").cast(pl.Int64, strict=True))
         except pl.exceptions.PolarsError:
             return out
     return out
+
+
+def typed_json(column: pl.Series) -> pl.Series:
+    """A column of JSON texts (one value per row, or null) as one typed column.
+
+    Every value a string: String (the strings themselves, without JSON quotes); every
+    value an integer: Int64 (Float64 when one is beyond 64 bits); every value a number:
+    Float64; every value a boolean: Boolean. **choice:** a column that mixes these
+    kinds (or holds objects or arrays) is String: strings as themselves, anything else
+    as its JSON text (``1``, ``2.5``, ``true``, ``{"a":1}``), so ``1`` and ``"1"`` look
+    the same there; the JSON Lines export keeps each value's own type. Null (and the
+    text ``null``) stays null. Columnar: no Python loop over the rows.
+    """
+    name = column.name
+    s = pl.select(pl.when(column == "null").then(None).otherwise(column).alias(name)
+                  ).to_series()
+
+    def every(mask: pl.Series) -> bool:
+        return bool(mask.fill_null(True).all())
+
+    quoted = s.str.starts_with('"')
+    if not s.len() or s.null_count() == s.len():
+        return s
+    if every(quoted):
+        return s.str.json_decode(pl.String).alias(name)
+    if every(s.str.contains(r"^-?[0-9]+$")):
+        try:
+            return s.cast(pl.Int64, strict=True)
+        except pl.exceptions.PolarsError:
+            return s.cast(pl.Float64)
+    if every(s.str.contains(r"^-?[0-9]")):
+        return s.cast(pl.Float64)
+    if every(s.is_in(["true", "false"])):
+        return (s == "true").alias(name)
+    strings = quoted.fill_null(False)
+    if not strings.any():
+        return s
+    decoded = s.filter(strings).str.json_decode(pl.String)
+    return s.scatter(strings.arg_true(), decoded)
 
 
 # --------------------------------------------------------------------------- prune

@@ -151,7 +151,7 @@ def judge_checkpoint(
     parent = None
     if doc is not None and isinstance(doc.get("parent"), int):
         parent = store.read_manifest(int(doc["parent"]))
-    return guard.judge(store.evidence(cid), parent, guard.Policy(key=key))
+    return guard.judge(store.evidence(cid, key), parent, guard.Policy(key=key))
 
 
 def _signer(doc: Mapping[str, Any] | None, key: bytes | None) -> dict[str, Any]:

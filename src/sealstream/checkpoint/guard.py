@@ -228,11 +228,6 @@ def _judge(ev: Evidence, parent: Mapping[str, Any] | None, policy: Policy) -> Ve
         ):
             return _verdict(ev, PARTIAL, "MANIFEST_INCOMPLETE",
                             f"checkpoint {cid}: file entry {role!r} is malformed", doc)
-        bad_path = path_problem(cid, str(role), entry["path"])
-        if bad_path is not None or entry["bytes"] < 0:
-            why = bad_path or "has a negative size"
-            return _verdict(ev, INCONSISTENT, "FILE_PATH_INVALID",
-                            f"checkpoint {cid}: {role} file {entry['path'][:200]!r} {why}", doc)
     if ev.unread is not None:
         # the store found the signature bad and read nothing the manifest names
         ok, code = signature_ok(doc, policy.key)
@@ -241,6 +236,12 @@ def _judge(ev: Evidence, parent: Mapping[str, Any] | None, policy: Policy) -> Ve
                             f"checkpoint {cid}: files were not read (the store checked the "
                             "signature with another key)", doc)
         return _signature_verdict(ev, cid, code, doc)
+    for role, entry in sorted(files.items()):
+        bad_path = path_problem(cid, str(role), entry["path"])
+        if bad_path is not None or entry["bytes"] < 0:
+            why = bad_path or "has a negative size"
+            return _verdict(ev, INCONSISTENT, "FILE_PATH_INVALID",
+                            f"checkpoint {cid}: {role} file {entry['path'][:200]!r} {why}", doc)
     for role, entry in sorted(files.items()):
         fact = ev.files.get(str(entry["path"]), FileFact(False))
         if fact.problem is not None and fact.problem[0] == "NOT_A_REGULAR_FILE":

@@ -46,7 +46,9 @@ the platform has no OFD locks, an ``flock`` on the sidecar
 ``<resolved db>.lock.<pipeline>-<hash>`` is used instead.
 
 A database file owned by another user or writable by group or others is refused for
-a run (CheckpointError saying to chmod it), as a checkpoint directory is. Its
+a run (CheckpointError saying to chmod it), as a checkpoint directory is; so is a
+database file with hard links (SQLite keeps its ``-wal`` per name: a commit made
+through one name would be invisible through another after a crash). Its
 directory is not checked: it is often a shared project directory, and nothing of
 ours is created there (SQLite creates its ``-wal`` and ``-shm`` files beside it).
 
@@ -437,8 +439,10 @@ class SqliteCheckpointStore(CheckpointStore):
         """Hold this pipeline's run lock on the database file's identity; raise
         LockHeldError naming the holder, CheckpointError when the database file is
         not private to this user."""
-        self.ensure_root()
         what = f"checkpoints of pipeline {self.pipeline!r} in {self.location}"
+        if os.path.lexists(self.root):
+            self._check_private()  # before SQLite opens it (and its -wal) at all
+        self.ensure_root()
         self._check_private()
         if not _OFD:  # pragma: no cover - platforms without OFD locks
             with hold_file_lock(lock_path(self.root, self.pipeline), what):
@@ -503,6 +507,11 @@ class SqliteCheckpointStore(CheckpointStore):
                                   f"{os_reason(exc)}") from None
         if not stat.S_ISREG(st.st_mode):
             raise CheckpointError(f"checkpoint database {self.root} is not a regular file")
+        if st.st_nlink > 1:
+            raise CheckpointError(
+                f"refusing checkpoint database {self.root}: it has {st.st_nlink} names (hard "
+                "links), and SQLite keeps its write-ahead log per name, so a commit made "
+                "through one name is lost to the others; remove the other links")
         if st.st_uid != os.geteuid():
             raise CheckpointError(
                 f"refusing checkpoint database {self.root}: it is owned by another user "
@@ -513,7 +522,11 @@ class SqliteCheckpointStore(CheckpointStore):
                 f"others (mode {stat.S_IMODE(st.st_mode):04o}); run chmod go-w on it")
 
     def _holder(self) -> str | None:
-        rows = self._query("SELECT holder FROM sealstream_lock_holders WHERE pipeline = ?")
+        """The recorded holder, or None (also when the database cannot be read now)."""
+        try:
+            rows = self._query("SELECT holder FROM sealstream_lock_holders WHERE pipeline = ?")
+        except CheckpointError:
+            return None
         return str(rows[0][0]) if rows else None
 
     def _set_holder(self, holder: str | None) -> None:

@@ -5,7 +5,8 @@ manifest's bytes, facts about each file, what the state file's metadata
 says, the parsed receipts) and the guard decides:
 
 * ``PARTIAL_CHECKPOINT_REJECT`` — a component is missing or unreadable: no or
-  truncated manifest, no signature, a referenced file absent or cut short
+  truncated manifest (or one over the size or nesting bound of
+  :func:`~sealstream.checkpoint.manifest.load_json`), no signature, a referenced file absent or cut short
   (shorter than recorded and not a whole file), no emission receipts. Recovery
   falls back to the previous one.
 * ``INCONSISTENT_STATE`` — everything is present but does not cohere: a hash
@@ -15,13 +16,18 @@ says, the parsed receipts) and the guard decides:
   closed, positions or watermark lower than the parent's, another pipeline's
   checkpoint, a different pipeline fingerprint, or older than a freshness
   limit; an encrypted file that does not decrypt (no key, another key, altered)
-  or a plaintext one while encryption is required. Recovery rejects it and
+  or a plaintext one while encryption is required; a file name no writer produces
+  (``FILE_PATH_INVALID``: absolute, ``..``, another checkpoint's own file), a name
+  that holds no regular file (``NOT_A_REGULAR_FILE``), an Arrow file with an
+  extension type or a type no state has (``STATE_SCHEMA``). Recovery rejects it and
   falls back.
 * ``ATOMIC_CHECKPOINT`` — every component present and verified, signature
   valid: resume from it.
 
 Checks run in that order (presence before coherence), so the reason given is
-the first problem found.
+the first problem found; except that when the store was given the key and found
+the signature bad, it read no file the manifest names (``Evidence.unread``), and
+the verdict is the signature's.
 """
 
 from __future__ import annotations

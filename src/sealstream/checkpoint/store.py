@@ -15,6 +15,14 @@ file, followed by an fsync of the directory. A checkpoint directory without
 ``MANIFEST.json`` is a partial checkpoint (its writer crashed). Directories
 are created 0700 and files 0600.
 
+Nothing planted is followed or trusted: ``LOCK`` and every checkpoint file are
+opened ``O_NOFOLLOW`` (created ``O_EXCL``), only regular files are read, and at most
+their recorded size (:mod:`sealstream._fs`); a run refuses a checkpoint directory
+owned by another user or writable by group or others. Reading a checkpoint's
+evidence, nothing its manifest names is opened before the manifest passed: bounded
+in size and depth, signature verified when the key is given, every name one the
+writer produces (:func:`~sealstream.checkpoint.manifest.path_problem`).
+
 Encryption at rest: when ``SEALSTREAM_ENCRYPTION_KEY`` (or ``_KEY_FILE``) is set,
 every file of a checkpoint, the manifest included, is written as an AES-256-GCM
 envelope (:mod:`sealstream.checkpoint.crypto`) bound to its path, and decrypted

@@ -6,9 +6,9 @@ says, the parsed receipts) and the guard decides:
 
 * ``PARTIAL_CHECKPOINT_REJECT`` — a component is missing or unreadable: no or
   truncated manifest (or one over the size or nesting bound of
-  :func:`~sealstream.checkpoint.manifest.load_json`), no signature, a referenced file absent or cut short
-  (shorter than recorded and not a whole file), no emission receipts. Recovery
-  falls back to the previous one.
+  :func:`~sealstream.checkpoint.manifest.load_json`), no signature, a referenced
+  file absent or cut short (shorter than recorded and not a whole file), no emission
+  receipts. Recovery falls back to the previous one.
 * ``INCONSISTENT_STATE`` — everything is present but does not cohere: a hash
   mismatch, a signature that does not verify (wrong key, tampering, unsigned
   while a key is set, signed but read without the key), a manifest watermark

@@ -421,6 +421,9 @@ def test_a_deeply_nested_document_is_rejected_and_recovery_falls_back(
     assert (verdict["verdict"], verdict["reason"]) == (PARTIAL, want), verdict
     if what == "manifest":
         assert "nested deeper than 64 levels" in verdict["message"]
+        shown = _guarded(["checkpoints", "inspect", str(d / "ckpt"), str(verdict["id"])], None)
+        assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
+        assert "manifest is nested deeper than 64 levels" in shown.stdout
     assert data["resume_from"] == data["checkpoints"][-2]["id"]
     res = _guarded(["run", str(d / "spec.toml"), "--quiet"], None)
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr

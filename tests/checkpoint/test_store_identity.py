@@ -170,7 +170,9 @@ def test_a_link_planted_at_the_lock_is_refused_and_its_target_untouched(
     assert LocalCheckpointStore(ckpt).is_locked() is None
 
 
-def test_a_run_on_a_lock_symlink_fails_with_one_line(tmp_path: Path) -> None:
+def test_a_run_on_a_lock_symlink_fails_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from sealstream.cli import main
 
     ckpt = tmp_path / "ckpt"
@@ -185,6 +187,8 @@ def test_a_run_on_a_lock_symlink_fails_with_one_line(tmp_path: Path) -> None:
                     '[window]\nkind = "tumbling"\nsize_ms = 10\n[aggregates]\nn = "count"\n'
                     '[sink]\nkind = "jsonl"\npath = "out"\n[checkpoint]\npath = "ckpt"\n')
     assert main(["run", str(spec), "--quiet"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "LOCK is a symbolic link" in err[0], err
     assert victim.read_bytes() == b"precious\n"
 
 

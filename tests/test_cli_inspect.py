@@ -542,12 +542,14 @@ def test_prune_tolerates_concurrent_removal(job: Path) -> None:
 
 
 def test_prune_keeps_referenced_files(job: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A checkpoint whose directory holds a file a kept checkpoint names is not removed."""
+    """A checkpoint whose directory holds a file a kept checkpoint names is not removed
+    (as an incremental checkpoint names its base snapshot: the one kind of name that may
+    point into an older checkpoint's directory)."""
     m = cp(job, 4) / "MANIFEST.json"
     body = json.loads(m.read_text())
     body.pop("signature")
     shared = cp(job, 1) / "state.arrow"
-    body["files"]["suppress"] = {"path": "cp-000000000001/state.arrow",
+    body["files"]["base"] = {"path": "cp-000000000001/state.arrow",
                                  "sha256": hashlib.sha256(shared.read_bytes()).hexdigest(),
                                  "bytes": shared.stat().st_size}
     m.write_bytes(seal(body, None))

@@ -37,6 +37,7 @@ from sealstream.checkpoint.manifest import (
     ALG_PLAIN,
     MANIFEST_NAME,
     checkpoint_key,
+    load_json,
     signature_ok,
 )
 from sealstream.checkpoint.store import (
@@ -152,7 +153,7 @@ def judge_checkpoint(
     parent = None
     if doc is not None and isinstance(doc.get("parent"), int):
         parent = store.read_manifest(int(doc["parent"]))
-    return guard.judge(store.evidence(cid), parent, guard.Policy(key=key))
+    return guard.judge(store.evidence(cid, key), parent, guard.Policy(key=key))
 
 
 def _signer(doc: Mapping[str, Any] | None, key: bytes | None) -> dict[str, Any]:
@@ -234,9 +235,11 @@ def _load(store: CheckpointStore, cid: int) -> _Loaded:
         error = f"manifest cannot be decrypted: {exc}"
     else:
         try:
-            parsed = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
+            parsed = load_json(raw, "manifest")
+        except (json.JSONDecodeError, UnicodeDecodeError):
             error = "manifest is truncated or not JSON"
+        except ValueError as exc:  # over the size or nesting bound
+            error = str(exc)
         else:
             if isinstance(parsed, dict):
                 doc = parsed
@@ -271,7 +274,7 @@ def _load(store: CheckpointStore, cid: int) -> _Loaded:
                 out.receipts_error = problem
             else:
                 try:
-                    rec = json.loads(data)
+                    rec = load_json(data, "receipts")
                     out.receipts = rec if isinstance(rec, dict) else None
                     if out.receipts is None:
                         out.receipts_error = "receipts are not a JSON object"

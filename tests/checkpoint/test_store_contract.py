@@ -19,6 +19,8 @@ from sealstream.testing.store_contract import (
     StoreContract,
 )
 
+FILES = "sealstream_checkpoint_files"
+
 
 class TestLocalStore(StoreContract):
     def make_store(self, where: Path, pipeline: str = PIPELINE,
@@ -57,21 +59,22 @@ class TestSqliteStore(StoreContract):
     def tamper(self, store: CheckpointStore, rel: str, data: bytes | None) -> None:
         assert isinstance(store, SqliteCheckpointStore)
         if data is None:
-            self._sql(store, "DELETE FROM checkpoint_files WHERE pipeline = ? AND name = ?",
+            self._sql(store, f"DELETE FROM {FILES} WHERE pipeline = ? AND name = ?",
                       store.pipeline, rel)
         else:
-            self._sql(store, "UPDATE checkpoint_files SET data = ? WHERE pipeline = ? AND name = ?",
+            self._sql(store, f"UPDATE {FILES} SET data = ? WHERE pipeline = ? AND name = ?",
                       data, store.pipeline, rel)
 
     def stored(self, store: CheckpointStore, rel: str) -> bytes | None:
         assert isinstance(store, SqliteCheckpointStore)
-        rows = self._sql(store, "SELECT data FROM checkpoint_files WHERE pipeline = ? AND name = ?",
+        rows = self._sql(store, f"SELECT data FROM {FILES} WHERE pipeline = ? AND name = ?",
                          store.pipeline, rel)
         return bytes(rows[0][0]) if rows else None
 
     def kept_aside(self, store: CheckpointStore, cid: int) -> list[bytes]:
         assert isinstance(store, SqliteCheckpointStore)
-        rows = self._sql(store, "SELECT data FROM rejected WHERE pipeline = ? AND id = ?",
+        rows = self._sql(store, "SELECT data FROM sealstream_rejected WHERE pipeline = ? "
+                         "AND id = ?",
                          store.pipeline, cid)
         return [bytes(r[0]) for r in rows]
 

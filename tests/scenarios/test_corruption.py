@@ -4,10 +4,13 @@ the final output is exact. Signed checkpoints catch tampering."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -288,4 +291,203 @@ def test_start_over_with_a_file_where_rejected_goes(
     assert sorted(p.relative_to(d) for p in d.rglob("*")) == before  # nothing moved
     (d / "ckpt" / "rejected").unlink()
     assert run(d / "spec.toml", "--start-over").returncode == 0
+    assert_same_output(d, expected)
+
+
+# ---------------------------------------------------------------- forged manifests
+# A forged checkpoint must be judged from its manifest alone before anything it names is
+# read: no absolute path, no FIFO, no device, no unbounded document. The subprocesses get
+# a timeout and an address-space limit only as safety nets (on the code before the fix
+# they hung forever or read /dev/zero until memory ran out); the assertions are the
+# verdicts and the exact output.
+
+KEY = {mf.KEY_ENV: "k-forged"}
+
+
+def _limited() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+
+def _guarded(args: list[str], env: dict[str, str] | None) -> subprocess.CompletedProcess[str]:
+    e = dict(os.environ)
+    e.pop(mf.KEY_ENV, None)
+    e.pop("SEALSTREAM_CRASH_AT", None)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "sealstream", *args], capture_output=True,
+                          text=True, env=e, timeout=120, preexec_fn=_limited)
+
+
+def _verify_guarded(d: Path, env: dict[str, str] | None) -> dict:
+    res = _guarded(["checkpoints", "verify", str(d / "ckpt"), "--json"], env)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    return json.loads(res.stdout)
+
+
+@pytest.fixture(scope="module")
+def crashed_keyed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """As ``crashed``, with signed checkpoints (SEALSTREAM_CHECKPOINT_KEY set)."""
+    d = tmp_path_factory.mktemp("crashed-keyed")
+    spec = write_spec(d, make_input(d), keep=20)
+    assert run(spec, crash_at="after_retention:5", env=KEY).returncode == -9
+    return d
+
+
+def _reseal(manifest: Path, change: Callable[[dict], None]) -> None:
+    """Change the manifest and seal it again without the key (what a forger can do)."""
+    doc = json.loads(manifest.read_text())
+    doc.pop("signature")
+    change(doc)
+    manifest.write_bytes(mf.seal(doc, None))
+
+
+def _forge(cp: Path, how: str, outside: Path) -> None:
+    manifest = cp / "MANIFEST.json"
+    if how == "absolute /dev/zero":
+        def to_zero(doc: dict) -> None:
+            doc["files"]["state"]["path"] = "/dev/zero"
+            doc["files"]["state"]["bytes"] = 1 << 40
+        _reseal(manifest, to_zero)
+    elif how == "absolute path to a file":
+        outside.write_bytes((cp / "state.arrow").read_bytes())
+        _reseal(manifest, lambda doc: doc["files"]["state"].update(path=str(outside)))
+    elif how == "path with ..":
+        _reseal(manifest, lambda doc: doc["files"]["state"].update(
+            path=f"{cp.name}/../{cp.name}/state.arrow"))
+    elif how == "FIFO as state.arrow":
+        (cp / "state.arrow").unlink()
+        os.mkfifo(cp / "state.arrow")
+    elif how == "FIFO outside":
+        os.mkfifo(outside)
+        _reseal(manifest, lambda doc: doc["files"]["state"].update(path=str(outside)))
+    elif how == "symlink as state.arrow":
+        target = cp / "state.arrow"
+        outside.write_bytes(target.read_bytes())
+        target.unlink()
+        target.symlink_to(outside)
+    else:
+        raise AssertionError(how)
+
+
+FORGERIES = ["absolute /dev/zero", "absolute path to a file", "path with ..",
+             "FIFO as state.arrow", "FIFO outside", "symlink as state.arrow"]
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["no key", "with key"])
+@pytest.mark.parametrize("how", FORGERIES)
+def test_a_forged_manifest_is_judged_before_anything_it_names_is_read(
+    tmp_path: Path, crashed: Path, crashed_keyed: Path, expected: Path, how: str,
+    keyed: bool,
+) -> None:
+    d = _copy(crashed_keyed if keyed else crashed, tmp_path / "job")
+    env = KEY if keyed else None
+    newest = sorted((d / "ckpt").glob("cp-*"))[-1]
+    _forge(newest, how, tmp_path / "outside")
+    data = _verify_guarded(d, env)
+    verdict = data["checkpoints"][-1]
+    assert verdict["verdict"] == INCONSISTENT, verdict
+    if keyed and how not in ("FIFO as state.arrow", "symlink as state.arrow"):
+        # re-sealed without the key: not authentic, so nothing it names was read
+        assert verdict["reason"] == "UNSIGNED_WITH_KEY", verdict
+    elif how.startswith(("absolute", "path", "FIFO outside")):
+        assert verdict["reason"] == "FILE_PATH_INVALID", verdict
+    else:
+        assert verdict["reason"] == "NOT_A_REGULAR_FILE", verdict
+    assert data["resume_from"] == data["checkpoints"][-2]["id"]
+    res = _guarded(["run", str(d / "spec.toml"), "--quiet"], env)
+    assert res.returncode == 0, res.stderr
+    assert_same_output(d, expected)
+    if how == "absolute path to a file":
+        assert (tmp_path / "outside").exists()  # moved aside with its checkpoint: not ours
+
+
+@pytest.mark.parametrize("what", ["manifest", "receipts"])
+def test_a_deeply_nested_document_is_rejected_and_recovery_falls_back(
+    tmp_path: Path, crashed: Path, expected: Path, what: str
+) -> None:
+    d = _copy(crashed, tmp_path / "job")
+    newest = sorted((d / "ckpt").glob("cp-*"))[-1]
+    deep = b"[" * 100_000
+    if what == "manifest":
+        (newest / "MANIFEST.json").write_bytes(deep)
+    else:  # receipts that hash right: a forger re-seals the manifest around them
+        (newest / "receipts.json").write_bytes(deep)
+        _reseal(newest / "MANIFEST.json", lambda doc: doc["files"]["receipts"].update(
+            sha256=hashlib.sha256(deep).hexdigest(), bytes=len(deep)))
+    data = _verify_guarded(d, None)
+    verdict = data["checkpoints"][-1]
+    want = "MANIFEST_UNREADABLE" if what == "manifest" else "NO_RECEIPTS"
+    assert (verdict["verdict"], verdict["reason"]) == (PARTIAL, want), verdict
+    if what == "manifest":
+        assert "nested deeper than 64 levels" in verdict["message"]
+        shown = _guarded(["checkpoints", "inspect", str(d / "ckpt"), str(verdict["id"])], None)
+        assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
+        assert "manifest is nested deeper than 64 levels" in shown.stdout
+    assert data["resume_from"] == data["checkpoints"][-2]["id"]
+    res = _guarded(["run", str(d / "spec.toml"), "--quiet"], None)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert_same_output(d, expected)
+
+
+def test_an_oversized_manifest_is_rejected_unread(
+    tmp_path: Path, crashed: Path, expected: Path
+) -> None:
+    d = _copy(crashed, tmp_path / "job")
+    newest = sorted((d / "ckpt").glob("cp-*"))[-1]
+    with open(newest / "MANIFEST.json", "ab") as f:
+        f.write(b" " * (mf.MAX_JSON_BYTES + 1))  # still valid JSON: only its size is wrong
+    data = _verify_guarded(d, None)
+    verdict = data["checkpoints"][-1]
+    assert (verdict["verdict"], verdict["reason"]) == (PARTIAL, "MANIFEST_UNREADABLE"), verdict
+    assert f"larger than {mf.MAX_JSON_BYTES} bytes" in verdict["message"]
+    assert data["resume_from"] == data["checkpoints"][-2]["id"]
+    assert _guarded(["run", str(d / "spec.toml"), "--quiet"], None).returncode == 0
+    assert_same_output(d, expected)
+
+
+def test_a_state_with_an_arrow_extension_type_is_inconsistent(
+    tmp_path: Path, crashed: Path, expected: Path
+) -> None:
+    """A validly signed state whose schema carries an extension type: only the schema
+    check stands between it and Polars (which panicked on it)."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    d = _copy(crashed, tmp_path / "job")
+    newest = sorted((d / "ckpt").glob("cp-*"))[-1]
+    table = ipc.open_stream(pa.BufferReader((newest / "state.arrow").read_bytes())).read_all()
+
+    class Odd(pa.ExtensionType):
+        def __init__(self) -> None:
+            super().__init__(pa.int64(), "forged.odd")
+
+        def __arrow_ext_serialize__(self) -> bytes:
+            return b""
+
+        @classmethod
+        def __arrow_ext_deserialize__(cls, storage_type: pa.DataType, serialized: bytes) -> Odd:
+            return cls()
+
+    odd = pa.ExtensionArray.from_storage(Odd(), pa.array(range(table.num_rows), pa.int64()))
+    forged = table.append_column(pa.field("odd", Odd()), [odd]).replace_schema_metadata(
+        table.schema.metadata)
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, forged.schema) as writer:
+        writer.write_table(forged)
+    data_bytes = sink.getvalue().to_pybytes()
+    (newest / "state.arrow").write_bytes(data_bytes)
+
+    def point_at(doc: dict) -> None:
+        doc["files"]["state"].update(sha256=hashlib.sha256(data_bytes).hexdigest(),
+                                     bytes=len(data_bytes))
+        doc["state"]["sha256"] = doc["files"]["state"]["sha256"]
+    _reseal(newest / "MANIFEST.json", point_at)
+    data = _verify_guarded(d, None)
+    verdict = data["checkpoints"][-1]
+    assert (verdict["verdict"], verdict["reason"]) == (INCONSISTENT, "STATE_SCHEMA"), verdict
+    assert "forged.odd" in verdict["message"]
+    assert data["resume_from"] == data["checkpoints"][-2]["id"]
+    res = _guarded(["run", str(d / "spec.toml"), "--quiet"], None)
+    assert res.returncode == 0 and "panic" not in res.stderr, res.stderr
     assert_same_output(d, expected)

@@ -50,7 +50,7 @@ def _tamper(db: str, url: str, name: str, how: str) -> None:
     """Damage blob ``name`` behind the store's back: flip a byte, truncate, delete."""
     if db == "sqlite":
         conn = sqlite3.connect(url.removeprefix("sqlite:///"))
-        q, table = "?", "checkpoint_files"
+        q, table = "?", "sealstream_checkpoint_files"
     else:
         import psycopg
 

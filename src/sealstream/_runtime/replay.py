@@ -190,7 +190,8 @@ def start_from_checkpoint(p: Pipeline, cid: int) -> tuple[StartPoint, dict[str, 
             f"--from {cid}: no checkpoint {cid} in {store.location} (present: {have})"
         )
     policy = guard.Policy(key=checkpoint_key(), pipeline=p.name, fingerprint=p.fingerprint())
-    v = guard.judge(store.evidence(cid), store.verified_parent(cid, policy.key), policy)
+    v = guard.judge(store.evidence(cid, policy.key),
+                    store.verified_parent(cid, policy.key), policy)
     if not v.ok or v.manifest is None:
         hint = ("replay with the definition that wrote it, or use --from start"
                 if v.reason in ("FINGERPRINT_MISMATCH", "OTHER_PIPELINE")

@@ -5,9 +5,10 @@ manifest's bytes, facts about each file, what the state file's metadata
 says, the parsed receipts) and the guard decides:
 
 * ``PARTIAL_CHECKPOINT_REJECT`` — a component is missing or unreadable: no or
-  truncated manifest, no signature, a referenced file absent or cut short
-  (shorter than recorded and not a whole file), no emission receipts. Recovery
-  falls back to the previous one.
+  truncated manifest (or one over the size or nesting bound of
+  :func:`~sealstream.checkpoint.manifest.load_json`), no signature, a referenced
+  file absent or cut short (shorter than recorded and not a whole file), no emission
+  receipts. Recovery falls back to the previous one.
 * ``INCONSISTENT_STATE`` — everything is present but does not cohere: a hash
   mismatch, a signature that does not verify (wrong key, tampering, unsigned
   while a key is set, signed but read without the key), a manifest watermark
@@ -15,13 +16,18 @@ says, the parsed receipts) and the guard decides:
   closed, positions or watermark lower than the parent's, another pipeline's
   checkpoint, a different pipeline fingerprint, or older than a freshness
   limit; an encrypted file that does not decrypt (no key, another key, altered)
-  or a plaintext one while encryption is required. Recovery rejects it and
+  or a plaintext one while encryption is required; a file name no writer produces
+  (``FILE_PATH_INVALID``: absolute, ``..``, another checkpoint's own file), a name
+  that holds no regular file (``NOT_A_REGULAR_FILE``), an Arrow file with an
+  extension type or a type no state has (``STATE_SCHEMA``). Recovery rejects it and
   falls back.
 * ``ATOMIC_CHECKPOINT`` — every component present and verified, signature
   valid: resume from it.
 
 Checks run in that order (presence before coherence), so the reason given is
-the first problem found.
+the first problem found; except that when the store was given the key and found
+the signature bad, it read no file the manifest names (``Evidence.unread``), and
+the verdict is the signature's.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sealstream.checkpoint.manifest import RECEIPTS_NAME, signature_ok
+from sealstream.checkpoint.manifest import RECEIPTS_NAME, load_json, path_problem, signature_ok
 
 ATOMIC = "ATOMIC_CHECKPOINT"
 PARTIAL = "PARTIAL_CHECKPOINT_REJECT"
@@ -80,6 +86,17 @@ class Evidence:
     #: (reason code, message) when the manifest could not be decrypted (``manifest``
     #: is then None) or is plaintext although encryption is required
     manifest_problem: tuple[str, str] | None = None
+    #: the signature's reason code when the store, given the key, found that the
+    #: manifest's signature does not verify and so read none of the files it names
+    unread: str | None = None
+    #: why an Arrow file (state, base, delta, suppression) has columns a state does
+    #: not have (an extension type, an unexpected type): "<path>: <problem>"
+    schema_error: str | None = None
+
+
+#: ``store.evidence(cid, key=UNCHECKED)``: read the files without checking the
+#: signature first (the guard still checks it)
+UNCHECKED: Any = type("Unchecked", (), {"__repr__": lambda self: "UNCHECKED"})()
 
 
 #: Reasons the store gives for files it could not decrypt (see checkpoint.crypto).
@@ -161,10 +178,11 @@ def judge(ev: Evidence, parent: Mapping[str, Any] | None, policy: Policy) -> Ver
     """
     try:
         return _judge(ev, parent, policy)
-    except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError,
+            RecursionError) as exc:
         doc = None
         try:
-            parsed = json.loads(ev.manifest or b"")
+            parsed = load_json(ev.manifest or b"")
             doc = parsed if isinstance(parsed, dict) else None
         except ValueError:
             pass
@@ -186,10 +204,12 @@ def _judge(ev: Evidence, parent: Mapping[str, Any] | None, policy: Policy) -> Ve
         return _verdict(ev, PARTIAL, "NO_MANIFEST", f"checkpoint {cid} has no manifest "
                         "(its writer stopped before publishing it)")
     try:
-        doc = json.loads(ev.manifest)
+        doc = load_json(ev.manifest, "manifest")
     except (json.JSONDecodeError, UnicodeDecodeError):
         return _verdict(ev, PARTIAL, "MANIFEST_UNREADABLE",
                         f"checkpoint {cid}: manifest is truncated or unreadable")
+    except ValueError as exc:  # over the size or nesting bound: never a writer's
+        return _verdict(ev, PARTIAL, "MANIFEST_UNREADABLE", f"checkpoint {cid}: {exc}")
     if not isinstance(doc, dict):
         return _verdict(ev, PARTIAL, "MANIFEST_UNREADABLE",
                         f"checkpoint {cid}: manifest is not a JSON object")
@@ -214,7 +234,25 @@ def _judge(ev: Evidence, parent: Mapping[str, Any] | None, policy: Policy) -> Ve
         ):
             return _verdict(ev, PARTIAL, "MANIFEST_INCOMPLETE",
                             f"checkpoint {cid}: file entry {role!r} is malformed", doc)
+    if ev.unread is not None:
+        # the store found the signature bad and read nothing the manifest names
+        ok, code = signature_ok(doc, policy.key)
+        if ok:
+            return _verdict(ev, PARTIAL, "FILES_UNREAD",
+                            f"checkpoint {cid}: files were not read (the store checked the "
+                            "signature with another key)", doc)
+        return _signature_verdict(ev, cid, code, doc)
+    for role, entry in sorted(files.items()):
+        bad_path = path_problem(cid, str(role), entry["path"])
+        if bad_path is not None or entry["bytes"] < 0:
+            why = bad_path or "has a negative size"
+            return _verdict(ev, INCONSISTENT, "FILE_PATH_INVALID",
+                            f"checkpoint {cid}: {role} file {entry['path'][:200]!r} {why}", doc)
+    for role, entry in sorted(files.items()):
         fact = ev.files.get(str(entry["path"]), FileFact(False))
+        if fact.problem is not None and fact.problem[0] == "NOT_A_REGULAR_FILE":
+            return _verdict(ev, INCONSISTENT, "NOT_A_REGULAR_FILE",
+                            f"checkpoint {cid}: {role} file {fact.problem[1]}", doc)
         if not fact.exists:
             code = "NO_RECEIPTS" if str(entry["path"]).endswith(RECEIPTS_NAME) else "FILE_MISSING"
             what = "emission receipts" if code == "NO_RECEIPTS" else f"{role} file"
@@ -230,16 +268,7 @@ def _judge(ev: Evidence, parent: Mapping[str, Any] | None, policy: Policy) -> Ve
     # ---------------------------------------------------------------- coherence
     ok, code = signature_ok(doc, policy.key)
     if not ok:
-        messages = {
-            "UNSIGNED_WITH_KEY": "is unsigned (sha256) but SEALSTREAM_CHECKPOINT_KEY is set",
-            "SIGNED_WITHOUT_KEY": "is signed (hmac-sha256) but SEALSTREAM_CHECKPOINT_KEY is "
-            "not set",
-            "SIGNATURE_MISMATCH": "signature does not verify (wrong key or altered manifest)",
-            "UNKNOWN_SIGNATURE_ALG": "uses an unknown signature algorithm",
-            "NO_SIGNATURE": "has a malformed signature",
-        }
-        verdict = PARTIAL if code == "NO_SIGNATURE" else INCONSISTENT
-        return _verdict(ev, verdict, code, f"checkpoint {cid}: {messages[code]}", doc)
+        return _signature_verdict(ev, cid, code, doc)
     for role, entry in sorted(files.items()):
         problem = ev.files[str(entry["path"])].problem
         if problem is not None:
@@ -252,6 +281,9 @@ def _judge(ev: Evidence, parent: Mapping[str, Any] | None, policy: Policy) -> Ve
             return _verdict(ev, INCONSISTENT, "HASH_MISMATCH",
                             f"checkpoint {cid}: {role} file {entry['path']} does not match its "
                             "SHA-256 in the manifest", doc)
+    if ev.schema_error is not None:
+        return _verdict(ev, INCONSISTENT, "STATE_SCHEMA",
+                        f"checkpoint {cid}: {ev.schema_error}", doc)
     if ev.state_error is not None or ev.state_meta is None:
         return _verdict(ev, PARTIAL, "STATE_UNREADABLE",
                         f"checkpoint {cid}: state cannot be read ({ev.state_error})", doc)
@@ -302,6 +334,20 @@ def _judge(ev: Evidence, parent: Mapping[str, Any] | None, policy: Policy) -> Ve
                             f"checkpoint {cid} is {age} ms old, over the limit of "
                             f"{policy.max_age_ms} ms", doc)
     return _verdict(ev, ATOMIC, "OK", f"checkpoint {cid} is complete and verified", doc)
+
+
+_SIGNATURE_MESSAGES = {
+    "UNSIGNED_WITH_KEY": "is unsigned (sha256) but SEALSTREAM_CHECKPOINT_KEY is set",
+    "SIGNED_WITHOUT_KEY": "is signed (hmac-sha256) but SEALSTREAM_CHECKPOINT_KEY is not set",
+    "SIGNATURE_MISMATCH": "signature does not verify (wrong key or altered manifest)",
+    "UNKNOWN_SIGNATURE_ALG": "uses an unknown signature algorithm",
+    "NO_SIGNATURE": "has a malformed signature",
+}
+
+
+def _signature_verdict(ev: Evidence, cid: int, code: str, doc: Mapping[str, Any]) -> Verdict:
+    verdict = PARTIAL if code == "NO_SIGNATURE" else INCONSISTENT
+    return _verdict(ev, verdict, code, f"checkpoint {cid}: {_SIGNATURE_MESSAGES[code]}", doc)
 
 
 def _regression(doc: Mapping[str, Any], parent: Mapping[str, Any]) -> tuple[str, str] | None:

@@ -13,6 +13,18 @@ all components together:
 File hashes and sizes are those of the plaintext. With encryption at rest
 (:mod:`sealstream.checkpoint.crypto`) the store encrypts the manifest's bytes as
 sealed here and every file after hashing, and decrypts before anything is verified.
+
+What a reader trusts before the signature is checked is kept small:
+
+* every JSON document read from a store (manifests, receipts) goes through
+  :func:`load_json`, which refuses a document over :data:`MAX_JSON_BYTES` or nested
+  deeper than :data:`MAX_JSON_DEPTH` (ValueError) instead of exhausting memory or
+  the interpreter's stack;
+* a file the manifest names must have one of the names a writer produces
+  (:func:`path_problem`): ``cp-<12 digits>/<file>`` in the checkpoint's own
+  directory, or, for an incremental checkpoint's ``base`` snapshot and ``delta:N``
+  files, in the directory of an older checkpoint. Never an absolute path, ``..``,
+  or any other name.
 """
 
 from __future__ import annotations
@@ -21,6 +33,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 from typing import Any
 
 FORMAT_VERSION = 1
@@ -33,6 +46,68 @@ SUPPRESS_NAME = "suppress.arrow"
 KEY_ENV = "SEALSTREAM_CHECKPOINT_KEY"
 ALG_HMAC = "hmac-sha256"
 ALG_PLAIN = "sha256"
+
+#: the largest JSON document (manifest, receipts) read from a store; a manifest of
+#: thousands of partitions is well under 1 MiB
+MAX_JSON_BYTES = 8 << 20
+#: the deepest nesting of a JSON document read from a store (a manifest needs 5)
+MAX_JSON_DEPTH = 64
+
+_PATH = re.compile(r"cp-([0-9]{12})/([A-Za-z0-9._-]+)")
+#: the file names each role may have (what the writer produces)
+_ROLE_NAMES = {
+    "state": (STATE_NAME, DELTA_NAME),
+    "receipts": (RECEIPTS_NAME,),
+    "suppress": (SUPPRESS_NAME,),
+    "base": (STATE_NAME,),
+}
+_DELTA_ROLE = "delta:"
+
+
+def load_json(data: bytes | str, what: str = "document") -> Any:
+    """Parse a JSON document read from a store, within bounds: ValueError (naming
+    ``what``) when it is larger than :data:`MAX_JSON_BYTES`, nested deeper than
+    :data:`MAX_JSON_DEPTH`, or not JSON."""
+    if len(data) > MAX_JSON_BYTES:
+        raise ValueError(f"{what} is larger than {MAX_JSON_BYTES} bytes")
+    try:
+        doc = json.loads(data)
+    except RecursionError:
+        raise ValueError(f"{what} is nested deeper than {MAX_JSON_DEPTH} levels") from None
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    while stack:  # iteratively: a recursive walk is what must not be done here
+        value, depth = stack.pop()
+        if isinstance(value, dict | list):
+            if depth > MAX_JSON_DEPTH:
+                raise ValueError(f"{what} is nested deeper than {MAX_JSON_DEPTH} levels")
+            items = value.values() if isinstance(value, dict) else value
+            stack.extend((v, depth + 1) for v in items if isinstance(v, dict | list))
+    return doc
+
+
+def path_problem(cid: int, role: str, path: str) -> str | None:
+    """Why ``path``, named by checkpoint ``cid``'s manifest for ``role``, is not a
+    name the writer produces (None when it is). Checked before anything is read."""
+    m = _PATH.fullmatch(path)
+    if m is None:
+        return "is not a plain checkpoint file name (cp-<id>/<file>)"
+    owner, name = int(m.group(1)), m.group(2)
+    if role.startswith(_DELTA_ROLE):
+        if not role[len(_DELTA_ROLE):].isdigit() or int(role[len(_DELTA_ROLE):]) != owner:
+            return "is not the delta file of the checkpoint its role names"
+        names: tuple[str, ...] = (DELTA_NAME,)
+    elif role in _ROLE_NAMES:
+        names = _ROLE_NAMES[role]
+    else:
+        return f"has an unknown role {role!r}"
+    if name not in names:
+        return f"is not a {role} file name ({' or '.join(names)})"
+    if role in ("base",) or role.startswith(_DELTA_ROLE):
+        if owner >= cid:
+            return "names a checkpoint that is not older than this one"
+    elif owner != cid:
+        return "is not in this checkpoint's own directory"
+    return None
 
 
 def checkpoint_key() -> bytes | None:

@@ -5,30 +5,52 @@ directory; ``sqlite:////abs/ckpt.db`` for an absolute path). Several jobs may
 share one database: every row carries the pipeline name and a store only ever
 sees its own pipeline's rows.
 
-Tables::
+Tables (prefixed ``sealstream_`` as in PostgreSQL, so that they do not collide
+with the user's own tables when the database also holds results)::
 
-    checkpoints(pipeline, id, created)            one row per checkpoint id in use
-    checkpoint_files(pipeline, id, name, data)    every blob, the manifest included,
-                                                  named as in a checkpoint directory
-                                                  (``cp-000000000012/state.arrow``)
-    rejected(seq, pipeline, id, reason, moved_at, name, data)
-                                                  checkpoints moved aside: kept, never
-                                                  deleted
+    sealstream_checkpoints(pipeline, id, created)   one row per checkpoint id in use
+    sealstream_checkpoint_files(pipeline, id, name, data)
+                                                    every blob, the manifest included,
+                                                    named as in a checkpoint directory
+                                                    (``cp-000000000012/state.arrow``)
+    sealstream_rejected(seq, pipeline, id, reason, moved_at, name, data)
+                                                    checkpoints moved aside: kept, never
+                                                    deleted
+    sealstream_lock_holders(pipeline, holder)       who holds each job's lock (for
+                                                    messages only)
 
-Protocol: the ``checkpoints`` row is inserted first (an INSERT that fails when the
-id is taken: create-if-absent), then each file in its own committed transaction,
-then the manifest row in a last transaction that fails when a manifest exists:
-**that commit is the publish**. A crash before it leaves a checkpoint without a
-manifest (partial, ``NO_MANIFEST``), exactly like a directory without
-``MANIFEST.json``. ``synchronous=FULL`` makes every commit durable. Moving aside
-and deleting are one transaction each, so no half-deleted checkpoint exists.
+Migration: a database written before the prefix (tables ``checkpoints``,
+``checkpoint_files``, ``rejected`` with exactly the columns above) is renamed to the
+prefixed names in one transaction when it is first opened; tables of those names
+with other columns are the user's and are left alone.
 
-Lock: one writer per job is enforced with an OS lock (``fcntl.flock``) on a
-sidecar file ``<db>.lock.<pipeline>`` next to the database, which holds the
-holder's pid, host and start time. A lock held by an open SQLite transaction
-for the job's lifetime would block every other job sharing the file (and WAL
-checkpointing), so the database itself is never locked longer than one write.
-Like the directory store's lock, it is released when the process dies.
+Protocol: the ``sealstream_checkpoints`` row is inserted first (an INSERT that fails
+when the id is taken: create-if-absent), then each file in its own committed
+transaction, then the manifest row in a last transaction that fails when a manifest
+exists: **that commit is the publish**. A crash before it leaves a checkpoint without
+a manifest (partial, ``NO_MANIFEST``), exactly like a directory without
+``MANIFEST.json``. ``synchronous=FULL`` makes every commit durable. Moving aside and
+deleting are one transaction each, so no half-deleted checkpoint exists.
+
+Lock: one writer per job, on the database file's identity. The lock is an open file
+description lock (``F_OFD_SETLK``) on one byte of the database file itself, at an
+offset derived from the pipeline name far beyond the bytes SQLite locks: the kernel
+keys it on the file (device and inode), so a database reached through a symbolic
+link, another spelling of its path or a hard link is the same lock, and there is no
+sidecar file that could be replaced by a link. The kernel releases it when the
+process dies, however it dies. The descriptor it is held on stays open for the rest
+of the process, one per database file (POSIX drops every lock a process holds on a
+file when it closes any descriptor of it, SQLite's own included). The holder's pid,
+host and start time are recorded in ``sealstream_lock_holders`` for messages. Where
+the platform has no OFD locks, an ``flock`` on the sidecar
+``<resolved db>.lock.<pipeline>-<hash>`` is used instead.
+
+A database file owned by another user or writable by group or others is refused for
+a run (CheckpointError saying to chmod it), as a checkpoint directory is; so is a
+database file with hard links (SQLite keeps its ``-wal`` per name: a commit made
+through one name would be invisible through another after a crash). Its
+directory is not checked: it is often a shared project directory, and nothing of
+ours is created there (SQLite creates its ``-wal`` and ``-shm`` files beside it).
 
 Encryption at rest works as in the directory store: each blob is an AES-256-GCM
 envelope bound to its name.
@@ -37,15 +59,23 @@ envelope bound to its name.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
+import json
 import os
 import re
+import socket
 import sqlite3
+import stat
+import struct
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from sealstream._fs import os_reason
 from sealstream.checkpoint import crypto
 from sealstream.checkpoint.manifest import MANIFEST_NAME
 from sealstream.checkpoint.store import (
@@ -54,25 +84,25 @@ from sealstream.checkpoint.store import (
     file_lock_holder,
     hold_file_lock,
 )
-from sealstream.errors import CheckpointError
-from sealstream.sinks._files import os_reason
+from sealstream.errors import CheckpointError, LockHeldError
 
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS checkpoints (
+CREATE TABLE IF NOT EXISTS sealstream_checkpoints (
     pipeline TEXT NOT NULL,
     id INTEGER NOT NULL,
     created TEXT NOT NULL,
     PRIMARY KEY (pipeline, id)
 );
-CREATE TABLE IF NOT EXISTS checkpoint_files (
+CREATE TABLE IF NOT EXISTS sealstream_checkpoint_files (
     pipeline TEXT NOT NULL,
     id INTEGER NOT NULL,
     name TEXT NOT NULL,
     data BLOB NOT NULL,
     PRIMARY KEY (pipeline, name)
 );
-CREATE INDEX IF NOT EXISTS checkpoint_files_by_id ON checkpoint_files (pipeline, id);
-CREATE TABLE IF NOT EXISTS rejected (
+CREATE INDEX IF NOT EXISTS sealstream_checkpoint_files_by_id
+    ON sealstream_checkpoint_files (pipeline, id);
+CREATE TABLE IF NOT EXISTS sealstream_rejected (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     pipeline TEXT NOT NULL,
     id INTEGER NOT NULL,
@@ -81,7 +111,46 @@ CREATE TABLE IF NOT EXISTS rejected (
     name TEXT,
     data BLOB
 );
+CREATE TABLE IF NOT EXISTS sealstream_lock_holders (
+    pipeline TEXT PRIMARY KEY,
+    holder TEXT NOT NULL
+);
 """
+
+#: the tables of the layout before the ``sealstream_`` prefix, with their columns
+_OLD_TABLES = {
+    "checkpoints": ["pipeline", "id", "created"],
+    "checkpoint_files": ["pipeline", "id", "name", "data"],
+    "rejected": ["seq", "pipeline", "id", "reason", "moved_at", "name", "data"],
+}
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
+    return [str(r[1]) for r in conn.execute(f"PRAGMA table_info({table})").fetchall()]
+
+
+def _tables(conn: sqlite3.Connection) -> set[str]:
+    return {str(r[0]) for r in
+            conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()}
+
+
+def migrate(conn: sqlite3.Connection) -> list[str]:
+    """Rename the tables of the unprefixed layout to their ``sealstream_`` names, in one
+    transaction, when the prefixed ones do not exist yet; returns the tables renamed.
+    Only tables with exactly the old columns are ours: any other is left alone."""
+    if not _OLD_TABLES.keys() & _tables(conn):
+        return []
+    with immediate(conn):
+        present = _tables(conn)
+        moved = [t for t, cols in _OLD_TABLES.items()
+                 if t in present and f"sealstream_{t}" not in present
+                 and _columns(conn, t) == cols]
+        if "checkpoint_files" not in moved:
+            return []  # not our layout (a user's table that shares a name)
+        for t in moved:
+            conn.execute(f"ALTER TABLE {t} RENAME TO sealstream_{t}")
+        conn.execute("DROP INDEX IF EXISTS checkpoint_files_by_id")
+    return moved
 
 
 @contextlib.contextmanager
@@ -110,10 +179,52 @@ def _stamp() -> str:
 
 
 def lock_path(db: Path, pipeline: str) -> Path:
-    """The sidecar lock file of ``pipeline`` in database ``db``."""
+    """The sidecar lock file of ``pipeline`` in database ``db`` where the platform has
+    no OFD locks: next to the file the path resolves to."""
+    real = db.resolve()
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", pipeline)[:64]
     tag = hashlib.sha256(pipeline.encode()).hexdigest()[:8]
-    return db.with_name(f"{db.name}.lock.{safe}-{tag}")
+    return real.with_name(f"{real.name}.lock.{safe}-{tag}")
+
+
+_OFD = hasattr(fcntl, "F_OFD_SETLK")
+#: lock bytes start far past anything SQLite locks (its lock bytes sit at 1 GiB)
+_LOCK_BASE = 1 << 62
+_FLOCK = "hhqqi4x"  # struct flock: l_type, l_whence, l_start, l_len, l_pid (+ padding)
+#: (st_dev, st_ino) -> a descriptor of that database file, kept open (see the module doc)
+_FDS: dict[tuple[int, int], int] = {}
+#: (st_dev, st_ino, pipeline) -> holder, for the locks this process holds
+_HELD: dict[tuple[int, int, str], str] = {}
+_GUARD = threading.Lock()
+
+
+def _lock_offset(pipeline: str) -> int:
+    return _LOCK_BASE + int(hashlib.sha256(pipeline.encode()).hexdigest()[:10], 16)
+
+
+def _identity_fd(db: Path) -> tuple[tuple[int, int], int]:
+    """The (device, inode) of database ``db`` and the descriptor kept for it."""
+    st = os.stat(db)
+    ident = (st.st_dev, st.st_ino)
+    with _GUARD:
+        fd = _FDS.get(ident)
+        if fd is None:
+            try:
+                fd = os.open(db, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+            except PermissionError:
+                fd = os.open(db, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            if (os.fstat(fd).st_dev, os.fstat(fd).st_ino) != ident:  # replaced meanwhile
+                os.close(fd)
+                raise OSError(errno.EAGAIN, "the database file was replaced while opened")
+            _FDS[ident] = fd
+    return ident, fd
+
+
+def _ofd(fd: int, cmd: int, kind: int, offset: int) -> int:
+    """One fcntl OFD lock call on byte ``offset``; returns the l_type reported."""
+    arg = struct.pack(_FLOCK, kind, os.SEEK_SET, offset, 1, 0)
+    res = fcntl.fcntl(fd, cmd, arg)
+    return int(struct.unpack(_FLOCK, res)[0])
 
 
 def pipelines_in(db: Path) -> list[str]:
@@ -123,9 +234,12 @@ def pipelines_in(db: Path) -> list[str]:
     try:
         conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
         try:
+            prefix = "sealstream_" if "sealstream_checkpoints" in _tables(conn) else ""
+            if f"{prefix}checkpoints" not in _tables(conn):
+                return []
             rows = conn.execute(
-                "SELECT pipeline FROM checkpoints UNION SELECT pipeline FROM rejected"
-            ).fetchall()
+                f"SELECT pipeline FROM {prefix}checkpoints "
+                f"UNION SELECT pipeline FROM {prefix}rejected").fetchall()
         finally:
             conn.close()
     except sqlite3.Error as exc:
@@ -162,6 +276,7 @@ class SqliteCheckpointStore(CheckpointStore):
                                        check_same_thread=False)
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=FULL")
+                migrate(conn)
                 conn.executescript(SCHEMA)
             except OSError as exc:
                 raise CheckpointError(
@@ -194,29 +309,29 @@ class SqliteCheckpointStore(CheckpointStore):
 
     def ids(self) -> list[int]:
         return [int(r[0]) for r in
-                self._query("SELECT id FROM checkpoints WHERE pipeline = ? ORDER BY id")]
+                self._query("SELECT id FROM sealstream_checkpoints WHERE pipeline = ? ORDER BY id")]
 
     def max_id_ever(self) -> int:
         rows = self._query(
-            "SELECT MAX(id) FROM (SELECT id FROM checkpoints WHERE pipeline = ?1 "
-            "UNION ALL SELECT id FROM rejected WHERE pipeline = ?1)"
+            "SELECT MAX(id) FROM (SELECT id FROM sealstream_checkpoints WHERE pipeline = ?1 "
+            "UNION ALL SELECT id FROM sealstream_rejected WHERE pipeline = ?1)"
         )
         return int(rows[0][0]) if rows and rows[0][0] is not None else 0
 
     def _raw(self, rel: str) -> bytes | None:
         rows = self._query(
-            "SELECT data FROM checkpoint_files WHERE pipeline = ? AND name = ?", rel)
+            "SELECT data FROM sealstream_checkpoint_files WHERE pipeline = ? AND name = ?", rel)
         return bytes(rows[0][0]) if rows else None
 
     def _names(self, cid: int) -> list[str]:
         return [str(r[0]) for r in self._query(
-            "SELECT name FROM checkpoint_files WHERE pipeline = ? AND id = ? ORDER BY name",
-            cid)]
+            "SELECT name FROM sealstream_checkpoint_files WHERE pipeline = ? AND id = ? "
+            "ORDER BY name", cid)]
 
     def rejected(self) -> list[dict[str, Any]]:
         """The checkpoints moved aside (evidence), oldest move first."""
         rows = self._query(
-            "SELECT id, reason, moved_at, COUNT(name) FROM rejected WHERE pipeline = ? "
+            "SELECT id, reason, moved_at, COUNT(name) FROM sealstream_rejected WHERE pipeline = ? "
             "GROUP BY id, reason, moved_at ORDER BY MIN(seq)")
         return [{"id": int(r[0]), "reason": r[1], "moved_at": r[2], "files": int(r[3])}
                 for r in rows]
@@ -236,13 +351,14 @@ class SqliteCheckpointStore(CheckpointStore):
         mrel = f"{d}/{MANIFEST_NAME}"
         claimed = False
         try:
-            conn.execute("INSERT INTO checkpoints (pipeline, id, created) VALUES (?, ?, ?)",
-                         (self.pipeline, cid, _stamp()))
+            conn.execute("INSERT INTO sealstream_checkpoints (pipeline, id, created) "
+                         "VALUES (?, ?, ?)", (self.pipeline, cid, _stamp()))
             claimed = True
             for name, data in files.items():
                 rel = f"{d}/{name}"
                 conn.execute(
-                    "INSERT INTO checkpoint_files (pipeline, id, name, data) VALUES (?, ?, ?, ?)",
+                    "INSERT INTO sealstream_checkpoint_files (pipeline, id, name, data) "
+                    "VALUES (?, ?, ?, ?)",
                     (self.pipeline, cid, rel, self._seal(rel, data)))
                 if crash is not None:
                     crash(f"after_write_{name.split('.')[0]}")
@@ -254,7 +370,7 @@ class SqliteCheckpointStore(CheckpointStore):
                 if in_publish is not None:
                     in_publish(conn)
                 conn.execute(
-                    "INSERT INTO checkpoint_files (pipeline, id, name, data) "
+                    "INSERT INTO sealstream_checkpoint_files (pipeline, id, name, data) "
                     "VALUES (?, ?, ?, ?)", (self.pipeline, cid, mrel, sealed))
         except sqlite3.Error as exc:
             if claimed and not conn.in_transaction and self._raw(mrel) is None:
@@ -268,9 +384,9 @@ class SqliteCheckpointStore(CheckpointStore):
 
     def _drop(self, conn: sqlite3.Connection, cid: int) -> None:
         with immediate(conn):
-            conn.execute("DELETE FROM checkpoint_files WHERE pipeline = ? AND id = ?",
+            conn.execute("DELETE FROM sealstream_checkpoint_files WHERE pipeline = ? AND id = ?",
                          (self.pipeline, cid))
-            conn.execute("DELETE FROM checkpoints WHERE pipeline = ? AND id = ?",
+            conn.execute("DELETE FROM sealstream_checkpoints WHERE pipeline = ? AND id = ?",
                          (self.pipeline, cid))
 
     def move_aside(self, cid: int, reason: str) -> str | None:
@@ -283,19 +399,20 @@ class SqliteCheckpointStore(CheckpointStore):
         try:
             with immediate(conn):  # nothing deleted when it was gone: commits nothing
                 gone = conn.execute(
-                    "DELETE FROM checkpoints WHERE pipeline = ? AND id = ?",
+                    "DELETE FROM sealstream_checkpoints WHERE pipeline = ? AND id = ?",
                     (self.pipeline, cid)).rowcount == 0
                 if not gone:
                     cur = conn.execute(
-                        "INSERT INTO rejected (pipeline, id, reason, moved_at, name, data) "
-                        "SELECT pipeline, id, ?, ?, name, data FROM checkpoint_files "
+                        "INSERT INTO sealstream_rejected "
+                        "(pipeline, id, reason, moved_at, name, data) "
+                        "SELECT pipeline, id, ?, ?, name, data FROM sealstream_checkpoint_files "
                         "WHERE pipeline = ? AND id = ?", (reason, stamp, self.pipeline, cid))
                     if cur.rowcount == 0:  # no blob at all: keep a row saying so
                         conn.execute(
-                            "INSERT INTO rejected (pipeline, id, reason, moved_at) "
+                            "INSERT INTO sealstream_rejected (pipeline, id, reason, moved_at) "
                             "VALUES (?, ?, ?, ?)", (self.pipeline, cid, reason, stamp))
-                    conn.execute("DELETE FROM checkpoint_files WHERE pipeline = ? AND id = ?",
-                                 (self.pipeline, cid))
+                    conn.execute("DELETE FROM sealstream_checkpoint_files "
+                                 "WHERE pipeline = ? AND id = ?", (self.pipeline, cid))
             if gone:
                 return None
         except sqlite3.Error as exc:
@@ -319,11 +436,109 @@ class SqliteCheckpointStore(CheckpointStore):
     # ------------------------------------------------------------ lock
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        """Hold this pipeline's run lock; raise LockHeldError naming the holder."""
-        self.ensure_root()
+        """Hold this pipeline's run lock on the database file's identity; raise
+        LockHeldError naming the holder, CheckpointError when the database file is
+        not private to this user."""
         what = f"checkpoints of pipeline {self.pipeline!r} in {self.location}"
-        with hold_file_lock(lock_path(self.root, self.pipeline), what):
+        if os.path.lexists(self.root):
+            self._check_private()  # before SQLite opens it (and its -wal) at all
+        self.ensure_root()
+        self._check_private()
+        if not _OFD:  # pragma: no cover - platforms without OFD locks
+            with hold_file_lock(lock_path(self.root, self.pipeline), what):
+                yield
+            return
+        try:
+            ident, fd = _identity_fd(self.root)
+        except OSError as exc:
+            raise CheckpointError(f"cannot lock {what}: {os_reason(exc)}") from None
+        key = (*ident, self.pipeline)
+        offset = _lock_offset(self.pipeline)
+        holder = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                             "started": _stamp()})
+        with _GUARD:
+            mine = _HELD.get(key)
+            if mine is None:
+                try:
+                    _ofd(fd, fcntl.F_OFD_SETLK, fcntl.F_WRLCK, offset)
+                except BlockingIOError:
+                    mine = self._holder() or "unknown"
+                except OSError as exc:
+                    if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                        raise CheckpointError(f"cannot lock {what}: {os_reason(exc)}") from None
+                    mine = self._holder() or "unknown"
+                else:
+                    _HELD[key] = holder
+        if mine is not None:
+            raise LockHeldError(f"{what} is locked by another run ({mine})")
+        try:
+            self._set_holder(holder)
             yield
+        finally:
+            with contextlib.suppress(CheckpointError):
+                self._set_holder(None)
+            with _GUARD:
+                _HELD.pop(key, None)
+                _ofd(fd, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, offset)
 
     def is_locked(self) -> str | None:
-        return file_lock_holder(lock_path(self.root, self.pipeline))
+        if not _OFD:  # pragma: no cover - platforms without OFD locks
+            return file_lock_holder(lock_path(self.root, self.pipeline))
+        if not self.root.is_file():
+            return None
+        try:
+            ident, fd = _identity_fd(self.root)
+        except OSError:
+            return None
+        with _GUARD:
+            mine = _HELD.get((*ident, self.pipeline))
+        if mine is not None:
+            return mine
+        kind = _ofd(fd, fcntl.F_OFD_GETLK, fcntl.F_WRLCK, _lock_offset(self.pipeline))
+        if kind == fcntl.F_UNLCK:
+            return None
+        return self._holder() or "unknown"
+
+    def _check_private(self) -> None:
+        try:
+            st = os.stat(self.root)
+        except OSError as exc:
+            raise CheckpointError(f"cannot open checkpoint database {self.root}: "
+                                  f"{os_reason(exc)}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise CheckpointError(f"checkpoint database {self.root} is not a regular file")
+        if st.st_nlink > 1:
+            raise CheckpointError(
+                f"refusing checkpoint database {self.root}: it has {st.st_nlink} names (hard "
+                "links), and SQLite keeps its write-ahead log per name, so a commit made "
+                "through one name is lost to the others; remove the other links")
+        if st.st_uid != os.geteuid():
+            raise CheckpointError(
+                f"refusing checkpoint database {self.root}: it is owned by another user "
+                f"(uid {st.st_uid}, not {os.geteuid()}); use a database of your own")
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise CheckpointError(
+                f"refusing checkpoint database {self.root}: it is writable by group or "
+                f"others (mode {stat.S_IMODE(st.st_mode):04o}); run chmod go-w on it")
+
+    def _holder(self) -> str | None:
+        """The recorded holder, or None (also when the database cannot be read now)."""
+        try:
+            rows = self._query("SELECT holder FROM sealstream_lock_holders WHERE pipeline = ?")
+        except CheckpointError:
+            return None
+        return str(rows[0][0]) if rows else None
+
+    def _set_holder(self, holder: str | None) -> None:
+        conn = self._db(create=True)
+        assert conn is not None
+        try:
+            with immediate(conn):
+                conn.execute("DELETE FROM sealstream_lock_holders WHERE pipeline = ?",
+                             (self.pipeline,))
+                if holder is not None:
+                    conn.execute("INSERT INTO sealstream_lock_holders (pipeline, holder) "
+                                 "VALUES (?, ?)", (self.pipeline, holder))
+        except sqlite3.Error as exc:
+            raise CheckpointError(
+                f"cannot record the lock holder in {self.location}: {exc}") from None

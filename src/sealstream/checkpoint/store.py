@@ -15,6 +15,14 @@ file, followed by an fsync of the directory. A checkpoint directory without
 ``MANIFEST.json`` is a partial checkpoint (its writer crashed). Directories
 are created 0700 and files 0600.
 
+Nothing planted is followed or trusted: ``LOCK`` and every checkpoint file are
+opened ``O_NOFOLLOW`` (created ``O_EXCL``), only regular files are read, and at most
+their recorded size (:mod:`sealstream._fs`); a run refuses a checkpoint directory
+owned by another user or writable by group or others. Reading a checkpoint's
+evidence, nothing its manifest names is opened before the manifest passed: bounded
+in size and depth, signature verified when the key is given, every name one the
+writer produces (:func:`~sealstream.checkpoint.manifest.path_problem`).
+
 Encryption at rest: when ``SEALSTREAM_ENCRYPTION_KEY`` (or ``_KEY_FILE``) is set,
 every file of a checkpoint, the manifest included, is written as an AES-256-GCM
 envelope (:mod:`sealstream.checkpoint.crypto`) bound to its path, and decrypted
@@ -28,6 +36,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -39,12 +48,26 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from sealstream._fs import (
+    fsync_dir,
+    fsync_file,
+    open_no_follow,
+    os_reason,
+    private_dir_problem,
+    read_regular,
+)
 from sealstream.checkpoint import crypto
-from sealstream.checkpoint.guard import Evidence, FileFact
-from sealstream.checkpoint.manifest import MANIFEST_NAME, RECEIPTS_NAME, signature_ok
+from sealstream.checkpoint.guard import UNCHECKED, Evidence, FileFact
+from sealstream.checkpoint.manifest import (
+    MANIFEST_NAME,
+    MAX_JSON_BYTES,
+    RECEIPTS_NAME,
+    load_json,
+    path_problem,
+    signature_ok,
+)
 from sealstream.errors import CheckpointError, LockHeldError
-from sealstream.sinks._files import fsync_dir, fsync_file, os_reason
-from sealstream.state.codec import WATERMARK_META, read_metadata
+from sealstream.state.codec import WATERMARK_META, read_metadata, schema_problem
 
 PREFIX = "cp-"
 LOCK_NAME = "LOCK"
@@ -68,11 +91,17 @@ def hold_file_lock(path: Path, what: str) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``path`` (created 0600) for a run; the holder's
     pid, host and start time are written into it. The kernel releases the lock when
     the process dies, however it dies. Raises LockHeldError naming the holder, or
-    CheckpointError when the file cannot be opened. ``what`` names the lock."""
+    CheckpointError when the file cannot be opened: among others when ``path`` is a
+    symbolic link (never followed: its target would be truncated), not a regular
+    file, or a file with other hard links. ``what`` names the lock."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = open_no_follow(path, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError as exc:
-        raise CheckpointError(f"cannot lock {what}: {os_reason(exc)}") from None
+        raise CheckpointError(f"cannot lock {what}: {path} {_refusal(exc)}") from None
+    if os.fstat(fd).st_nlink > 1:
+        os.close(fd)
+        raise CheckpointError(f"cannot lock {what}: {path} has other hard links (it is "
+                              "someone else's file too); remove it and run again")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -92,11 +121,18 @@ def hold_file_lock(path: Path, what: str) -> Iterator[None]:
         os.close(fd)
 
 
+def _refusal(exc: OSError) -> str:
+    if exc.errno == errno.ELOOP:
+        return "is a symbolic link (refused: remove it and run again)"
+    return f"cannot be opened: {os_reason(exc)}"
+
+
 def file_lock_holder(path: Path) -> str | None:
-    """The holder written by :func:`hold_file_lock` while it holds ``path``, else None."""
+    """The holder written by :func:`hold_file_lock` while it holds ``path``, else None
+    (also when ``path`` is not a regular file: no run could hold it)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
+        fd = open_no_follow(path, os.O_RDONLY)
+    except OSError:
         return None
     try:
         try:
@@ -107,6 +143,14 @@ def file_lock_holder(path: Path) -> str | None:
         return None
     finally:
         os.close(fd)
+
+
+def check_private_dir(path: Path, what: str) -> None:
+    """CheckpointError unless directory ``path`` is owned by this user and writable by
+    nobody else (anyone who can write there can plant links or forge checkpoints)."""
+    problem = private_dir_problem(path)
+    if problem is not None:
+        raise CheckpointError(f"refusing {what} {path}: it {problem}")
 
 
 class CheckpointStore(abc.ABC):
@@ -228,24 +272,35 @@ class CheckpointStore(abc.ABC):
         """Release connections (the store can still be used: they reopen)."""
 
     # ------------------------------------------------------------ shared reading
+    def _bounded(self, rel: str, limit: int) -> bytes | None:
+        """At most ``limit + 1`` stored bytes of blob ``rel`` (None when absent), so
+        that a blob longer than ``limit`` shows as longer without being read whole.
+        Raises NotRegularFileError / OSError for a name that holds no regular file
+        (directory stores); CheckpointError when the store cannot be read."""
+        raw = self._raw(rel)
+        return None if raw is None else raw[: limit + 1]
+
     def has_manifest(self, cid: int) -> bool:
         """Whether checkpoint ``cid``'s manifest is stored (readable or not)."""
         return self._raw(f"{checkpoint_dirname(cid)}/{MANIFEST_NAME}") is not None
 
     def read_manifest_bytes(self, cid: int) -> bytes:
         """The manifest's (decrypted) bytes. Raises OSError (FileNotFoundError when
-        absent) or crypto.EnvelopeError (a CheckpointError naming the reason)."""
+        absent, EFBIG when over the size bound) or crypto.EnvelopeError (a
+        CheckpointError naming the reason)."""
         rel = f"{checkpoint_dirname(cid)}/{MANIFEST_NAME}"
-        raw = self._raw(rel)
+        raw = self._bounded(rel, _MANIFEST_LIMIT)
         if raw is None:
             raise FileNotFoundError(2, "No such checkpoint manifest", rel)
+        if len(raw) > _MANIFEST_LIMIT:
+            raise OSError(errno.EFBIG, f"manifest is larger than {MAX_JSON_BYTES} bytes", rel)
         return self._open(rel, raw)
 
     def read_manifest(self, cid: int) -> dict[str, Any] | None:
-        """The parsed manifest, unverified, or None when missing, unreadable or
-        not decryptable (the guard's verdict says why)."""
+        """The parsed manifest, unverified, or None when missing, unreadable, over
+        the size or nesting bounds, or not decryptable (the guard's verdict says why)."""
         try:
-            doc = json.loads(self.read_manifest_bytes(cid))
+            doc = load_json(self.read_manifest_bytes(cid), "manifest")
         except (OSError, ValueError, crypto.EnvelopeError):
             return None
         return doc if isinstance(doc, dict) else None
@@ -262,7 +317,8 @@ class CheckpointStore(abc.ABC):
         an intact child look inconsistent, nor spare a child that went back.
         """
         doc = self.read_manifest(cid)
-        if doc is None or not isinstance(doc.get("parent"), int):
+        if doc is None or isinstance(doc.get("parent"), bool) \
+                or not isinstance(doc.get("parent"), int):
             return None
         named = int(doc["parent"])
         for pid in [named, *sorted((i for i in self.ids() if i < cid and i != named),
@@ -281,63 +337,99 @@ class CheckpointStore(abc.ABC):
         return self._open(relpath, raw)
 
     def files_of(self, cid: int) -> list[str]:
-        """Names of every blob the checkpoint's validity depends on."""
+        """Names of every blob the checkpoint's validity depends on (a name its
+        manifest gives that no writer produces is not one of them)."""
         rel: set[str] = set(self._names(cid))
         doc = self.read_manifest(cid)
         if doc is not None and isinstance(doc.get("files"), dict):
-            for entry in doc["files"].values():
-                if isinstance(entry, dict) and "path" in entry:
-                    rel.add(str(entry["path"]))
+            for role, entry in doc["files"].items():
+                if isinstance(entry, dict) and isinstance(entry.get("path"), str) \
+                        and path_problem(cid, str(role), entry["path"]) is None:
+                    rel.add(entry["path"])
         return sorted(rel)
 
-    def evidence(self, cid: int) -> Evidence:
-        """Read everything the guard needs about checkpoint ``cid``."""
+    def evidence(self, cid: int, key: bytes | None | object = UNCHECKED) -> Evidence:
+        """Read everything the guard needs about checkpoint ``cid``.
+
+        Nothing the manifest names is read before the manifest itself passed: it is
+        bounded in size and nesting, and with ``key`` given (the key the guard will
+        check with; None for "no key"), its signature must verify under it, or no
+        file it names is read at all (``Evidence.unread`` says why). Only names a
+        writer produces are read (:func:`~sealstream.checkpoint.manifest.path_problem`),
+        only regular files, and at most the recorded size (plus the encryption's
+        overhead and one byte, so a longer file shows as longer).
+        """
         mrel = f"{checkpoint_dirname(cid)}/{MANIFEST_NAME}"
         manifest_problem: tuple[str, str] | None = None
-        manifest = self._raw(mrel)
-        if manifest is not None:
+        try:
+            manifest = self._bounded(mrel, _MANIFEST_LIMIT)
+        except OSError as exc:
+            return Evidence(cid, None, manifest_problem=(
+                "NOT_A_REGULAR_FILE", f"{mrel} cannot be opened: {os_reason(exc)}"))
+        if manifest is not None and len(manifest) <= _MANIFEST_LIMIT:
             try:
                 manifest = self._open(mrel, manifest)
             except crypto.EnvelopeError as exc:
                 manifest_problem = (exc.reason, str(exc))
                 manifest = None
-        return self._evidence_from(cid, manifest, manifest_problem)
+        return self._evidence_from(cid, manifest, manifest_problem, key)
 
     def _evidence_from(self, cid: int, manifest: bytes | None,
-                       manifest_problem: tuple[str, str] | None) -> Evidence:
+                       manifest_problem: tuple[str, str] | None,
+                       key: bytes | None | object = UNCHECKED) -> Evidence:
         facts: dict[str, FileFact] = {}
         state_meta: dict[str, Any] | None = None
         state_error: str | None = None
+        schema_error: str | None = None
         receipts: dict[str, Any] | None = None
         doc = None
         if manifest is not None:
             try:
-                doc = json.loads(manifest)
+                doc = load_json(manifest, "manifest")
             except ValueError:
                 doc = None
+        if isinstance(doc, dict) and key is not UNCHECKED:
+            assert key is None or isinstance(key, bytes)
+            ok, code = signature_ok(doc, key)
+            if not ok:  # a manifest that is not authentic: read nothing it names
+                return Evidence(cid, manifest, manifest_problem=manifest_problem,
+                                unread=code)
         if isinstance(doc, dict) and isinstance(doc.get("files"), dict):
             for role, entry in doc["files"].items():
-                if not isinstance(entry, dict) or "path" not in entry:
+                if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
                     continue
-                rel = str(entry["path"])
-                raw = self._raw(rel)
+                rel = entry["path"]
+                size = entry.get("bytes")
+                if path_problem(cid, str(role), rel) is not None \
+                        or isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                    continue  # the guard rejects the entry; never read what it names
+                try:
+                    raw = self._bounded(rel, size + crypto.OVERHEAD)
+                except OSError as exc:
+                    facts[rel] = FileFact(True, 0, "", (
+                        "NOT_A_REGULAR_FILE", f"{rel} cannot be opened: {os_reason(exc)}"))
+                    continue
                 if raw is None:
                     facts[rel] = FileFact(False)
                     continue
                 try:
                     data = self._open(rel, raw)
                 except crypto.EnvelopeError as exc:
-                    size = len(raw)
+                    got = len(raw)
                     if crypto.is_envelope(raw):  # the plaintext size it would hold
-                        size = max(0, size - crypto.OVERHEAD)
-                    facts[rel] = FileFact(True, size, "", (exc.reason, str(exc)))
+                        got = max(0, got - crypto.OVERHEAD)
+                    facts[rel] = FileFact(True, got, "", (exc.reason, str(exc)))
                     continue
                 digest = hashlib.sha256(data).hexdigest()
-                short = len(data) < int(entry.get("bytes", 0) or 0)
+                short = len(data) < size
                 facts[rel] = FileFact(True, len(data), digest,
                                       whole=short and _whole(rel, data))
                 if digest != entry.get("sha256"):
                     continue  # the guard reports the mismatch; never parse unverified bytes
+                if rel.endswith(".arrow"):
+                    problem = schema_problem(data)
+                    if problem is not None and schema_error is None:
+                        schema_error = f"{rel}: {problem}"
                 if role == "state":
                     try:
                         meta = read_metadata(data)
@@ -346,15 +438,17 @@ class CheckpointStore(abc.ABC):
                         state_error = str(exc)
                 elif rel.endswith(RECEIPTS_NAME):
                     try:
-                        parsed = json.loads(data)
+                        parsed = load_json(data, "receipts")
                         receipts = parsed if isinstance(parsed, dict) else None
                     except ValueError:
                         receipts = None
         return Evidence(cid, manifest, facts, state_meta, state_error, receipts,
-                        manifest_problem)
+                        manifest_problem, schema_error=schema_error)
 
 
 _ARROW_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+#: the most bytes of a manifest read (an encrypted one carries the envelope's overhead)
+_MANIFEST_LIMIT = MAX_JSON_BYTES + crypto.OVERHEAD
 
 
 def _whole(rel: str, data: bytes) -> bool:
@@ -365,7 +459,7 @@ def _whole(rel: str, data: bytes) -> bool:
         return data.endswith(_ARROW_EOS)
     if rel.endswith(".json"):
         try:
-            json.loads(data)
+            load_json(data)
         except ValueError:
             return False
         return True
@@ -411,16 +505,32 @@ class LocalCheckpointStore(CheckpointStore):
     def path_of(self, cid: int) -> Path:
         return self.root / checkpoint_dirname(cid)
 
+    def _path(self, rel: str) -> Path | None:
+        """The file of blob ``rel``, or None for a name outside the store (absolute,
+        with ``..``): never opened."""
+        parts = Path(rel).parts
+        if not parts or Path(rel).is_absolute() or ".." in parts:
+            return None
+        return self.root / rel
+
     def _raw(self, rel: str) -> bytes | None:
-        path = self.root / rel
-        if ".." in Path(rel).parts:
+        return self._read(rel, None)
+
+    def _bounded(self, rel: str, limit: int) -> bytes | None:
+        return self._read(rel, limit)
+
+    def _read(self, rel: str, limit: int | None) -> bytes | None:
+        path = self._path(rel)
+        if path is None:
             return None
         try:
-            return path.read_bytes()
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return read_regular(path, limit)
+        except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:
-            raise CheckpointError(f"cannot read {path}: {os_reason(exc)}") from None
+            if limit is not None:
+                raise  # the evidence records it (a FIFO, a link, a device)
+            raise CheckpointError(f"cannot read {path}: {_refusal(exc)}") from None
 
     def _names(self, cid: int) -> list[str]:
         d = self.path_of(cid)
@@ -434,12 +544,16 @@ class LocalCheckpointStore(CheckpointStore):
 
     # ------------------------------------------------------------ writing
     def ensure_root(self) -> None:
+        """Create the directory (0700) if needed; CheckpointError when it cannot be
+        created, or exists but is owned by another user or writable by group or
+        others (see :func:`check_private_dir`)."""
         try:
             self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as exc:
             raise CheckpointError(
                 f"cannot create checkpoint directory {self.root}: {os_reason(exc)}"
             ) from None
+        check_private_dir(self.root, "checkpoint directory")
 
     def write_checkpoint(self, cid: int, files: dict[str, bytes], manifest: bytes,
                          crash: Any = None,
@@ -453,7 +567,7 @@ class LocalCheckpointStore(CheckpointStore):
             d.mkdir(mode=0o700)
             fsync_dir(self.root)
             for name, data in files.items():
-                fd = os.open(d / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                fd = open_no_follow(d / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
                 with os.fdopen(fd, "wb") as f:
                     f.write(self._seal(f"{d.name}/{name}", data))
                     fsync_file(f)
@@ -461,7 +575,7 @@ class LocalCheckpointStore(CheckpointStore):
                     crash(f"after_write_{name.split('.')[0]}")
             fsync_dir(d)
             tmp = d / f".{MANIFEST_NAME}.tmp"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = open_no_follow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
             with os.fdopen(fd, "wb") as f:
                 f.write(self._seal(f"{d.name}/{MANIFEST_NAME}", manifest))
                 fsync_file(f)

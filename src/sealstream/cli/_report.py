@@ -56,7 +56,8 @@ def verify_checkpoints(store: CheckpointStore, pipeline: Pipeline | None) -> dic
     results = []
     resume = None
     for cid in store.ids():
-        v = guard.judge(store.evidence(cid), store.verified_parent(cid, policy.key), policy)
+        v = guard.judge(store.evidence(cid, policy.key),
+                        store.verified_parent(cid, policy.key), policy)
         entry = v.to_json()
         entry["signer"] = v.signer
         entry["watermark_ms"] = _wm(v.watermark_ms)

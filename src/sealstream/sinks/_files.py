@@ -2,8 +2,8 @@
 
 Guarantees, on a POSIX filesystem that honours ``fsync``:
 
-* :func:`fsync_file` / :func:`fsync_dir` return only once the file's data, or
-  the directory's entries (names created, renamed or removed in it), are on
+* :func:`fsync_file` / :func:`fsync_dir` (from :mod:`sealstream._fs`, re-exported
+  here) return only once the file's data, or the directory's entries, are on
   stable storage.
 * :func:`atomic_rename` makes ``dst`` appear with the complete contents of
   ``src`` in one step (readers see the old state or the new one, never a mix)
@@ -35,10 +35,10 @@ import re
 import secrets
 import stat
 from pathlib import Path
-from typing import BinaryIO
 
 import polars as pl
 
+from sealstream._fs import fsync_dir, fsync_file, os_reason
 from sealstream.errors import SinkError
 from sealstream.sinks._base import CommittedFile, Sink, SinkRole
 
@@ -60,37 +60,6 @@ __all__ = [
     "symlink_refusal",
     "write_new",
 ]
-
-
-def os_reason(exc: OSError) -> str:
-    """The OS reason of ``exc`` without the file name, e.g. ``[Errno 13] Permission denied``."""
-    if exc.errno is not None and exc.strerror:
-        return f"[Errno {exc.errno}] {exc.strerror}"
-    return str(exc) or type(exc).__name__
-
-
-def fsync_file(f: BinaryIO | int) -> None:
-    """Flush ``f`` (a binary file object or a raw descriptor) and fsync it."""
-    if isinstance(f, int):
-        os.fsync(f)
-        return
-    f.flush()
-    os.fsync(f.fileno())
-
-
-def fsync_dir(path: str | os.PathLike[str]) -> None:
-    """Fsync the directory ``path`` so that entries created/renamed/removed in it persist.
-
-    Platforms that cannot open a directory (Windows) are skipped silently.
-    """
-    try:
-        fd = os.open(os.fspath(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except (IsADirectoryError, PermissionError):  # pragma: no cover - not POSIX
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def ensure_dir(path: str | os.PathLike[str]) -> None:

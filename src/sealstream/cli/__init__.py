@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from sealstream import __version__
 from sealstream.errors import SealstreamError, SpecError
 
 __all__ = ["entrypoint", "main"]
@@ -33,7 +34,7 @@ def _fail(err: SealstreamError) -> None:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="sealstream")
+@click.version_option(version=__version__, prog_name="sealstream")
 def cli() -> None:
     """Event-time windowed stream processing with verifiable, exactly-once checkpoints."""
 

@@ -242,7 +242,7 @@ class Job(Checkpointing):
         return RunSummary(
             pipeline=self.p.name,
             counters=self.counters,
-            run_counters=self.counters.minus(self.run_base),
+            run_counters=self._this_run(),
             not_repeated=dict(self.not_repeated),
             # only a run that read events can say a field never appeared
             fields_never_seen=list(self.unseen_fields)
@@ -349,6 +349,15 @@ class Job(Checkpointing):
             if (inflight is not None and inflight.future.done()
                     and not inflight.future.cancelled() and inflight.future.exception() is None):
                 self.published_id = inflight.cid  # published; its output commits on resume
+
+    def _this_run(self) -> Counters:
+        """What this run did: the totals less where it started, and less the output
+        it found already committed (counted in the totals, not written again)."""
+        c = self.counters.minus(self.run_base)
+        c.results_written -= self.not_repeated["results"]
+        c.late_events -= self.not_repeated["late"]
+        c.bad_records -= self.not_repeated["errors"]
+        return c
 
     def resume_point(self) -> int | None:
         """The checkpoint a run started now would resume from, as far as this job knows
@@ -604,11 +613,14 @@ class Job(Checkpointing):
         assert self.operator is not None
         results = self.operator.finalize(fired)
         self.counters.windows_fired += results.height
+        # the job's total counts a result found already committed (by the run that
+        # crashed) once, like late events and bad records; this run's figure leaves
+        # it out (``not_repeated``)
+        self.counters.results_written += results.height
         results = self._suppressed("results", results, ["key", "__kint", "window_start",
                                                          "window_end"])
         if results.height:
             self.sinks["results"].write(epoch, results)
-            self.counters.results_written += results.height
             self._receipt("results", results)
 
     def _suppressed(self, role: str, frame: pl.DataFrame, cols: list[str]) -> pl.DataFrame:

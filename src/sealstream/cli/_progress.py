@@ -26,10 +26,12 @@ if TYPE_CHECKING:
 REDRAW_S = 0.1
 """At most ten redraws a second: the callback runs after every batch."""
 MAX_PARTITION_ROWS = 8
-ETA_HALF_LIFE_S = 5.0
+ETA_HALF_LIFE_S = 10.0
 """The ETA divides what is left by a rate smoothed with this half-life (an
-exponentially weighted moving average), so it does not jump from one refresh to
-the next with the speed of the last batch."""
+exponentially weighted moving average, fed one sample per :data:`ETA_SAMPLE_S`
+at least), so it does not jump from one refresh to the next with the speed of
+the last batch."""
+ETA_SAMPLE_S = 1.0
 
 
 def _fmt_wm(ms: int | None) -> str:
@@ -121,6 +123,8 @@ class Progress:
         self.base: tuple[float, int] | None = None
         self.smooth_byte_rate: float | None = None
         self._last_sample: tuple[float, int] | None = None
+        self._ewma_bytes = 0.0
+        self._ewma_s = 0.0
 
     @classmethod
     def for_terminal(cls) -> Progress:
@@ -194,17 +198,21 @@ class Progress:
         return (events - e0) / dt, (consumed - b0) / dt
 
     def smoothed_byte_rate(self, now: float, consumed: int) -> float | None:
-        """Bytes/s as an EWMA over time (half-life :data:`ETA_HALF_LIFE_S`), for the ETA."""
-        last, self._last_sample = self._last_sample, (now, consumed)
-        if last is None or now <= last[0]:
+        """Bytes/s for the ETA: bytes over time, both weighted down by half every
+        :data:`ETA_HALF_LIFE_S` (an exponentially weighted average of the rate that
+        starts as the plain average since the first sample, with no bias to 0)."""
+        last = self._last_sample
+        if last is None or consumed < last[1]:
+            self._last_sample = (now, consumed)
             return self.smooth_byte_rate
         dt = now - last[0]
-        inst = max(0.0, (consumed - last[1]) / dt)
-        if self.smooth_byte_rate is None:
-            self.smooth_byte_rate = inst
-        else:
-            alpha = 1.0 - 0.5 ** (dt / ETA_HALF_LIFE_S)
-            self.smooth_byte_rate += alpha * (inst - self.smooth_byte_rate)
+        if dt < ETA_SAMPLE_S:  # a rate over a shorter time is mostly batch jitter
+            return self.smooth_byte_rate
+        self._last_sample = (now, consumed)
+        decay = 0.5 ** (dt / ETA_HALF_LIFE_S)
+        self._ewma_bytes = self._ewma_bytes * decay + (consumed - last[1])
+        self._ewma_s = self._ewma_s * decay + dt
+        self.smooth_byte_rate = self._ewma_bytes / self._ewma_s
         return self.smooth_byte_rate
 
     def render(self, job: Job, now: float) -> RenderableType:

@@ -65,9 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     for label, code in CASES:
         seconds, loaded = measure(code, max(1, args.repeat), env)
         rows.append(f"| `{label}` | {seconds:.3f} | {', '.join(loaded) or '-'} |")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     text = (
         f"# Startup (median of {max(1, args.repeat)} fresh processes; target "
-        f"{TARGET_S} s for the CLI commands)\n\n"
+        f"{TARGET_S} s for the CLI commands; load average {load})\n\n"
         "| command | seconds | heavy libraries loaded |\n| --- | ---: | --- |\n"
         + "\n".join(rows) + "\n"
     )

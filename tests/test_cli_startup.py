@@ -54,3 +54,9 @@ def test_import_sealstream_is_light_and_its_names_still_resolve() -> None:
 def test_unknown_attribute_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no_such_name"):
         sealstream.no_such_name  # noqa: B018
+
+
+def test_import_agents_loads_no_columnar_library() -> None:
+    """The agents' checkpoints and ledger live in rows: they need SQLite, not Polars."""
+    loaded, _ = _loaded_after("import sealstream.agents\nimport sealstream.agents.store")
+    assert loaded == []

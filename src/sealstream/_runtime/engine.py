@@ -181,8 +181,6 @@ class Job(Checkpointing):
         self.not_repeated = {"results": 0, "late": 0, "errors": 0}
         #: aggregated fields no good event of this run has carried yet
         self.unseen_fields = sorted(self.plan.fields)
-        #: the newest checkpoint this run published (None: none yet)
-        self.published_id: int | None = None
         self.ck_stats = CheckpointStats()
         self.store: CheckpointStore | None = (
             pipeline.checkpoint.open_store(pipeline.name) if pipeline.checkpoint else None
@@ -344,11 +342,7 @@ class Job(Checkpointing):
                     raise first from None
             raise
         finally:
-            inflight = self._inflight
             self._drain_checkpoint()
-            if (inflight is not None and inflight.future.done()
-                    and not inflight.future.cancelled() and inflight.future.exception() is None):
-                self.published_id = inflight.cid  # published; its output commits on resume
 
     def _this_run(self) -> Counters:
         """What this run did: the totals less where it started, and less the output
@@ -360,10 +354,21 @@ class Job(Checkpointing):
         return c
 
     def resume_point(self) -> int | None:
-        """The checkpoint a run started now would resume from, as far as this job knows
-        (the newest it published or resumed from; None: the beginning)."""
-        ids = [i for i in (self.published_id, self.ck_stats.last_id, self.resumed_from)
-               if i is not None]
+        """The checkpoint a run started now would resume from, as far as the job's
+        store tells (the newest with a published manifest: a checkpoint being written
+        when the job stopped may have been published after its last report), else
+        the newest this job finished or resumed from; None: the beginning."""
+        if self.p.checkpoint is not None:
+            try:
+                store = self.p.checkpoint.open_store(self.p.name)
+                try:
+                    return max((c for c in store.ids() if store.has_manifest(c)),
+                               default=None)
+                finally:
+                    store.close()
+            except (SealstreamError, OSError):
+                pass
+        ids = [i for i in (self.ck_stats.last_id, self.resumed_from) if i is not None]
         return max(ids) if ids else None
 
     def _fresh_start(self) -> list[SourcePosition]:

@@ -288,12 +288,15 @@ def checkpoints() -> None:
     """Look inside checkpoint directories, export open windows, prune old checkpoints."""
 
 
-def _store(directory: str, pipeline: str | None = None) -> Any:
+def _store(directory: str, pipeline: str | None = None, *, named: bool = True) -> Any:
+    """The store at ``directory`` (a path or URL). ``named``: ``pipeline`` was given
+    with --pipeline, so a database without it is an error (exit 2) naming the
+    pipelines it holds; else (the name of a --spec) it may have no checkpoints yet."""
     from sealstream.checkpoint.store import LocalCheckpointStore
     from sealstream.checkpoint.stores import is_url
 
     if is_url(directory):
-        store = _url_store(directory, pipeline)
+        store = _url_store(directory, pipeline, named)
         ctx = click.get_current_context(silent=True)
         if ctx is not None:
             ctx.call_on_close(store.close)
@@ -308,7 +311,7 @@ def _store(directory: str, pipeline: str | None = None) -> Any:
     return LocalCheckpointStore(path)
 
 
-def _url_store(url: str, pipeline: str | None) -> Any:
+def _url_store(url: str, pipeline: str | None, named: bool) -> Any:
     from sealstream.checkpoint.stores import check_url, is_postgres, redact, sqlite_path
 
     try:
@@ -326,7 +329,7 @@ def _url_store(url: str, pipeline: str | None) -> Any:
             if not db.is_file():
                 raise SpecError(f"checkpoint database {redact(url)} does not exist")
             names = sqlite_store.pipelines_in(db)
-        if pipeline is not None and pipeline not in names:
+        if named and pipeline is not None and pipeline not in names:
             held = (f"it holds {', '.join(map(repr, names))}" if names
                     else "it holds no checkpoints")
             raise SpecError(f"--pipeline {pipeline}: no pipeline {pipeline!r} in "
@@ -404,11 +407,12 @@ def verify_cmd(directory: str, as_json: bool, spec: Path | None, max_age: float 
             pipeline = load_spec(spec)
         except SealstreamError as err:
             _fail(err)
+    named = pipeline_name is not None
     if pipeline is not None and pipeline_name is None:
         pipeline_name = pipeline.name
     if max_age is None and pipeline is not None and pipeline.checkpoint is not None:
         max_age = pipeline.checkpoint.max_age_s
-    store = _store(directory, pipeline_name)
+    store = _store(directory, pipeline_name, named=named)
     try:
         data = verify_checkpoints(store, pipeline, max_age)
     except SealstreamError as err:

@@ -1,5 +1,6 @@
 """``python -m bench``: run the benchmark (``--help`` for options)."""
 
 from bench.harness import main
+from bench.startup import after_bench
 
-raise SystemExit(main())
+raise SystemExit(main() or after_bench())

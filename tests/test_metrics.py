@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -315,3 +316,72 @@ def test_terminal_panel_renders_progress_and_partition_lag(tmp_path: Path) -> No
     assert "in/p0.jsonl" in late and "in/p1.jsonl" in late and "lag" in late
     assert "%" in late  # the input size is known: a progress bar
     assert any("checkpoint 1 " in p for p in panels), panels[-1]
+
+
+def _panel_job(tmp_path: Path, partitions: int) -> Any:
+    """A job that is not run: the panel is drawn from its watermark and a stand-in
+    reader whose consumed bytes the test sets."""
+    from sealstream._runtime.engine import Job
+    from sealstream.pipeline import load_spec
+
+    paths = generate(tmp_path / "in", events=300, keys=5, partitions=partitions, seed=3)
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SPEC.format(paths=", ".join(
+        json.dumps(str(p.relative_to(tmp_path))) for p in paths)))
+    return Job(load_spec(spec))
+
+
+def _panel_text(progress: Any, job: Any, now: float) -> str:
+    console = Console(file=io.StringIO(), width=160, color_system=None)
+    console.print(progress.render(job, now))
+    assert isinstance(console.file, io.StringIO)
+    return console.file.getvalue()
+
+
+def test_panel_rows_keep_the_partition_order(tmp_path: Path) -> None:
+    """The rows were sorted by lag: they swapped places whenever another partition
+    fell behind. They follow the spec's partition order in every refresh."""
+    from sealstream.cli._progress import Progress
+
+    job = _panel_job(tmp_path, 3)
+    progress = Progress(tty=True, stream=io.StringIO())
+    orders = []
+    for times in ([10_000, 50_000, 90_000], [90_000, 10_000, 50_000],
+                  [50_000, 90_000, 10_000]):
+        job.wm.max_time = list(times)
+        text = _panel_text(progress, job, time.monotonic())
+        rows = [line.split()[0] for line in text.splitlines()
+                if line.strip().startswith(tuple(job.names))]
+        orders.append(rows)
+    assert orders == [job.names] * 3, orders
+
+
+def test_panel_eta_does_not_jump_with_each_batch(tmp_path: Path) -> None:
+    """Input is consumed one batch a second while the panel refreshes ten times a
+    second: between two refreshes the ETA counts down (by about the batch's second),
+    it does not jump with the batch rhythm (the rate of the last seconds did: by
+    half)."""
+    from types import SimpleNamespace
+
+    from sealstream.cli._progress import Progress
+
+    job = _panel_job(tmp_path, 1)
+    state = {"consumed": 0}
+    total = 200_000
+    reader = SimpleNamespace(size_hint=lambda: (state["consumed"], total))
+    job.merger = SimpleNamespace(buffers=[SimpleNamespace(reader=reader)])
+    progress = Progress(tty=True, stream=io.StringIO())
+    job.started = 0.0
+    etas = []
+    for k in range(1, 1000):
+        now = k / 10
+        state["consumed"] = 1_000 * int(now)  # a batch of 1,000 bytes each second
+        m = re.search(r"eta ([\d.]+) (s|min)", _panel_text(progress, job, now))
+        if now > 30 and m:
+            etas.append(float(m.group(1)) * (60 if m.group(2) == "min" else 1))
+    assert len(etas) > 600
+    assert 90 < etas[-1] < 110 and 150 < etas[0] < 220  # 170 s, then 100 s left at 1,000 B/s
+    jumps = [abs(b - a) for a, b in zip(etas, etas[1:], strict=False)]
+    i = max(range(len(jumps)), key=jumps.__getitem__)
+    # at most one display step (0.1 min) and a batch's second
+    assert max(jumps) < 7, (i, str(etas[max(0, i - 12):i + 12]))

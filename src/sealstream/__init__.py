@@ -3,13 +3,18 @@
 >>> import sealstream
 >>> sorted(sealstream.__all__)[:3]
 ['BadRecordError', 'CheckpointError', 'Checkpoints']
+
+The engine's names (``Pipeline``, ``Job``, ``load_spec``, ...) are imported on
+first use (module ``__getattr__``): ``import sealstream`` and the command line's
+``--help``/``--version`` do not load Polars, PyArrow or NumPy.
 """
 
 from __future__ import annotations
 
+from importlib import import_module
 from os import PathLike, fspath
+from typing import TYPE_CHECKING, Any
 
-from sealstream._runtime.engine import Job, RunSummary
 from sealstream.errors import (
     BadRecordError,
     CheckpointError,
@@ -21,19 +26,50 @@ from sealstream.errors import (
     SourceError,
     SpecError,
 )
-from sealstream.pipeline import (
-    Checkpoints,
-    FileSource,
-    Output,
-    Pipeline,
-    Session,
-    Sliding,
-    Tumbling,
-    Watermark,
-    load_spec,
-)
+
+if TYPE_CHECKING:
+    from sealstream._runtime.engine import Job, RunSummary
+    from sealstream.pipeline import (
+        Checkpoints,
+        FileSource,
+        Output,
+        Pipeline,
+        Session,
+        Sliding,
+        Tumbling,
+        Watermark,
+        load_spec,
+    )
 
 __version__ = "0.1.0"
+
+#: re-exported name -> the module that defines it, imported on first access
+_LAZY = {
+    "Checkpoints": "sealstream.pipeline",
+    "FileSource": "sealstream.pipeline",
+    "Job": "sealstream._runtime.engine",
+    "Output": "sealstream.pipeline",
+    "Pipeline": "sealstream.pipeline",
+    "RunSummary": "sealstream._runtime.engine",
+    "Session": "sealstream.pipeline",
+    "Sliding": "sealstream.pipeline",
+    "Tumbling": "sealstream.pipeline",
+    "Watermark": "sealstream.pipeline",
+    "load_spec": "sealstream.pipeline",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sealstream' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # the next access is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def run(pipeline: Pipeline | str | PathLike[str], *, start_over: bool = False) -> RunSummary:
@@ -43,6 +79,9 @@ def run(pipeline: Pipeline | str | PathLike[str], *, start_over: bool = False) -
     Raises a :class:`SealstreamError` subclass on failure; committed output and
     checkpoints are never lost.
     """
+    from sealstream._runtime.engine import Job
+    from sealstream.pipeline import Pipeline, load_spec
+
     if isinstance(pipeline, str | PathLike):
         pipeline = load_spec(fspath(pipeline))
     if not isinstance(pipeline, Pipeline):

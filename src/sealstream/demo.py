@@ -138,11 +138,21 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"(exit status {ver.returncode}: not every checkpoint verifies)")
 
     console.rule("[bold]6. resume")
-    resumed = _run(spec)
+    summary_file = root / "resume-summary.json"
+    resumed = _run(spec, "--summary-json", str(summary_file))
     console.print(resumed.stdout.rstrip())
     if resumed.returncode != 0:
         console.print(f"[red]resume failed: {resumed.stderr}")
         return 1
+    s = json.loads(summary_file.read_text())
+    run, total = s["this_run"], s["job_total"]
+    again = run["already_committed"]
+    console.print(
+        f"this run: {run['results_written']:,} results written, {again['results']:,} "
+        f"results (and {again['late_events']:,} late events, {again['bad_records']:,} "
+        "bad records) found already committed by the killed run and not repeated; "
+        f"the job in total: {total['results_written']:,} results, "
+        f"{total['late_events']:,} late events, {total['bad_records']:,} bad records")
 
     console.rule("[bold]7. compare with the uninterrupted run")
     ok = True

@@ -37,6 +37,9 @@ from sealstream.sources._base import FieldKind, FieldPlan
 STATE_FORMAT_VERSION = 1
 # records per partition per step: memory and speed only, never the results
 DEFAULT_BATCH_SIZE = 262_144
+#: a run fails (exit 1, after committing) when more than this share of its records
+#: is bad; 1 accepts any share (``[pipeline] max_bad_ratio``, ``--max-bad-ratio``)
+DEFAULT_MAX_BAD_RATIO = 0.5
 AGGREGATE_FUNCTIONS = ("count", "sum", "min", "max", "mean", "first", "last")
 NUMERIC_FUNCTIONS = frozenset({"sum", "min", "max", "mean"})
 _AGG_RE = re.compile(r"^\s*(count|sum|min|max|mean|first|last)\s*(?:\(\s*([^()\s]*)\s*\))?\s*$")
@@ -185,6 +188,9 @@ class Checkpoints:
     asynchronous: bool = True
     #: instead of ``path``: a store URL, ``sqlite:///ckpt.db`` (relative to ``base_dir``)
     url: str | None = None
+    #: freshness: a checkpoint older than this many seconds is STALE (not resumed
+    #: from); None: any age
+    max_age_s: float | None = None
 
     @property
     def resolved(self) -> Path:
@@ -211,6 +217,7 @@ class Pipeline:
     errors: Output | None = None
     checkpoint: Checkpoints | None = None
     batch_size: int = DEFAULT_BATCH_SIZE
+    max_bad_ratio: float = DEFAULT_MAX_BAD_RATIO
 
     def __post_init__(self) -> None:
         validate(self)
@@ -446,6 +453,8 @@ def validate(p: Pipeline) -> None:
             _positive("checkpoint.every_ms", c.every_ms)
         _positive("checkpoint.keep", c.keep)
         _positive("checkpoint.full_every", c.full_every)
+        if c.max_age_s is not None:
+            check_max_age("checkpoint.max_age_s", c.max_age_s)
         res = c.resolved.resolve()
         if c.url is None:
             if res in seen:
@@ -454,6 +463,30 @@ def validate(p: Pipeline) -> None:
             seen[res] = "checkpoint"
     _check_layout(p, seen)
     _positive("pipeline.batch_size", p.batch_size)
+    check_bad_ratio("pipeline.max_bad_ratio", p.max_bad_ratio)
+
+
+def _number(setting: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SpecError(f"{setting}: expected a number, got {value!r}")
+    return float(value)
+
+
+def check_bad_ratio(setting: str, value: object) -> float:
+    """A share of bad records: a number from 0 to 1."""
+    ratio = _number(setting, value)
+    if not 0.0 <= ratio <= 1.0:
+        raise SpecError(f"{setting}: must be between 0 and 1 (1 accepts any share of bad "
+                        f"records), got {value!r}")
+    return ratio
+
+
+def check_max_age(setting: str, value: object) -> float:
+    """A maximum checkpoint age in seconds: a positive, finite number."""
+    age = _number(setting, value)
+    if not 0.0 < age < 1e12:
+        raise SpecError(f"{setting}: must be a positive number of seconds, got {value!r}")
+    return age
 
 
 def _check_dir(setting: str, written: str | None, res: Path) -> None:
@@ -499,7 +532,7 @@ def _check_layout(p: Pipeline, dirs: dict[Path, str]) -> None:
 # --------------------------------------------------------------------------- TOML
 
 _SECTIONS: dict[str, set[str]] = {
-    "pipeline": {"name", "batch_size"},
+    "pipeline": {"name", "batch_size", "max_bad_ratio"},
     "source": {"kind", "paths", "path", "key", "time"},
     "watermark": {"max_delay_ms"},
     "window": {"kind", "size_ms", "slide_ms", "gap_ms", "allowed_lateness_ms"},
@@ -508,7 +541,7 @@ _SECTIONS: dict[str, set[str]] = {
     "late": {"kind", "path", "url", "table"},
     "errors": {"kind", "path", "url", "table"},
     "checkpoint": {"path", "url", "every_events", "every_ms", "keep", "incremental",
-                   "full_every", "asynchronous"},
+                   "full_every", "asynchronous", "max_age_s"},
 }
 _REQUIRED = ("pipeline", "source", "window", "aggregates", "sink")
 
@@ -580,6 +613,8 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
     pl_sec, src, win = data["pipeline"], data["source"], data["window"]
     name = _get(pl_sec, "pipeline", "name", str, _MISSING)
     batch_size = _get(pl_sec, "pipeline", "batch_size", int, DEFAULT_BATCH_SIZE)
+    max_bad_ratio = (check_bad_ratio("pipeline.max_bad_ratio", pl_sec["max_bad_ratio"])
+                     if "max_bad_ratio" in pl_sec else DEFAULT_MAX_BAD_RATIO)
 
     kind = _get(src, "source", "kind", str, _MISSING)
     if "paths" in src and "path" in src:
@@ -648,6 +683,8 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
             incremental=_get(c, "checkpoint", "incremental", bool, False),
             full_every=_get(c, "checkpoint", "full_every", int, 10),
             asynchronous=_get(c, "checkpoint", "asynchronous", bool, True),
+            max_age_s=(check_max_age("checkpoint.max_age_s", c["max_age_s"])
+                       if "max_age_s" in c else None),
             base_dir=base_dir,
         )
     sink = output("sink")
@@ -663,12 +700,20 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
         errors=output("errors"),
         checkpoint=ckpt,
         batch_size=batch_size,
+        max_bad_ratio=max_bad_ratio,
     )
 
 
 def with_batch_size(p: Pipeline, batch_size: int) -> Pipeline:
     """A copy of ``p`` reading ``batch_size`` records per partition per step."""
     return replace(p, batch_size=batch_size)
+
+
+def with_max_age(p: Pipeline, max_age_s: float) -> Pipeline:
+    """A copy of ``p`` whose checkpoints older than ``max_age_s`` seconds are STALE."""
+    if p.checkpoint is None:
+        raise SpecError("--max-age: the spec has no [checkpoint] section")
+    return replace(p, checkpoint=replace(p.checkpoint, max_age_s=max_age_s))
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:

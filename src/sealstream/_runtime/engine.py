@@ -99,7 +99,7 @@ from sealstream.pipeline import Pipeline
 from sealstream.sinks import open_sink
 from sealstream.sinks._base import JSON_LINE
 from sealstream.sinks.database import DatabaseSink, same_database
-from sealstream.sources._base import OFFSET, PARTITION, RAW
+from sealstream.sources._base import OFFSET, PARTITION, RAW, float_col, int_col, json_col
 from sealstream.state import incremental
 from sealstream.state.codec import WATERMARK_META, decode_table
 from sealstream.watermark import POS_INF, WatermarkState, assign_watermarks
@@ -175,7 +175,12 @@ class Job(Checkpointing):
         self.plan = pipeline.field_plan()
         self.fingerprint = pipeline.fingerprint()
         self.run_token = secrets.token_hex(6)
-        self.counters = Counters()
+        self.counters = Counters()  # the job's totals: restored on resume
+        self.run_base = Counters()  # the totals this run started from
+        #: output found already committed by an earlier run, per role (this run)
+        self.not_repeated = {"results": 0, "late": 0, "errors": 0}
+        #: aggregated fields no good event of this run has carried yet
+        self.unseen_fields = sorted(self.plan.fields)
         self.ck_stats = CheckpointStats()
         self.store: CheckpointStore | None = (
             pipeline.checkpoint.open_store(pipeline.name) if pipeline.checkpoint else None
@@ -235,6 +240,11 @@ class Job(Checkpointing):
         return RunSummary(
             pipeline=self.p.name,
             counters=self.counters,
+            run_counters=self._this_run(),
+            not_repeated=dict(self.not_repeated),
+            # only a run that read events can say a field never appeared
+            fields_never_seen=list(self.unseen_fields)
+            if self.counters.events > self.run_base.events else [],
             checkpoints=self.ck_stats,
             seconds=time.monotonic() - self.started,
             resumed_from=self.resumed_from,
@@ -337,6 +347,33 @@ class Job(Checkpointing):
         finally:
             self._drain_checkpoint()
 
+    def _this_run(self) -> Counters:
+        """What this run did: the totals less where it started, and less the output
+        it found already committed (counted in the totals, not written again)."""
+        c = self.counters.minus(self.run_base)
+        c.results_written -= self.not_repeated["results"]
+        c.late_events -= self.not_repeated["late"]
+        c.bad_records -= self.not_repeated["errors"]
+        return c
+
+    def resume_point(self) -> int | None:
+        """The checkpoint a run started now would resume from, as far as the job's
+        store tells (the newest with a published manifest: a checkpoint being written
+        when the job stopped may have been published after its last report), else
+        the newest this job finished or resumed from; None: the beginning."""
+        if self.p.checkpoint is not None:
+            try:
+                store = self.p.checkpoint.open_store(self.p.name)
+                try:
+                    return max((c for c in store.ids() if store.has_manifest(c)),
+                               default=None)
+                finally:
+                    store.close()
+            except (SealstreamError, OSError):
+                pass
+        ids = [i for i in (self.ck_stats.last_id, self.resumed_from) if i is not None]
+        return max(ids) if ids else None
+
     def _fresh_start(self) -> list[SourcePosition]:
         """Operator, watermark and positions when there is no checkpoint to resume."""
         if self.start is None:
@@ -358,7 +395,13 @@ class Job(Checkpointing):
                 self.rejected.append({"id": cid, "verdict": "MOVED_ASIDE", "reason": "START_OVER",
                                       "message": "--start-over"})
             return None
-        policy = guard.Policy(key=self.key, pipeline=self.p.name, fingerprint=self.fingerprint)
+        cfg = self.p.checkpoint
+        max_age_s = cfg.max_age_s if cfg is not None else None
+        policy = guard.Policy(
+            key=self.key, pipeline=self.p.name, fingerprint=self.fingerprint,
+            max_age_ms=None if max_age_s is None else round(max_age_s * 1000),
+            now_ms=None if max_age_s is None else int(time.time() * 1000),
+        )
         verdicts: list[guard.Verdict] = []
         for cid in reversed(ids):
             v = self._judge(store, cid, policy)
@@ -413,6 +456,7 @@ class Job(Checkpointing):
         c = doc.get("counters", {})
         for k in Counters().to_json():
             setattr(self.counters, k, int(c.get(k, 0)))
+        self.run_base = self.counters.minus(Counters())
         receipts = json.loads(store.read(doc["files"]["receipts"]["path"]))
         self.receipts_total = dict(receipts["summary"])
         # sinks: finish what the checkpoint prepared, drop unreferenced staging
@@ -541,6 +585,8 @@ class Job(Checkpointing):
             # fragments narrow as their windows fire): those keys changed too
             self._touched.append(incremental.batch_keys(out.fired))
         self.counters.events += events.height
+        if self.unseen_fields and events.height:
+            self._note_fields(events)
         if out.fired.height:
             fired, epoch = out.fired, self.epoch
             self.output.submit(lambda: self._emit_results(fired, epoch))
@@ -556,16 +602,33 @@ class Job(Checkpointing):
         self.crash("after_stage")
         return events.height
 
+    def _note_fields(self, events: pl.DataFrame) -> None:
+        """Forget the aggregated fields that some event of ``events`` carries (a
+        non-null value in any of the field's typed columns); one column test each."""
+        have = set(events.columns)
+        checks = {}
+        for f in self.unseen_fields:
+            cols = [c for c in (int_col(f), float_col(f), json_col(f)) if c in have]
+            if cols:
+                checks[f] = pl.any_horizontal([pl.col(c).is_not_null() for c in cols]).any()
+        if not checks:
+            return
+        seen = events.select(**checks).row(0, named=True)
+        self.unseen_fields = [f for f in self.unseen_fields if not seen.get(f, False)]
+
     def _emit_results(self, fired: pl.DataFrame, epoch: int) -> None:
         """Fired windows -> result rows, staged in ``epoch`` (on the output stage)."""
         assert self.operator is not None
         results = self.operator.finalize(fired)
         self.counters.windows_fired += results.height
+        # the job's total counts a result found already committed (by the run that
+        # crashed) once, like late events and bad records; this run's figure leaves
+        # it out (``not_repeated``)
+        self.counters.results_written += results.height
         results = self._suppressed("results", results, ["key", "__kint", "window_start",
                                                          "window_end"])
         if results.height:
             self.sinks["results"].write(epoch, results)
-            self.counters.results_written += results.height
             self._receipt("results", results)
 
     def _suppressed(self, role: str, frame: pl.DataFrame, cols: list[str]) -> pl.DataFrame:
@@ -578,6 +641,7 @@ class Job(Checkpointing):
             return frame
         with self._suppressed_lock:  # results are counted on the output stage
             self.counters.suppressed += hit.height
+            self.not_repeated[role] += hit.height
         self.suppress[role] = sup.join(hit.select(cols), on=cols, how="anti", nulls_equal=True)
         return frame.join(sup, on=cols, how="anti", nulls_equal=True)
 

@@ -35,6 +35,7 @@ refused (use a new directory).
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -189,9 +190,13 @@ def start_from_checkpoint(p: Pipeline, cid: int) -> tuple[StartPoint, dict[str, 
         raise SpecError(
             f"--from {cid}: no checkpoint {cid} in {store.location} (present: {have})"
         )
-    policy = guard.Policy(key=checkpoint_key(), pipeline=p.name, fingerprint=p.fingerprint())
-    v = guard.judge(store.evidence(cid, policy.key),
-                    store.verified_parent(cid, policy.key), policy)
+    max_age_s = p.checkpoint.max_age_s  # freshness: --max-age or [checkpoint] max_age_s
+    policy = guard.Policy(
+        key=checkpoint_key(), pipeline=p.name, fingerprint=p.fingerprint(),
+        max_age_ms=None if max_age_s is None else round(max_age_s * 1000),
+        now_ms=None if max_age_s is None else int(time.time() * 1000),
+    )
+    v = guard.judge(store.evidence(cid, policy.key), store.verified_parent(cid, policy.key), policy)
     if not v.ok or v.manifest is None:
         hint = ("replay with the definition that wrote it, or use --from start"
                 if v.reason in ("FINGERPRINT_MISMATCH", "OTHER_PIPELINE")

@@ -1,4 +1,12 @@
-"""What a run did: its counters, checkpoint figures and summary (``--summary-json``)."""
+"""What a run did: its counters, checkpoint figures and summary (``--summary-json``).
+
+Two sets of counters, never mixed: the **job's totals** (since its first run, or
+the last ``--start-over``; restored from the checkpoint a run resumes from, and
+recorded in every checkpoint) and **this run's** (what the run itself read and
+wrote; its rate divides this run's events by this run's time). Results, late
+events and bad records are counted apart, and so is the output a resumed run
+found already committed and did not repeat.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +28,14 @@ class Counters:
 
     def to_json(self) -> dict[str, int]:
         return dict(self.__dict__)
+
+    def minus(self, base: Counters) -> Counters:
+        """These counters less ``base`` (a copy when ``base`` is zero)."""
+        return Counters(**{k: v - getattr(base, k) for k, v in self.__dict__.items()})
+
+    def public(self) -> dict[str, int]:
+        """The counters a summary shows (``suppressed`` mixes roles: see ``not_repeated``)."""
+        return {k: v for k, v in self.__dict__.items() if k != "suppressed"}
 
 
 @dataclass
@@ -50,7 +66,13 @@ class CheckpointStats:
 
 @dataclass
 class RunSummary:
-    """What a run did; printed by the CLI and written by ``--summary-json``."""
+    """What a run did; printed by the CLI and written by ``--summary-json``.
+
+    ``counters`` are the job's totals, ``run_counters`` this run's share of them;
+    ``not_repeated`` counts per output (results, late, errors) what this run found
+    already committed and suppressed; ``fields_never_seen`` the aggregated fields
+    that none of this run's good events carried (their aggregates are null).
+    """
 
     pipeline: str
     counters: Counters
@@ -62,19 +84,47 @@ class RunSummary:
     watermark_ms: int | None = None
     replay: dict[str, Any] | None = None
     stopped_early: bool = False
+    run_counters: Counters | None = None  # None: the same as ``counters``
+    not_repeated: dict[str, int] = field(default_factory=dict)
+    fields_never_seen: list[str] = field(default_factory=list)
+
+    @property
+    def this_run(self) -> Counters:
+        return self.run_counters if self.run_counters is not None else self.counters
+
+    @property
+    def events_per_second(self) -> float | None:
+        """This run's events over this run's time (None when it read no event)."""
+        n = self.this_run.events
+        return round(n / self.seconds, 1) if n and self.seconds > 0 else None
+
+    def bad_ratio(self) -> float | None:
+        """The job's bad records over all its records (None before any record)."""
+        c = self.counters
+        total = c.events + c.bad_records
+        return c.bad_records / total if total else None
 
     def to_json(self) -> dict[str, Any]:
-        c = self.counters.to_json()
+        total = self.counters.public()
+        nr = self.not_repeated
         return {
             "pipeline": self.pipeline,
-            **c,
+            **total,  # the same as job_total: kept for scripts that read them
+            "this_run": {
+                **self.this_run.public(),
+                "already_committed": {"results": nr.get("results", 0),
+                                      "late_events": nr.get("late", 0),
+                                      "bad_records": nr.get("errors", 0)},
+                "events_per_second": self.events_per_second,
+            },
+            "job_total": total,
             "seconds": round(self.seconds, 6),
-            "events_per_second": round(c["events"] / self.seconds, 1) if self.seconds else None,
             "checkpoints": self.checkpoints.to_json(),
             "resumed_from": self.resumed_from,
             "rejected": self.rejected,
             "open_windows": self.open_windows,
             "watermark_ms": json_ms(self.watermark_ms),
+            "fields_never_seen": self.fields_never_seen,
             **({"replay": self.replay} if self.replay is not None else {}),
             **({"stopped_early": True} if self.stopped_early else {}),
         }

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sealstream.checkpoint.sqlite_store import immediate
+from sealstream.checkpoint._sqlite_tx import immediate
 from sealstream.errors import CheckpointError, LockHeldError
 
 _SQLITE_SCHEMA = """

@@ -77,6 +77,7 @@ from typing import Any
 
 from sealstream._fs import os_reason
 from sealstream.checkpoint import crypto
+from sealstream.checkpoint._sqlite_tx import immediate as immediate  # re-exported
 from sealstream.checkpoint.manifest import MANIFEST_NAME
 from sealstream.checkpoint.store import (
     CheckpointStore,
@@ -151,27 +152,6 @@ def migrate(conn: sqlite3.Connection) -> list[str]:
             conn.execute(f"ALTER TABLE {t} RENAME TO sealstream_{t}")
         conn.execute("DROP INDEX IF EXISTS checkpoint_files_by_id")
     return moved
-
-
-@contextlib.contextmanager
-def immediate(conn: sqlite3.Connection) -> Iterator[None]:
-    """One write transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``) on an autocommit
-    connection. On an error the original exception propagates, never "no transaction
-    is active" (SQLite may already have rolled back after SQLITE_FULL or IOERR), and a
-    failed COMMIT is rolled back so the connection stays usable."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    except BaseException:
-        with contextlib.suppress(sqlite3.Error):
-            conn.execute("ROLLBACK")
-        raise
-    try:
-        conn.execute("COMMIT")
-    except sqlite3.Error as exc:
-        with contextlib.suppress(sqlite3.Error):
-            conn.execute("ROLLBACK")
-        raise sqlite3.OperationalError(f"commit failed: {exc}") from exc
 
 
 def _stamp() -> str:

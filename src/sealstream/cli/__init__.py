@@ -1,22 +1,32 @@
 """The ``sealstream`` command line: ``main(argv) -> exit code``.
 
 Exit codes: 0 success; 1 runtime failure (bad record without an [errors]
-output, no valid checkpoint, lock held, I/O failure, a checkpoint that did not
-verify); 2 usage or spec error (including a missing input file or directory).
+output, more bad records than ``--max-bad-ratio`` allows, no valid checkpoint,
+lock held, I/O failure, a checkpoint that did not verify); 2 usage or spec error
+(including a missing input file or directory); 130 interrupted by SIGINT
+(Ctrl-C) and 143 by SIGTERM (128 + the signal's number, as shells report it).
 Errors are printed as one line on stderr, never as a traceback.
+
+Standard output carries a command's result (tables, ``--json``); when a run's
+results, late events or bad records go to standard output (``kind = "stdout"``),
+everything else it prints (summary, ``--json`` summary, warnings) goes to
+stderr, so ``sealstream run spec.toml | jq`` sees only JSON lines.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
+from sealstream import __version__
 from sealstream.errors import SealstreamError, SpecError
 
 __all__ = ["entrypoint", "main"]
@@ -27,13 +37,38 @@ class _Exit(Exception):
         self.code = code
 
 
+class _Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived: raised in the main thread by the handler, a
+    BaseException so that no ``except Exception`` (nor click, which turns a
+    KeyboardInterrupt into an abort) swallows it on the way out. A run that it
+    stops leaves its committed output and checkpoints as a crash would, and every
+    ``finally`` on the way releases files, the writer thread and the lock."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.resume: str | None = None  # what the next run does, when a run was stopped
+
+    @property
+    def code(self) -> int:
+        return 128 + self.signum
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    # only the first signal stops the command; later ones would cut the cleanup
+    # short (a checkpoint being written finishes, the lock is released)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    raise _Interrupted(signum)
+
+
 def _fail(err: SealstreamError) -> None:
     click.echo(f"sealstream: error: {err}", err=True)
     raise _Exit(err.exit_code)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="sealstream")
+@click.version_option(version=__version__, prog_name="sealstream")
 def cli() -> None:
     """Event-time windowed stream processing with verifiable, exactly-once checkpoints."""
 
@@ -46,8 +81,17 @@ def cli() -> None:
               help="Write the run summary as JSON to this file.")
 @click.option("--batch-size", type=click.IntRange(min=1, max=10**15),
               help="Records read per partition per step (does not change results).")
-@click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
-@click.option("--json", "as_json", is_flag=True, help="Print the run summary as JSON.")
+@click.option("--max-bad-ratio", type=click.FloatRange(min=0.0, max=1.0), metavar="R",
+              help="Exit 1 (after committing) when more than this share of the job's "
+                   "records is bad, or none was good; 1 accepts any share "
+                   "(default: [pipeline] max_bad_ratio, else 0.5).")
+@click.option("--max-age", "max_age", type=click.FloatRange(min=0.0, min_open=True),
+              metavar="SECONDS",
+              help="Do not resume from a checkpoint older than this (STALE); "
+                   "default: [checkpoint] max_age_s, else any age.")
+@click.option("--quiet", "-q", is_flag=True, help="Print nothing but warnings and errors.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the run summary as JSON (on stderr when results go to stdout).")
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535),
               help="Serve Prometheus metrics on http://127.0.0.1:PORT/metrics "
                    "(0: pick a free port and print it on stderr).")
@@ -55,24 +99,33 @@ def cli() -> None:
               help="Write the Prometheus metrics to this file (atomically) after every "
                    "checkpoint, e.g. for node_exporter's textfile collector.")
 def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int | None,
+        max_bad_ratio: float | None, max_age: float | None,
         quiet: bool, as_json: bool, metrics_port: int | None,
         metrics_file: Path | None) -> None:
     """Run the pipeline described by SPEC (a TOML file) to the end of its input.
 
     On a terminal, shows live progress on stderr; otherwise logs one JSON line per
-    checkpoint and a summary line on stderr.
+    checkpoint and a summary line on stderr. Exit 1 when more records were bad
+    than --max-bad-ratio allows (the output is committed all the same, and a rerun
+    changes nothing); 130/143 when stopped by SIGINT/SIGTERM (the next run resumes
+    from the last checkpoint).
     """
     from sealstream._runtime.engine import Job
-    from sealstream.cli._progress import Progress, print_summary
-    from sealstream.pipeline import load_spec, with_batch_size
+    from sealstream.cli._progress import Progress, print_summary, warn_unseen_fields
+    from sealstream.pipeline import load_spec, with_batch_size, with_max_age
 
     if TYPE_CHECKING:
         from sealstream.cli._metrics import Metrics
     metrics: Metrics | None = None
+    job: Job | None = None
     try:
         pipeline = load_spec(spec)
         if batch_size is not None:
             pipeline = with_batch_size(pipeline, batch_size)
+        if max_age is not None:
+            pipeline = with_max_age(pipeline, max_age)
+        limit = pipeline.max_bad_ratio if max_bad_ratio is None else max_bad_ratio
+        human = sys.stderr if _results_on_stdout(pipeline) else sys.stdout
         for option, target in (("--metrics-file", metrics_file),
                                ("--summary-json", summary_json)):
             if target is not None and not target.parent.is_dir():
@@ -120,6 +173,10 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
     except SealstreamError as err:
         _fail(err)
         return
+    except _Interrupted as sig:
+        if job is not None:
+            sig.resume = _resume_note(job)
+        raise
     finally:
         if metrics is not None:
             metrics.close()
@@ -132,9 +189,49 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
                                   f"({exc.strerror or exc}); the run itself completed"))
             return
     if as_json:
-        click.echo(json.dumps(data, indent=2))
+        click.echo(json.dumps(data, indent=2), file=human)
     elif not quiet:
-        print_summary(summary)
+        print_summary(summary, human)
+    warn_unseen_fields(summary, pipeline)
+    problem = _bad_share(summary, limit, pipeline)
+    if problem is not None:
+        _fail(SealstreamError(problem))
+
+
+def _results_on_stdout(pipeline: Any) -> bool:
+    return any(o is not None and o.kind == "stdout"
+               for o in (pipeline.sink, pipeline.late, pipeline.errors))
+
+
+def _bad_share(summary: Any, limit: float, pipeline: Any) -> str | None:
+    """Why the job's share of bad records fails the run, or None.
+
+    Checked after the run committed everything (its last checkpoint and output):
+    nothing committed is undone, and a rerun, which reads nothing new, reaches the
+    same verdict from the same totals (restored from the checkpoint).
+    """
+    ratio = summary.bad_ratio()
+    c = summary.counters
+    if ratio is None or ratio <= limit:
+        return None
+    where = (f" (each with its reason in {pipeline.errors.path or pipeline.errors.kind})"
+             if pipeline.errors is not None else "")
+    first = (f"no record was good: check source.key = {pipeline.source.key!r} and "
+             f"source.time = {pipeline.source.time!r} against the input"
+             if c.events == 0 else f"{100 * ratio:.1f} % is over the limit of {limit:g}")
+    return (f"{c.bad_records:,} of {c.events + c.bad_records:,} records were bad{where}; "
+            f"{first}. The output is committed (a rerun changes nothing); "
+            "--max-bad-ratio 1 accepts it")
+
+
+def _resume_note(job: Any) -> str:
+    if job.store is None:
+        return ("nothing was committed (the spec has no [checkpoint]); the next run starts "
+                "from the beginning")
+    cid = job.resume_point()
+    if cid is None:
+        return "no checkpoint was committed yet; the next run starts from the beginning"
+    return f"committed output is intact; the next run resumes from checkpoint {cid}"
 
 
 @cli.command()
@@ -144,9 +241,14 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
                    "partition offsets (by name or p<index>) with empty state.")
 @click.option("--to", "to", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Isolated destination: DIR/out, DIR/late, DIR/errors and DIR/ckpt.")
+@click.option("--max-age", "max_age", type=click.FloatRange(min=0.0, min_open=True),
+              metavar="SECONDS",
+              help="Refuse a --from checkpoint older than this (STALE); "
+                   "default: [checkpoint] max_age_s, else any age.")
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run summary as JSON.")
-def replay(spec: Path, origin: str, to: Path, quiet: bool, as_json: bool) -> None:
+def replay(spec: Path, origin: str, to: Path, max_age: float | None, quiet: bool,
+           as_json: bool) -> None:
     """Re-run SPEC from --from into the isolated destination --to.
 
     Live outputs and live checkpoints are never written (the live checkpoint is only
@@ -154,10 +256,13 @@ def replay(spec: Path, origin: str, to: Path, quiet: bool, as_json: bool) -> Non
     """
     from sealstream._runtime.replay import replay as run_replay
     from sealstream.cli._progress import Progress, print_summary
-    from sealstream.pipeline import load_spec
+    from sealstream.pipeline import load_spec, with_max_age
 
     try:
         pipeline = load_spec(spec)
+        if max_age is not None:
+            pipeline = with_max_age(pipeline, max_age)
+        human = sys.stderr if _results_on_stdout(pipeline) else sys.stdout
         progress = None if (quiet or as_json) else Progress.for_terminal()
         try:
             summary = run_replay(pipeline, origin, to, progress=progress)
@@ -169,13 +274,13 @@ def replay(spec: Path, origin: str, to: Path, quiet: bool, as_json: bool) -> Non
         return
     data = summary.to_json()
     if as_json:
-        click.echo(json.dumps(data, indent=2))
+        click.echo(json.dumps(data, indent=2), file=human)
     elif not quiet:
-        print_summary(summary)
+        print_summary(summary, human)
         info = summary.replay or {}
-        click.echo(f"replayed from {info.get('from')} into {info.get('to')}")
+        click.echo(f"replayed from {info.get('from')} into {info.get('to')}", file=human)
         for note in info.get("notes", []):
-            click.echo(f"note: {note}")
+            click.echo(f"note: {note}", file=human)
 
 
 @cli.group()
@@ -183,23 +288,30 @@ def checkpoints() -> None:
     """Look inside checkpoint directories, export open windows, prune old checkpoints."""
 
 
-def _store(directory: str, pipeline: str | None = None) -> Any:
+def _store(directory: str, pipeline: str | None = None, *, named: bool = True) -> Any:
+    """The store at ``directory`` (a path or URL). ``named``: ``pipeline`` was given
+    with --pipeline, so a database without it is an error (exit 2) naming the
+    pipelines it holds; else (the name of a --spec) it may have no checkpoints yet."""
     from sealstream.checkpoint.store import LocalCheckpointStore
     from sealstream.checkpoint.stores import is_url
 
     if is_url(directory):
-        store = _url_store(directory, pipeline)
+        store = _url_store(directory, pipeline, named)
         ctx = click.get_current_context(silent=True)
         if ctx is not None:
             ctx.call_on_close(store.close)
         return store
     path = Path(directory)
     if not path.is_dir():
-        _fail(SpecError(f"checkpoint directory {path} does not exist"))
+        if not path.exists():
+            _fail(SpecError(f"checkpoint directory {path} does not exist"))
+        hint = (f"; for a SQLite store give sqlite:///{path}" if path.is_file() else "")
+        _fail(SpecError(f"{path} is not a directory: give a checkpoint directory or a "
+                        f"store URL{hint}"))
     return LocalCheckpointStore(path)
 
 
-def _url_store(url: str, pipeline: str | None) -> Any:
+def _url_store(url: str, pipeline: str | None, named: bool) -> Any:
     from sealstream.checkpoint.stores import check_url, is_postgres, redact, sqlite_path
 
     try:
@@ -217,6 +329,11 @@ def _url_store(url: str, pipeline: str | None) -> Any:
             if not db.is_file():
                 raise SpecError(f"checkpoint database {redact(url)} does not exist")
             names = sqlite_store.pipelines_in(db)
+        if named and pipeline is not None and pipeline not in names:
+            held = (f"it holds {', '.join(map(repr, names))}" if names
+                    else "it holds no checkpoints")
+            raise SpecError(f"--pipeline {pipeline}: no pipeline {pipeline!r} in "
+                            f"{redact(url)}; {held}")
         if pipeline is None:
             if len(names) > 1:
                 raise SpecError(f"{redact(url)} holds the checkpoints of several pipelines "
@@ -269,8 +386,12 @@ def list_cmd(directory: str, as_json: bool, pipeline_name: str | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--spec", type=click.Path(dir_okay=False, path_type=Path),
               help="Also check each checkpoint's pipeline fingerprint against this spec.")
+@click.option("--max-age", "max_age", type=click.FloatRange(min=0.0, min_open=True),
+              metavar="SECONDS",
+              help="A checkpoint older than this is STALE (default: the --spec's "
+                   "[checkpoint] max_age_s, else any age).")
 @_PIPELINE_OPT
-def verify_cmd(directory: str, as_json: bool, spec: Path | None,
+def verify_cmd(directory: str, as_json: bool, spec: Path | None, max_age: float | None,
                pipeline_name: str | None) -> None:
     """Judge every checkpoint in DIRECTORY; exit 0 only if all are ATOMIC_CHECKPOINT.
 
@@ -286,11 +407,14 @@ def verify_cmd(directory: str, as_json: bool, spec: Path | None,
             pipeline = load_spec(spec)
         except SealstreamError as err:
             _fail(err)
+    named = pipeline_name is not None
     if pipeline is not None and pipeline_name is None:
         pipeline_name = pipeline.name
-    store = _store(directory, pipeline_name)
+    if max_age is None and pipeline is not None and pipeline.checkpoint is not None:
+        max_age = pipeline.checkpoint.max_age_s
+    store = _store(directory, pipeline_name, named=named)
     try:
-        data = verify_checkpoints(store, pipeline)
+        data = verify_checkpoints(store, pipeline, max_age)
     except SealstreamError as err:
         _fail(err)
         return
@@ -417,8 +541,14 @@ def prune_cmd(directory: str, keep: int, dry_run: bool, as_json: bool,
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv``; return the exit code (never raises SystemExit)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    handlers = _catch_signals()
     try:
         cli.main(args=args, prog_name="sealstream", standalone_mode=False)
+    except _Interrupted as sig:
+        name = signal.Signals(sig.signum).name
+        click.echo(f"sealstream: interrupted by {name}"
+                   + (f"; {sig.resume}" if sig.resume else ""), err=True)
+        return sig.code
     except _Exit as e:
         return e.code
     except click.UsageError as e:
@@ -435,11 +565,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as err:
         click.echo(f"sealstream: error: {err}", err=True)
         return 1
-    except KeyboardInterrupt:
-        click.echo("sealstream: interrupted; committed output and checkpoints are intact",
-                   err=True)
+    except KeyboardInterrupt:  # SIGINT before the handler was installed, or in a thread
+        click.echo("sealstream: interrupted by SIGINT", err=True)
         return 130
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
     return 0
+
+
+def _catch_signals() -> dict[int, Any]:
+    """Install the SIGINT/SIGTERM handlers (main thread only); return the old ones."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    old: dict[int, Any] = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        old[sig] = signal.getsignal(sig)
+        signal.signal(sig, _on_signal)
+    return old
 
 
 def entrypoint() -> None:

@@ -68,7 +68,12 @@ def render_inspect(data: dict[str, Any]) -> None:
     t.add_row("pipeline", f"{_s(data['pipeline'])}  fingerprint {_s(data['fingerprint'])}")
     t.add_row("format", f"manifest {_s(data['format'])}, state {_s(data['state_format'])}")
     t.add_row("parent / epoch", f"{_s(data['parent'])} / {_s(data['epoch'])}")
-    t.add_row("created", f"{_s(data['created_iso'])} (age {_age(data['age_ms'])})")
+    age = data["age_ms"]
+    if isinstance(age, int) and age < 0:  # the clock went back since it was written
+        t.add_row("created", f"{_s(data['created_iso'])} ([yellow]written {_age(-age)} in the "
+                  "future (clock went back?)[/])")
+    else:
+        t.add_row("created", f"{_s(data['created_iso'])} (age {_age(age)})")
     sig = data["signer"]
     key = "set" if sig["key_set"] else "not set"
     t.add_row("signer", f"{sig['description']}; SEALSTREAM_CHECKPOINT_KEY {key}")

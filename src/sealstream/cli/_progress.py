@@ -21,10 +21,17 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from sealstream._runtime.engine import Job, RunSummary
+    from sealstream.pipeline import Pipeline
 
 REDRAW_S = 0.1
 """At most ten redraws a second: the callback runs after every batch."""
 MAX_PARTITION_ROWS = 8
+ETA_HALF_LIFE_S = 10.0
+"""The ETA divides what is left by a rate smoothed with this half-life (an
+exponentially weighted moving average, fed one sample per :data:`ETA_SAMPLE_S`
+at least), so it does not jump from one refresh to the next with the speed of
+the last batch."""
+ETA_SAMPLE_S = 1.0
 
 
 def _fmt_wm(ms: int | None) -> str:
@@ -37,13 +44,12 @@ def _fmt_wm(ms: int | None) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
 
 
-def _wm_json(ms: int | None) -> int | None:
-    """A watermark for JSON: ms, or None when it is -inf/+inf (see ``watermark``)."""
-    from sealstream.watermark import NEG_INF, POS_INF
+def _wm_json(ms: int | None) -> int | str | None:
+    """A watermark for JSON, as in every JSON output of sealstream: integer ms, the
+    strings "-inf"/"+inf" for the infinities, None when there is none."""
+    from sealstream.watermark import json_ms
 
-    if ms is None or ms <= NEG_INF or ms >= POS_INF:
-        return None
-    return ms
+    return json_ms(ms)
 
 
 def _fmt_bytes(n: float) -> str:
@@ -115,6 +121,10 @@ class Progress:
         self.last_draw = 0.0
         self.samples: deque[tuple[float, int, int]] = deque(maxlen=64)
         self.base: tuple[float, int] | None = None
+        self.smooth_byte_rate: float | None = None
+        self._last_sample: tuple[float, int] | None = None
+        self._ewma_bytes = 0.0
+        self._ewma_s = 0.0
 
     @classmethod
     def for_terminal(cls) -> Progress:
@@ -187,6 +197,24 @@ class Progress:
             return 0.0, 0.0
         return (events - e0) / dt, (consumed - b0) / dt
 
+    def smoothed_byte_rate(self, now: float, consumed: int) -> float | None:
+        """Bytes/s for the ETA: bytes over time, both weighted down by half every
+        :data:`ETA_HALF_LIFE_S` (an exponentially weighted average of the rate that
+        starts as the plain average since the first sample, with no bias to 0)."""
+        last = self._last_sample
+        if last is None or consumed < last[1]:
+            self._last_sample = (now, consumed)
+            return self.smooth_byte_rate
+        dt = now - last[0]
+        if dt < ETA_SAMPLE_S:  # a rate over a shorter time is mostly batch jitter
+            return self.smooth_byte_rate
+        self._last_sample = (now, consumed)
+        decay = 0.5 ** (dt / ETA_HALF_LIFE_S)
+        self._ewma_bytes = self._ewma_bytes * decay + (consumed - last[1])
+        self._ewma_s = self._ewma_s * decay + dt
+        self.smooth_byte_rate = self._ewma_bytes / self._ewma_s
+        return self.smooth_byte_rate
+
     def render(self, job: Job, now: float) -> RenderableType:
         from rich.console import Group
         from rich.progress_bar import ProgressBar
@@ -200,10 +228,12 @@ class Progress:
         total = sum(s[1] for s in sizes if s is not None)
         if self.base is None:
             # counters are restored on resume: rates count this run's events only
-            self.base = (job.started, c.events)
-        rate, byte_rate = self._rates(now, c.events, consumed)
+            self.base = (job.started, job.run_base.events)
+        rate, _ = self._rates(now, c.events, consumed)
+        smooth = self.smoothed_byte_rate(now, consumed)
         elapsed = max(now - self.base[0], 1e-9)
-        avg = (c.events - self.base[1]) / elapsed
+        this_run = c.events - self.base[1]
+        avg = this_run / elapsed
 
         head = Table.grid(padding=(0, 1))
         head.add_row(Text(job.p.name, style="bold"), Text(f"{_fmt_s(elapsed)} elapsed"))
@@ -211,13 +241,15 @@ class Progress:
         if known and total:
             bar = Table.grid(padding=(0, 1))
             eta = (
-                f"eta {_fmt_s((total - consumed) / byte_rate)}" if byte_rate > 0 else "eta -"
+                f"eta {_fmt_s((total - consumed) / smooth)}" if smooth else "eta -"
             )
             bar.add_row(ProgressBar(total=total, completed=consumed, width=40),
                         Text(f"{100 * consumed / total:5.1f}%  "
                              f"{_fmt_bytes(consumed)} / {_fmt_bytes(total)}  {eta}"))
             rows.append(bar)
-        rows.append(Text(f"events {c.events:,}  {rate:,.0f}/s (avg {avg:,.0f}/s)"))
+        total_note = f"  (job total {c.events:,})" if self.base[1] else ""
+        rows.append(Text(f"events this run {this_run:,}  {rate:,.0f}/s (avg {avg:,.0f}/s)"
+                         f"{total_note}"))
         open_windows = getattr(job.operator, "open_windows", None) if job.operator else None
         ow = f"  open windows {open_windows:,}" if isinstance(open_windows, int) else ""
         late_bad = Text(f"late {c.late_events:,}  ")
@@ -245,14 +277,17 @@ class Progress:
         table.add_column("lag", justify="right")
         table.add_column("left", justify="right")
         lags = partition_lags(job)
-        order = sorted(range(len(lags)), key=lambda q: -(lags[q][2] or 0))
-        for q in order[:MAX_PARTITION_ROWS]:
+        # spec order, always: rows that moved between refreshes could not be followed
+        for q in range(min(len(lags), MAX_PARTITION_ROWS)):
             name, w, lag = lags[q]
             size = sizes[q] if q < len(sizes) else None
             left = _fmt_bytes(max(0, size[1] - size[0])) if size is not None else "?"
             table.add_row(name, _fmt_wm(w), "-" if lag is None else _fmt_lag(lag), left)
         if len(lags) > MAX_PARTITION_ROWS:
-            table.add_row(f"... {len(lags) - MAX_PARTITION_ROWS} more", "", "", "")
+            rest = lags[MAX_PARTITION_ROWS:]
+            name, _, lag = max(rest, key=lambda x: x[2] or 0)
+            behind = f" (most behind: {name}, lag {_fmt_lag(lag)})" if lag else ""
+            table.add_row(f"... {len(rest)} more{behind}", "", "", "")
         return table
 
 
@@ -311,32 +346,59 @@ def checkpoint_record(job: Job, cid: int, ms: float, nbytes: int) -> dict[str, A
 
 
 def print_summary(summary: RunSummary, stream: TextIO | None = None) -> None:
-    """The run summary as two columns on stdout: with rich on a terminal (labels in
-    bold), else plain aligned text (rich is not imported)."""
+    """The run summary on ``stream`` (stdout by default; the CLI passes stderr when
+    results go to stdout): with rich on a terminal (labels in bold), else plain
+    aligned text (rich is not imported).
+
+    What this run did and what the job did in total are two labelled columns (the
+    second only when they differ: after a resume); results, late events and bad
+    records are counted apart, as is the output found already committed by an
+    earlier run; the rate is this run's events over this run's time.
+    """
     out = stream if stream is not None else sys.stdout
     data = summary.to_json()
-    rows: list[tuple[str, str]] = []
-    rate = data["events_per_second"]
-    rows.append(("pipeline", summary.pipeline))
-    rows.append(("events", f"{data['events']:,}" + (f"  ({rate:,.0f}/s)" if rate else "")))
-    rows.append(("windows fired", f"{data['windows_fired']:,}"))
-    rows.append(("results written", f"{data['results_written']:,}"
-                 + (f"  ({data['suppressed']:,} already committed, not repeated)"
-                    if data["suppressed"] else "")))
-    rows.append(("late events", f"{data['late_events']:,}"))
-    rows.append(("bad records", f"{data['bad_records']:,}"))
+    this, total = data["this_run"], data["job_total"]
+    both = any(this[k] != total[k] for k in total)
+    rows: list[tuple[str, ...]] = []
+
+    def row(label: str, key: str) -> None:
+        rows.append((label, f"{this[key]:,}", *((f"{total[key]:,}",) if both else ())))
+
+    rows.append(("pipeline", summary.pipeline, *(("",) if both else ())))
+    rows.append(("", "this run", *(("job total",) if both else ())))
+    row("events", "events")
+    rate = this["events_per_second"]
+    if rate:
+        rows.append(("  per second", f"{rate:,.0f}", *(("",) if both else ())))
+    row("windows fired", "windows_fired")
+    row("results written", "results_written")
+    row("late events", "late_events")
+    row("bad records", "bad_records")
+    done = this["already_committed"]
+    if any(done.values()):
+        what = ", ".join(f"{n:,} {label}" for label, n in (
+            ("results", done["results"]), ("late events", done["late_events"]),
+            ("bad records", done["bad_records"])) if n)
+        rows.append(("not repeated", f"{what} already committed by an earlier run"))
     ck = data["checkpoints"]
     if ck["count"] or summary.resumed_from is not None:
-        rows.append(("checkpoints", f"{ck['count']} written, mean {ck['mean_ms']:.1f} ms, "
-                     f"{ck['mean_bytes'] / 1024:.1f} KiB"))
+        rows.append(("checkpoints", f"{ck['count']} written by this run, mean "
+                     f"{ck['mean_ms']:.1f} ms, {ck['mean_bytes'] / 1024:.1f} KiB"
+                     if ck["count"] else "none written by this run"))
     if summary.resumed_from is not None:
         rows.append(("resumed from", f"checkpoint {summary.resumed_from}"))
-    for r in summary.rejected:
-        rows.append(("moved aside", f"checkpoint {r['id']}: {r['verdict']} ({r['reason']})"))
+    for rej in summary.rejected:
+        rows.append(("moved aside",
+                     f"checkpoint {rej['id']}: {rej['verdict']} ({rej['reason']})"))
     rows.append(("time", f"{data['seconds']:.2f} s"))
     if not out.isatty():
-        width = max(len(label) for label, _ in rows)
-        out.write("".join(f"{label.ljust(width)}  {value}\n" for label, value in rows))
+        w0 = max(len(r[0]) for r in rows)
+        w1 = max((len(r[1]) for r in rows if len(r) > 2), default=0)
+        lines: list[str] = []
+        for r in rows:
+            cells = [r[0].ljust(w0), *((r[1].rjust(w1), *r[2:]) if len(r) > 2 else r[1:])]
+            lines.append("  ".join(cells).rstrip() + "\n")
+        out.write("".join(lines))
         out.flush()
         return
     from rich.console import Console
@@ -344,7 +406,23 @@ def print_summary(summary: RunSummary, stream: TextIO | None = None) -> None:
 
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
-    table.add_column()
-    for label, value in rows:
-        table.add_row(label, value)
+    for _ in range(max(len(r) for r in rows) - 1):
+        table.add_column()
+    for r in rows:
+        table.add_row(*r)
     Console(file=out, highlight=False).print(table)
+
+
+def warn_unseen_fields(summary: RunSummary, pipeline: Pipeline,
+                       stream: TextIO | None = None) -> None:
+    """One line on stderr per aggregated field that none of this run's good events
+    carried: every aggregate over it is null (a typo in a field name, most often)."""
+    events = summary.this_run.events
+    if not events:
+        return
+    out = stream if stream is not None else sys.stderr
+    for name in summary.fields_never_seen:
+        aggs = [f"{a.name} = {a.expr}" for a in pipeline.parsed_aggregates if a.field == name]
+        print(f"sealstream: warning: field {name!r} appeared in none of this run's "
+              f"{events:,} good events, so {', '.join(aggs)} is null in every result; "
+              "check the field name against the input", file=out, flush=True)

@@ -47,11 +47,17 @@ def list_checkpoints(store: CheckpointStore) -> dict[str, Any]:
     return {"checkpoints": out}
 
 
-def verify_checkpoints(store: CheckpointStore, pipeline: Pipeline | None) -> dict[str, Any]:
+def verify_checkpoints(store: CheckpointStore, pipeline: Pipeline | None,
+                       max_age_s: float | None = None) -> dict[str, Any]:
+    """Every checkpoint's verdict; ``max_age_s``: older ones are STALE."""
+    import time
+
     policy = guard.Policy(
         key=checkpoint_key(),
         pipeline=pipeline.name if pipeline else None,
         fingerprint=pipeline.fingerprint() if pipeline else None,
+        max_age_ms=None if max_age_s is None else round(max_age_s * 1000),
+        now_ms=None if max_age_s is None else int(time.time() * 1000),
     )
     results = []
     resume = None
@@ -77,16 +83,18 @@ def render_list(data: dict[str, Any], directory: Path | str) -> None:
         console.print(f"no checkpoints in {directory}")
         return
     table = Table(title=f"checkpoints in {directory}")
-    for col in ("id", "parent", "epoch", "watermark", "open windows", "files"):
+    for col in ("id", "parent", "epoch", "watermark", "open windows"):
         table.add_column(col)
+    longest = max((len(f) for c in data["checkpoints"] for f in c["files"]), default=1)
+    table.add_column("files it depends on", no_wrap=True, min_width=longest)
     for c in data["checkpoints"]:
+        files = "\n".join(c["files"]) or "-"  # one per line: a checkpoint lists a handful
         if not c["complete"]:
             what = c.get("problem") or "partial: no manifest"
-            table.add_row(str(c["id"]), "", "", f"[yellow]{what}[/]", "",
-                          str(len(c["files"])))
+            table.add_row(str(c["id"]), "", "", f"[yellow]{what}[/]", "", files)
             continue
         table.add_row(str(c["id"]), str(c.get("parent")), str(c.get("epoch")),
-                      str(c.get("watermark_ms")), str(c.get("open_windows")), str(len(c["files"])))
+                      str(c.get("watermark_ms")), str(c.get("open_windows")), files)
     console.print(table)
 
 

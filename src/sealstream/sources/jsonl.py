@@ -621,7 +621,9 @@ def _line_problem(line: bytes) -> str | None:
     try:
         obj = json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as e:
-        return f"invalid JSON: {e.msg} at column {e.colno}"
+        # json's own messages can end in "at" ("Unterminated string starting at")
+        msg = e.msg[:-3] if e.msg.endswith(" at") else e.msg
+        return f"invalid JSON: {msg} at column {e.colno}"
     except (ValueError, RecursionError) as e:
         return f"invalid JSON: {e}"
     if not isinstance(obj, dict):

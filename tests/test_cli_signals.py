@@ -1,0 +1,119 @@
+"""SIGTERM and SIGINT stop a run with one clear line and the documented exit code
+(143 and 130: 128 + the signal's number), and nothing committed is lost: the next
+run resumes from the checkpoint the line names and the output is exactly once.
+
+The signal is sent at a deterministic point: after the first checkpoint's log line
+has been read from the child's stderr (byte by byte, so nothing more is taken
+from the pipe). The child is then certainly still running, because it has more
+log lines to write than the pipe can hold and nobody reads them until the signal
+is sent. No timer decides anything here.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sealstream
+from sealstream.checkpoint.manifest import KEY_ENV
+from sealstream.cli import main
+from test_pipeline_spec import base_spec, write_spec
+
+SRC = Path(sealstream.__file__).resolve().parents[1]  # the package under test
+PARTITIONS = 8
+LINES = 1_000  # per partition
+EVERY = 40  # events per checkpoint: 200 checkpoints, 1 KB of log line each
+F_GETPIPE_SZ = 1032
+
+
+def _job(d: Path) -> Path:
+    paths = []
+    for p in range(PARTITIONS):
+        name = f"in/p{p}.jsonl"
+        path = d / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(
+            json.dumps({"user": f"u{(i * 7 + p) % 13}", "ts": i * 1000 + p, "amount": i}) + "\n"
+            for i in range(LINES)), encoding="utf-8")
+        paths.append(name)
+    spec = base_spec()
+    spec["source"]["paths"] = paths
+    spec["window"]["size_ms"] = 10_000
+    spec["checkpoint"]["every_events"] = EVERY
+    spec["checkpoint"]["keep"] = 2
+    return write_spec(d, spec)
+
+
+def _results(d: Path) -> list[tuple[Any, ...]]:
+    rows = [json.loads(x) for f in sorted((d / "out").glob("part-*.jsonl"))
+            for x in f.read_text(encoding="utf-8").splitlines()]
+    return sorted((r["key"], r["window_start"], r["n"], r["total"]) for r in rows)
+
+
+def _read_line(fd: int) -> bytes:
+    out = bytearray()
+    while not out.endswith(b"\n"):
+        b = os.read(fd, 1)
+        if not b:
+            break
+        out += b
+    return bytes(out)
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_stops_the_run_with_one_line_and_the_next_run_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    sig: signal.Signals, code: int,
+) -> None:
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    monkeypatch.delenv("SEALSTREAM_CRASH_AT", raising=False)
+    ref = _job(tmp_path / "ref")
+    assert main(["run", str(ref), "--quiet"]) == 0
+    want = _results(tmp_path / "ref")
+    d = tmp_path / "job"
+    spec = _job(d)
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    proc = subprocess.Popen([sys.executable, "-m", "sealstream", "run", str(spec)], env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, bufsize=0)
+    assert proc.stderr is not None
+    try:
+        fd = proc.stderr.fileno()
+        capacity = fcntl.fcntl(fd, F_GETPIPE_SZ)
+        first = json.loads(_read_line(fd))
+        assert first["event"] == "checkpoint" and first["id"] == 1
+        # what is left to log is more than the pipe holds: the child cannot end yet
+        assert (LINES * PARTITIONS // EVERY - 2) * len(json.dumps(first)) > 2 * capacity
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    lines = err.decode().splitlines()
+    assert proc.returncode == code, err.decode()[-2000:]
+    assert "Traceback" not in err.decode() and out == b""
+    last = lines[-1]
+    prefix = (f"sealstream: interrupted by {sig.name}; committed output is intact; "
+              "the next run resumes from checkpoint ")
+    assert last.startswith(prefix), last
+    resume = int(last[len(prefix):])
+    assert all(json.loads(x)["event"] == "checkpoint" for x in lines[:-1])
+    logged = [first["id"], *(json.loads(x)["id"] for x in lines[:-1])]
+    assert resume >= max(logged)
+    assert resume < LINES * PARTITIONS // EVERY  # stopped before the end
+    # the named checkpoint is the one a run resumes from
+    assert main(["checkpoints", "verify", str(d / "ckpt"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["resume_from"] == resume
+    assert main(["run", str(spec), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["resumed_from"] == resume
+    assert _results(d) == want  # every window once, with the uninterrupted values

@@ -108,8 +108,8 @@ def test_the_bad_share_limit_comes_from_the_option_or_the_spec(
     d = tmp_path / "job"
     _inputs(d, bad_every=5)  # 20 % bad
     spec = _spec(d)
-    assert main(["run", str(spec), "--quiet"]) == 0  # under the default 0.5
-    capsys.readouterr()
+    assert main(["run", str(spec), "--quiet"]) == 0  # no limit by default
+    assert "warning" not in capsys.readouterr().err  # and under the warning's half
     rc = main(["run", str(spec), "--quiet", "--max-bad-ratio", "0.1"])
     err = capsys.readouterr().err
     assert rc == 1 and "60 of 300 records were bad" in err and "20.0 %" in err, err
@@ -124,6 +124,26 @@ def test_the_bad_share_limit_comes_from_the_option_or_the_spec(
         assert "pipeline.max_bad_ratio" in err and len(err.splitlines()) == 1, err
     assert main(["run", str(spec), "--max-bad-ratio", "2"]) == 2
     assert "--max-bad-ratio" in capsys.readouterr().err
+
+
+def test_more_than_half_bad_warns_without_a_limit_and_fails_with_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = tmp_path / "job"
+    _inputs(d)
+    for p in ("in/p0.jsonl", "in/p1.jsonl"):  # two of every three lines lack the key
+        lines = (d / p).read_text(encoding="utf-8").splitlines(keepends=True)
+        (d / p).write_text("".join(x if i % 3 == 0 else '{"ts": 1}\n'
+                                   for i, x in enumerate(lines)), encoding="utf-8")
+    spec = _spec(d)
+    assert main(["run", str(spec), "--quiet"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["sealstream: warning: 200 of 300 records were bad (each with its reason "
+                   "in errors) (66.7 %); --max-bad-ratio R makes a share above R "
+                   "fail the run"], err
+    assert main(["run", str(spec), "--quiet", "--max-bad-ratio", "0.5"]) == 1
+    err2 = capsys.readouterr().err
+    assert "66.7 % is over the limit of 0.5" in err2 and "warning" not in err2, err2
 
 
 def test_an_aggregated_field_that_never_occurs_is_named(

@@ -85,8 +85,7 @@ def test_event_times_at_and_beyond_the_supported_range(tmp_path: Path, batch: in
     (tmp_path / "p.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     spec = SPEC.format(batch=batch) + '\n[errors]\nkind = "jsonl"\npath = "errors"\n'
     (tmp_path / "spec.toml").write_text(spec)
-    # 5 of the 7 records are bad on purpose: accept that share (default limit 0.5)
-    assert main(["run", str(tmp_path / "spec.toml"), "--quiet", "--max-bad-ratio", "1"]) == 0
+    assert main(["run", str(tmp_path / "spec.toml"), "--quiet"]) == 0
     res = _results(tmp_path)
     assert set(res) == {"lo", "hi"}
     lo_start = -lim // 10 * 10  # floor, below the time

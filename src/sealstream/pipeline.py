@@ -37,9 +37,10 @@ from sealstream.sources._base import FieldKind, FieldPlan
 STATE_FORMAT_VERSION = 1
 # records per partition per step: memory and speed only, never the results
 DEFAULT_BATCH_SIZE = 262_144
-#: a run fails (exit 1, after committing) when more than this share of its records
-#: is bad; 1 accepts any share (``[pipeline] max_bad_ratio``, ``--max-bad-ratio``)
-DEFAULT_MAX_BAD_RATIO = 0.5
+#: without a limit (``[pipeline] max_bad_ratio``, ``--max-bad-ratio``) a run fails
+#: (exit 1, after committing) only when it had records and none was good, and warns
+#: when more than this share of its records is bad
+WARN_BAD_RATIO = 0.5
 AGGREGATE_FUNCTIONS = ("count", "sum", "min", "max", "mean", "first", "last")
 NUMERIC_FUNCTIONS = frozenset({"sum", "min", "max", "mean"})
 _AGG_RE = re.compile(r"^\s*(count|sum|min|max|mean|first|last)\s*(?:\(\s*([^()\s]*)\s*\))?\s*$")
@@ -217,7 +218,7 @@ class Pipeline:
     errors: Output | None = None
     checkpoint: Checkpoints | None = None
     batch_size: int = DEFAULT_BATCH_SIZE
-    max_bad_ratio: float = DEFAULT_MAX_BAD_RATIO
+    max_bad_ratio: float | None = None
 
     def __post_init__(self) -> None:
         validate(self)
@@ -463,7 +464,8 @@ def validate(p: Pipeline) -> None:
             seen[res] = "checkpoint"
     _check_layout(p, seen)
     _positive("pipeline.batch_size", p.batch_size)
-    check_bad_ratio("pipeline.max_bad_ratio", p.max_bad_ratio)
+    if p.max_bad_ratio is not None:
+        check_bad_ratio("pipeline.max_bad_ratio", p.max_bad_ratio)
 
 
 def _number(setting: str, value: object) -> float:
@@ -614,7 +616,7 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
     name = _get(pl_sec, "pipeline", "name", str, _MISSING)
     batch_size = _get(pl_sec, "pipeline", "batch_size", int, DEFAULT_BATCH_SIZE)
     max_bad_ratio = (check_bad_ratio("pipeline.max_bad_ratio", pl_sec["max_bad_ratio"])
-                     if "max_bad_ratio" in pl_sec else DEFAULT_MAX_BAD_RATIO)
+                     if "max_bad_ratio" in pl_sec else None)
 
     kind = _get(src, "source", "kind", str, _MISSING)
     if "paths" in src and "path" in src:

@@ -83,8 +83,9 @@ def cli() -> None:
               help="Records read per partition per step (does not change results).")
 @click.option("--max-bad-ratio", type=click.FloatRange(min=0.0, max=1.0), metavar="R",
               help="Exit 1 (after committing) when more than this share of the job's "
-                   "records is bad, or none was good; 1 accepts any share "
-                   "(default: [pipeline] max_bad_ratio, else 0.5).")
+                   "records is bad; 1 accepts any share, even no good record (default: "
+                   "[pipeline] max_bad_ratio, else fail only when no record was good and "
+                   "warn above half).")
 @click.option("--max-age", "max_age", type=click.FloatRange(min=0.0, min_open=True),
               metavar="SECONDS",
               help="Do not resume from a checkpoint older than this (STALE); "
@@ -193,6 +194,9 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
     elif not quiet:
         print_summary(summary, human)
     warn_unseen_fields(summary, pipeline)
+    warning = _bad_share_warning(summary, limit, pipeline)
+    if warning is not None:
+        click.echo(f"sealstream: {warning}", err=True)
     problem = _bad_share(summary, limit, pipeline)
     if problem is not None:
         _fail(SealstreamError(problem))
@@ -203,25 +207,54 @@ def _results_on_stdout(pipeline: Any) -> bool:
                for o in (pipeline.sink, pipeline.late, pipeline.errors))
 
 
-def _bad_share(summary: Any, limit: float, pipeline: Any) -> str | None:
+def _bad_share(summary: Any, limit: float | None, pipeline: Any) -> str | None:
     """Why the job's share of bad records fails the run, or None.
 
-    Checked after the run committed everything (its last checkpoint and output):
-    nothing committed is undone, and a rerun, which reads nothing new, reaches the
-    same verdict from the same totals (restored from the checkpoint).
+    With a ``limit``, more than that share of bad records fails; without one, only a
+    job that had records and none of them good (a misspelt key or time field) fails,
+    and more than half bad is a warning (:func:`_bad_share_warning`). Checked after the
+    run committed everything (its last checkpoint and output): nothing committed is
+    undone, and a rerun, which reads nothing new, reaches the same verdict from the
+    same totals (restored from the checkpoint).
     """
     ratio = summary.bad_ratio()
     c = summary.counters
-    if ratio is None or ratio <= limit:
+    if ratio is None:
         return None
+    if limit is None and c.events > 0:
+        return None
+    if limit is not None and ratio <= limit:
+        return None
+    return (f"{_bad_count(summary, pipeline)}; "
+            f"{_bad_why(summary, pipeline, limit)}. The output is committed (a rerun "
+            "changes nothing); --max-bad-ratio 1 accepts it")
+
+
+def _bad_count(summary: Any, pipeline: Any) -> str:
+    c = summary.counters
     where = (f" (each with its reason in {pipeline.errors.path or pipeline.errors.kind})"
              if pipeline.errors is not None else "")
-    first = (f"no record was good: check source.key = {pipeline.source.key!r} and "
-             f"source.time = {pipeline.source.time!r} against the input"
-             if c.events == 0 else f"{100 * ratio:.1f} % is over the limit of {limit:g}")
-    return (f"{c.bad_records:,} of {c.events + c.bad_records:,} records were bad{where}; "
-            f"{first}. The output is committed (a rerun changes nothing); "
-            "--max-bad-ratio 1 accepts it")
+    return f"{c.bad_records:,} of {c.events + c.bad_records:,} records were bad{where}"
+
+
+def _bad_why(summary: Any, pipeline: Any, limit: float | None) -> str:
+    if summary.counters.events == 0:
+        return (f"no record was good: check source.key = {pipeline.source.key!r} and "
+                f"source.time = {pipeline.source.time!r} against the input")
+    return f"{100 * summary.bad_ratio():.1f} % is over the limit of {limit:g}"
+
+
+def _bad_share_warning(summary: Any, limit: float | None, pipeline: Any) -> str | None:
+    """A warning when, without a limit, more than half of the job's records are bad."""
+    from sealstream.pipeline import WARN_BAD_RATIO
+
+    ratio = summary.bad_ratio()
+    if limit is not None or ratio is None or ratio <= WARN_BAD_RATIO:
+        return None
+    if summary.counters.events == 0:
+        return None  # that one fails the run
+    return (f"warning: {_bad_count(summary, pipeline)} ({100 * ratio:.1f} %); "
+            "--max-bad-ratio R makes a share above R fail the run")
 
 
 def _resume_note(job: Any) -> str:

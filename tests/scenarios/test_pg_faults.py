@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -29,6 +30,7 @@ import pytest
 from _story import assert_same_output, make_input, run, uninterrupted, write_spec
 
 from sealstream.checkpoint.pg_store import PostgresCheckpointStore, lock_key
+from sealstream.checkpoint.stores import redact
 
 STORY = {"errors": True, "bad_every": 97}
 expected = uninterrupted(**STORY)
@@ -203,7 +205,15 @@ def test_a_lost_data_connection_is_retried(tmp_path: Path, expected: Path,
                 job.kill()
                 job.communicate()
     assert job.returncode == 0, err
-    assert err.strip() == "", err  # no driver noise, no traceback
+    # the retry is shown, one line when it starts and one when it is over; no driver
+    # noise, no traceback
+    shown = redact(pg_url)
+    lines = err.strip().splitlines()
+    assert len(lines) == 2, err
+    assert re.fullmatch(rf"sealstream: lost the connection to {re.escape(shown)} \(.+\); "
+                        r"reconnecting with back-off for up to 30 s", lines[0]), err
+    assert re.fullmatch(rf"sealstream: reconnected to {re.escape(shown)} after "
+                        r"\d+\.\d s", lines[1]), err
     assert_same_output(tmp_path, expected)
 
 
@@ -214,8 +224,15 @@ def test_an_unreachable_server_fails_after_the_retry_time(tmp_path: Path) -> Non
     res = run(spec, env={"SEALSTREAM_PG_RETRY_S": "1.5"})
     took = time.monotonic() - started
     assert res.returncode == 1, res.stderr
-    line = res.stderr.strip().splitlines()[-1]
+    lines = res.stderr.strip().splitlines()
+    line = lines[-1]
     assert "cannot connect to postgresql://bob:***@127.0.0.1:1/jobs" in line, line
+    # the retry was shown while it lasted, once
+    assert [x for x in lines if "retrying" in x] == [
+        x for x in lines if x.startswith("sealstream: cannot reach postgresql://bob:***@"
+                                         "127.0.0.1:1/jobs (")
+        and x.endswith("); retrying with back-off for up to 1.5 s")], res.stderr
+    assert sum("retrying" in x for x in lines) == 1, res.stderr
     assert "retried for 1.5 s" in line and "s3cret" not in res.stderr, line
     assert took >= 1.5
     bad = run(spec, env={"SEALSTREAM_PG_RETRY_S": "soon"})

@@ -190,6 +190,20 @@ def transient(exc: BaseException, conn: Any = None) -> bool:
     return not any(p in text for p in _PERMANENT)
 
 
+def notice(text: str) -> None:
+    """One line on stderr while a fault is retried (the run's progress shows it: the
+    live panel keeps stderr lines above it, the JSON log has them between its lines)."""
+    import sys
+
+    print(f"sealstream: {text}", file=sys.stderr, flush=True)
+
+
+def retrying_notice(where: str, exc: BaseException) -> str:
+    s = retry_seconds()
+    return (f"lost the connection to {where} ({_reason(exc)}); reconnecting with back-off "
+            f"for up to {s:g} s")
+
+
 def _pause(delay: float, deadline: float) -> float | None:
     """Sleep before the next attempt; the next delay, or None when the time is up."""
     left = deadline - time.monotonic()
@@ -199,20 +213,27 @@ def _pause(delay: float, deadline: float) -> float | None:
     return min(delay * 2, _MAX_DELAY_S)
 
 
-def connect_raw(url: str, deadline: float | None = None, **kwargs: Any) -> Any:
+def connect_raw(url: str, deadline: float | None = None, *, what: str | None = None,
+                **kwargs: Any) -> Any:
     """An autocommit psycopg connection to ``url``, transient failures retried until
     ``deadline`` (a ``time.monotonic()`` instant; default: :func:`retry_seconds`
-    from now). Raises the driver's last error."""
+    from now), with a :func:`notice` naming ``what`` when the first attempt fails.
+    Raises the driver's last error."""
     psycopg = _psycopg()
     if deadline is None:
         deadline = time.monotonic() + retry_seconds()
     delay: float | None = 0.1
+    first = True
     while True:
         try:
             return psycopg.connect(url, autocommit=True, connect_timeout=10, **kwargs)
         except psycopg.Error as exc:
             if not transient(exc):
                 raise
+            if first and what is not None and deadline > time.monotonic():
+                notice(f"cannot reach {what} ({_reason(exc)}); retrying with back-off "
+                       f"for up to {retry_seconds():g} s")
+            first = False
             delay = _pause(delay, deadline) if delay is not None else None
             if delay is None:
                 raise
@@ -229,7 +250,7 @@ def connect(url: str, what: str, deadline: float | None = None, **kwargs: Any) -
     CheckpointError naming ``what`` (a redacted location) when it cannot connect."""
     psycopg = _psycopg()
     try:
-        return connect_raw(url, deadline, **kwargs)
+        return connect_raw(url, deadline, what=what, **kwargs)
     except psycopg.Error as exc:
         more = retried_for() if transient(exc) else ""
         raise CheckpointError(f"cannot connect to {what}: {_reason(exc)}{more}") from None
@@ -300,16 +321,23 @@ class PostgresCheckpointStore(CheckpointStore):
         is lost (a transient fault), for :func:`retry_seconds` at most. ``fn`` must be
         safe to repeat after a lost outcome (``attempt`` > 0 says it is a repeat)."""
         psycopg = _psycopg()
-        deadline = time.monotonic() + retry_seconds()
+        started = time.monotonic()
+        deadline = started + retry_seconds()
         delay: float | None = 0.1
         attempt = 0
         while True:
             try:
-                return fn(self._db(), attempt)
+                result = fn(self._db(), attempt)
+                if attempt:
+                    notice(f"reconnected to {self._shown} after "
+                           f"{time.monotonic() - started:.1f} s")
+                return result
             except psycopg.Error as exc:
                 conn = self._conn
                 if not transient(exc, conn):
                     raise
+                if attempt == 0 and retry_seconds() > 0:
+                    notice(retrying_notice(self._shown, exc))
                 delay = _pause(delay, deadline) if delay is not None else None
                 if delay is None:
                     raise

@@ -242,18 +242,31 @@ class DatabaseSink(Sink):
             return fn(self._db(), 0)
         import psycopg
 
-        from sealstream.checkpoint.pg_store import _pause, retry_seconds, transient
+        from sealstream.checkpoint.pg_store import (
+            _pause,
+            notice,
+            retry_seconds,
+            retrying_notice,
+            transient,
+        )
 
-        deadline = time.monotonic() + retry_seconds()
+        started = time.monotonic()
+        deadline = started + retry_seconds()
         delay: float | None = 0.1
         attempt = 0
         while True:
             try:
-                return fn(self._db(), attempt)
+                result = fn(self._db(), attempt)
+                if attempt:
+                    notice(f"reconnected to {self.shown} after "
+                           f"{time.monotonic() - started:.1f} s")
+                return result
             except psycopg.Error as exc:
                 conn = self._conn
                 if not transient(exc, conn):
                     raise
+                if attempt == 0 and retry_seconds() > 0:
+                    notice(retrying_notice(self.shown, exc))
                 delay = _pause(delay, deadline) if delay is not None else None
                 if delay is None:
                     raise
@@ -286,7 +299,7 @@ class DatabaseSink(Sink):
                 else:
                     from sealstream.checkpoint.pg_store import connect_raw
 
-                    conn = connect_raw(str(self.target))
+                    conn = connect_raw(str(self.target), what=self.shown)
                     weakref.finalize(self, conn.close)
             except errors as exc:
                 raise self._error("open the database of", exc, self._retried(exc)) from None

@@ -475,3 +475,36 @@ def test_a_reconcile_that_returns_something_else_is_refused(tmp_path: Path) -> N
     with pytest.raises(SpecError, match="Reconciliation"):
         ledger.reconcile_pending({"t": tool})
     assert len(calls) == 1 and not ledger.effects()[0].done  # still open, not re-called
+
+
+def test_a_planted_link_at_an_execution_lock_is_refused_and_never_followed(
+        tmp_path: Path) -> None:
+    """A symbolic link where an execution's lock file goes (or at the lock folder) is
+    refused with one line; its target is neither created, truncated nor written."""
+    from sealstream.agents import SqliteRowStore
+    from sealstream.agents.store import lock_digest
+    from sealstream.errors import CheckpointError
+
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"keep me")
+    store = SqliteRowStore(tmp_path / "a.db")
+    folder = tmp_path / "a.db.locks"
+    folder.mkdir(mode=0o700)
+    (folder / f"{lock_digest('e', '').hex()[:40]}.lock").symlink_to(secret)
+    with pytest.raises(CheckpointError, match="is a symbolic link"), \
+            store.execution_lock("e", ""):
+        pass
+    assert secret.read_bytes() == b"keep me"
+    with store.execution_lock("other", ""):  # other executions are not affected
+        pass
+    store.close()
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    store = SqliteRowStore(tmp_path / "b.db")
+    (tmp_path / "b.db.locks").symlink_to(elsewhere)
+    with pytest.raises(CheckpointError, match="is a symbolic link"), \
+            store.execution_lock("e", ""):
+        pass
+    assert list(elsewhere.iterdir()) == []
+    store.close()

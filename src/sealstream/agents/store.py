@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -45,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sealstream._fs import open_no_follow, os_reason
 from sealstream.checkpoint._sqlite_tx import immediate
 from sealstream.errors import CheckpointError, LockHeldError
 
@@ -286,12 +288,18 @@ class SqliteRowStore(RowStore):
 
         what = f"execution {execution!r}/{ns!r} of {self.location}"
         folder = self.path.with_name(self.path.name + ".locks")
+        name = folder / f"{lock_digest(execution, ns).hex()[:40]}.lock"
         try:
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = os.open(folder / f"{lock_digest(execution, ns).hex()[:40]}.lock",
-                         os.O_RDWR | os.O_CREAT, 0o600)
+            if folder.is_symlink():
+                raise CheckpointError(f"cannot lock {what}: {folder} is a symbolic link "
+                                      "(refused: remove it and run again)")
+            fd = open_no_follow(name, os.O_RDWR | os.O_CREAT)
         except OSError as exc:
-            raise CheckpointError(f"cannot lock {what}: {exc}") from None
+            if exc.errno == errno.ELOOP:
+                raise CheckpointError(f"cannot lock {what}: {name} is a symbolic link "
+                                      "(refused: remove it and run again)") from None
+            raise CheckpointError(f"cannot lock {what}: {os_reason(exc)}") from None
 
         def try_once() -> bool:
             try:

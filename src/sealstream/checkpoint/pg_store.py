@@ -63,7 +63,7 @@ import socket
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from sealstream.checkpoint import crypto
 from sealstream.checkpoint.manifest import MANIFEST_NAME
@@ -256,6 +256,47 @@ def connect(url: str, what: str, deadline: float | None = None, **kwargs: Any) -
         raise CheckpointError(f"cannot connect to {what}: {_reason(exc)}{more}") from None
 
 
+class Reconnectable(Protocol):
+    """An owner of one psycopg connection: ``_db()`` opens it when ``_conn`` is None."""
+
+    _conn: Any
+
+    def _db(self) -> Any: ...
+
+
+def reconnecting(owner: Reconnectable, fn: Callable[[Any, int], T], shown: str) -> T:
+    """``fn(connection, attempt)``, again on a new connection of ``owner`` while the
+    connection is lost (a transient fault), for :func:`retry_seconds` at most, with a
+    :func:`notice` when the fault starts and when it is over. ``fn`` must be safe to
+    repeat after a lost outcome (``attempt`` > 0 says it is a repeat); the last error
+    is raised when the time is up or the fault is not transient."""
+    psycopg = _psycopg()
+    started = time.monotonic()
+    deadline = started + retry_seconds()
+    delay: float | None = 0.1
+    attempt = 0
+    while True:
+        try:
+            result = fn(owner._db(), attempt)
+            if attempt:
+                notice(f"reconnected to {shown} after {time.monotonic() - started:.1f} s")
+            return result
+        except psycopg.Error as exc:
+            conn = owner._conn
+            if not transient(exc, conn):
+                raise
+            if attempt == 0 and retry_seconds() > 0:
+                notice(retrying_notice(shown, exc))
+            delay = _pause(delay, deadline) if delay is not None else None
+            if delay is None:
+                raise
+            if conn is not None:
+                with contextlib.suppress(psycopg.Error):
+                    conn.close()
+            owner._conn = None
+            attempt += 1
+
+
 def _reason(exc: BaseException) -> str:
     """The first line of a database error (psycopg puts details on later lines)."""
     text = str(exc).strip().splitlines()
@@ -317,35 +358,8 @@ class PostgresCheckpointStore(CheckpointStore):
             self._conn = None
 
     def _retrying(self, fn: Callable[[Any, int], T]) -> T:
-        """``fn(connection, attempt)``, again on a new connection while the connection
-        is lost (a transient fault), for :func:`retry_seconds` at most. ``fn`` must be
-        safe to repeat after a lost outcome (``attempt`` > 0 says it is a repeat)."""
-        psycopg = _psycopg()
-        started = time.monotonic()
-        deadline = started + retry_seconds()
-        delay: float | None = 0.1
-        attempt = 0
-        while True:
-            try:
-                result = fn(self._db(), attempt)
-                if attempt:
-                    notice(f"reconnected to {self._shown} after "
-                           f"{time.monotonic() - started:.1f} s")
-                return result
-            except psycopg.Error as exc:
-                conn = self._conn
-                if not transient(exc, conn):
-                    raise
-                if attempt == 0 and retry_seconds() > 0:
-                    notice(retrying_notice(self._shown, exc))
-                delay = _pause(delay, deadline) if delay is not None else None
-                if delay is None:
-                    raise
-                if conn is not None:
-                    with contextlib.suppress(psycopg.Error):
-                        conn.close()
-                self._conn = None
-                attempt += 1
+        """See :func:`reconnecting`."""
+        return reconnecting(self, fn, self._shown)
 
     def _failed(self, what: str, exc: BaseException) -> CheckpointError:
         more = retried_for() if transient(exc, self._conn) else ""

@@ -58,7 +58,6 @@ import json
 import math
 import re
 import sqlite3
-import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -240,41 +239,9 @@ class DatabaseSink(Sink):
         repeat after a lost outcome; ``attempt`` > 0 says it is a repeat)."""
         if self.dialect != "postgresql":
             return fn(self._db(), 0)
-        import psycopg
+        from sealstream.checkpoint.pg_store import reconnecting
 
-        from sealstream.checkpoint.pg_store import (
-            _pause,
-            notice,
-            retry_seconds,
-            retrying_notice,
-            transient,
-        )
-
-        started = time.monotonic()
-        deadline = started + retry_seconds()
-        delay: float | None = 0.1
-        attempt = 0
-        while True:
-            try:
-                result = fn(self._db(), attempt)
-                if attempt:
-                    notice(f"reconnected to {self.shown} after "
-                           f"{time.monotonic() - started:.1f} s")
-                return result
-            except psycopg.Error as exc:
-                conn = self._conn
-                if not transient(exc, conn):
-                    raise
-                if attempt == 0 and retry_seconds() > 0:
-                    notice(retrying_notice(self.shown, exc))
-                delay = _pause(delay, deadline) if delay is not None else None
-                if delay is None:
-                    raise
-                if conn is not None:
-                    with contextlib.suppress(psycopg.Error):
-                        conn.close()
-                self._conn = None
-                attempt += 1
+        return reconnecting(self, fn, self.shown)
 
     def _db_errors(self) -> tuple[type[BaseException], ...]:
         if self.dialect == "sqlite":

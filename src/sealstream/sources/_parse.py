@@ -372,6 +372,23 @@ def changed_while_read(name: str, path: Path, what: str) -> SourceChangedError:
     )
 
 
+def stat_same_file(name: str, path: Path, fd: int, file_id: tuple[int, int]) -> os.stat_result:
+    """The ``fstat`` of the open file ``fd`` of partition ``name``, after checking
+    that ``path`` still names it (``file_id`` is its ``(st_dev, st_ino)`` at open):
+    :class:`SourceChangedError` when it was removed, renamed or replaced."""
+    try:
+        st = os.fstat(fd)
+        at_path = os.stat(path)
+    except FileNotFoundError:
+        raise changed_while_read(name, path, "the file was removed or renamed") from None
+    except OSError as e:
+        raise SourceError(f"cannot read {str(path)!r}: {e.strerror or e}") from e
+    if (at_path.st_dev, at_path.st_ino) != file_id:
+        raise changed_while_read(name, path,
+                                 "its path now names another file (replaced or rotated)")
+    return st
+
+
 def changed_error(name: str, position: PartitionPosition, what: str) -> SourceChangedError:
     return SourceChangedError(
         f"partition {name!r} changed since its checkpoint at offset {position.offset} "
@@ -651,15 +668,7 @@ class LineFileReader:
         opened: its path names another file (replaced, rotated), it is shorter
         (truncated), or its first bytes differ (truncated and written again, as
         a copytruncate rotation does). Growing is not a change."""
-        try:
-            st = os.fstat(self._f.fileno())
-            at_path = os.stat(self._path)
-        except FileNotFoundError:
-            raise self._changed("the file was removed or renamed") from None
-        except OSError as e:
-            raise SourceError(f"cannot read {str(self._path)!r}: {e.strerror or e}") from e
-        if (at_path.st_dev, at_path.st_ino) != self._file_id:
-            raise self._changed("its path now names another file (replaced or rotated)")
+        st = stat_same_file(self.name, self._path, self._f.fileno(), self._file_id)
         if st.st_size < self._size:
             raise self._changed(
                 f"it was truncated to {st.st_size} bytes (it had {self._size} when opened)"

@@ -62,6 +62,7 @@ from ._parse import (
     no_texts,
     parse_pool,
     roles,
+    stat_same_file,
 )
 
 DEFAULT_BATCH_ROWS = 65_536
@@ -218,15 +219,7 @@ class ParquetReader:
     def _check_unchanged(self) -> None:
         """Raise :class:`SourceChangedError` when the file changed since it was
         opened: its path names another file, or its size or footer differ."""
-        try:
-            st = os.fstat(self._fd)
-            at_path = os.stat(self._path)
-        except FileNotFoundError:
-            raise self._changed("the file was removed or renamed") from None
-        except OSError as e:
-            raise SourceError(f"cannot read {str(self._path)!r}: {e.strerror or e}") from e
-        if (at_path.st_dev, at_path.st_ino) != self._file_id:
-            raise self._changed("its path now names another file (replaced or rotated)")
+        st = stat_same_file(self.name, self._path, self._fd, self._file_id)
         if st.st_size != self._size:
             raise self._changed(f"it is now {st.st_size} bytes, it had {self._size} when opened")
         try:

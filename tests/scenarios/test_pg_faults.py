@@ -18,8 +18,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -237,3 +239,84 @@ def test_an_unreachable_server_fails_after_the_retry_time(tmp_path: Path) -> Non
     assert took >= 1.5
     bad = run(spec, env={"SEALSTREAM_PG_RETRY_S": "soon"})
     assert bad.returncode == 2 and "SEALSTREAM_PG_RETRY_S: 'soon'" in bad.stderr, bad.stderr
+
+
+def _stopped(p: subprocess.Popen[str]) -> bool:
+    """Whether the process stopped itself (SEALSTREAM_PAUSE_AT: SIGSTOP)."""
+    try:
+        state = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state == "T"
+
+
+def test_a_run_whose_staging_the_next_run_cleared_says_it_lost_the_lock(
+        tmp_path: Path, expected: Path, pg_url: str) -> None:
+    """The first run is stopped after committing its first epoch and its lock session
+    ends; a second run takes the lock, resumes and finishes (clearing the first run's
+    staging). When the first run goes on, whatever fails first, its one line says the
+    lock was lost, and the output is each result once."""
+    spec = _spec(tmp_path, pg_url)
+    first = None
+    try:
+        first = _start(spec, env={"SEALSTREAM_PAUSE_AT": "after_commit_results:1"})
+        _until(lambda: _stopped(first), "the first run stops after its first commit", first)
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            pid = _lock_session(admin)
+            assert pid is not None
+            _end_session(admin, pid)
+        second = run(spec)
+        assert second.returncode == 0, second.stderr
+        os.kill(first.pid, signal.SIGCONT)
+        _, err = first.communicate(timeout=120)
+    finally:
+        if first is not None and first.poll() is None:
+            first.kill()
+            first.communicate()
+    assert first.returncode == 1, err
+    line = err.strip().splitlines()[-1]
+    assert "lock on the checkpoints of pipeline 'story'" in line and "was lost" in line, err
+    assert "Traceback" not in err
+    assert_same_output(tmp_path, expected)
+
+
+def test_a_frozen_commit_of_the_previous_holder_is_waited_for_and_said(
+        tmp_path: Path, expected: Path, pg_url: str) -> None:
+    """A run that held the lock before is frozen inside a commit (here: the test holds
+    the lock-holder row as such a commit does): the next run says what it waits for,
+    then goes on once that commit ends, and its output is exact."""
+    spec = _spec(tmp_path, pg_url)
+    with PostgresCheckpointStore(pg_url, "story").locked():
+        pass  # the lock-holder row exists, as after any run
+    holder = psycopg.connect(pg_url)
+    holder.execute("SELECT 1 FROM sealstream_lock_holders WHERE pipeline = 'story' "
+                   "FOR UPDATE")
+    job = None
+    lines: list[str] = []
+    try:
+        job = _start(spec)
+        assert job.stderr is not None
+        reader = threading.Thread(target=lambda: lines.extend(job.stderr), daemon=True)
+        reader.start()
+        _until(lambda: any("waiting for a commit" in x for x in lines),
+               "the run says it waits for the frozen commit", job)
+        assert job.poll() is None  # it waits, it does not give up
+        holder.rollback()
+        job.wait(timeout=120)
+        reader.join(timeout=30)
+    finally:
+        holder.close()
+        if job is not None:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+            for pipe in (job.stdout, job.stderr):
+                if pipe is not None:
+                    pipe.close()
+    assert job.returncode == 0, "".join(lines)
+    assert [x for x in lines if x.strip()] == [
+        "sealstream: waiting for a commit of the run that held the lock on pipeline 'story' "
+        f"before ({lines[0].split('before (', 1)[1].split(') to end', 1)[0]}) to end: its "
+        "process may be stopped or frozen; that commit lands or fails before this run "
+        "reads the checkpoints\n"], lines
+    assert_same_output(tmp_path, expected)

@@ -88,10 +88,12 @@ from sealstream.checkpoint import guard
 from sealstream.checkpoint.manifest import (
     checkpoint_key,
 )
+from sealstream.checkpoint.pg_store import PostgresCheckpointStore
 from sealstream.checkpoint.store import CheckpointStore
 from sealstream.errors import (
     BadRecordError,
     CheckpointError,
+    LockHeldError,
     NoValidCheckpointError,
     SealstreamError,
 )
@@ -138,6 +140,19 @@ __all__ = [
     "StartPoint",
     "definition_mismatch",
 ]
+
+
+def _raise_if_lock_lost(store: CheckpointStore, failure: SealstreamError) -> None:
+    """When a run that failed had lost its lock, say that: it is the cause (another
+    run that took the lock over clears this run's staging, so its next write fails)."""
+    if isinstance(failure, LockHeldError) or not isinstance(store, PostgresCheckpointStore):
+        return
+    try:
+        store.check_lock()
+    except LockHeldError as lost:
+        raise LockHeldError(f"{lost} (this run then failed: {failure})") from None
+    except SealstreamError:
+        return  # the lock cannot be checked now: the original failure stands
 
 
 class Job(Checkpointing):
@@ -333,7 +348,7 @@ class Job(Checkpointing):
         try:
             self._loop(checkpoint=store)
             self._await_checkpoint(store)  # the last one is published before the run ends
-        except SealstreamError:
+        except SealstreamError as exc:
             # processing failed while a checkpoint was being written: when that write
             # failed too, report it - it is the earlier failure (a synchronous run would
             # have stopped there, before processing the next epoch)
@@ -343,6 +358,7 @@ class Job(Checkpointing):
                     job.future.result()
                 except SealstreamError as first:
                     raise first from None
+            _raise_if_lock_lost(store, exc)
             raise
         finally:
             self._drain_checkpoint()

@@ -657,13 +657,7 @@ class PostgresCheckpointStore(CheckpointStore):
                     conn.execute("SELECT set_config('idle_session_timeout', '0', false)")
                 # the fencing token: a new generation, waiting for the commit of a run
                 # that lost the lock, if one is in flight (it holds this row)
-                row = conn.execute(
-                    "INSERT INTO sealstream_lock_holders (pipeline, holder, generation, "
-                    "backend_pid) VALUES (%s, %s, 1, pg_backend_pid()) ON CONFLICT (pipeline) "
-                    "DO UPDATE SET holder = EXCLUDED.holder, "
-                    "generation = sealstream_lock_holders.generation + 1, "
-                    "backend_pid = EXCLUDED.backend_pid RETURNING generation, backend_pid",
-                    (self.pipeline, info)).fetchone()
+                row = self._bump_generation(conn, info)
             except psycopg.Error as exc:
                 raise CheckpointError(
                     f"cannot lock the checkpoints of pipeline {self.pipeline!r} in "
@@ -680,6 +674,38 @@ class PostgresCheckpointStore(CheckpointStore):
         finally:
             self._fence = None
             conn.close()  # ends the session: the server releases a lock still held
+
+    #: how long the generation bump waits quietly for a commit in flight of the run
+    #: that held the lock before; then it says what it waits for, and goes on waiting
+    BUMP_QUIET_S = 5.0
+
+    def _bump_generation(self, conn: Any, info: str) -> Any:
+        """The new generation and this session's pid. A run that lost the lock may be
+        inside a commit, holding the row: wait for it (its commit then fails the fence
+        or lands before this run reads the store), with one line on stderr when that
+        takes more than :attr:`BUMP_QUIET_S` (a stopped or frozen process holds it)."""
+        psycopg = _psycopg()
+        sql = ("INSERT INTO sealstream_lock_holders (pipeline, holder, generation, "
+               "backend_pid) VALUES (%s, %s, 1, pg_backend_pid()) ON CONFLICT (pipeline) "
+               "DO UPDATE SET holder = EXCLUDED.holder, "
+               "generation = sealstream_lock_holders.generation + 1, "
+               "backend_pid = EXCLUDED.backend_pid RETURNING generation, backend_pid")
+        conn.execute("SELECT set_config('lock_timeout', %s, false)",
+                     (f"{int(self.BUMP_QUIET_S * 1000)}ms",))
+        try:
+            return conn.execute(sql, (self.pipeline, info)).fetchone()
+        except psycopg.errors.LockNotAvailable:
+            before = conn.execute("SELECT holder FROM sealstream_lock_holders "
+                                  "WHERE pipeline = %s", (self.pipeline,)).fetchone()
+            notice(f"waiting for a commit of the run that held the lock on pipeline "
+                   f"{self.pipeline!r} before ({before[0] if before else 'unknown'}) to "
+                   "end: its process may be stopped or frozen; that commit lands or "
+                   "fails before this run reads the checkpoints")
+            conn.execute("SELECT set_config('lock_timeout', '0', false)")
+            return conn.execute(sql, (self.pipeline, info)).fetchone()
+        finally:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("SELECT set_config('lock_timeout', '0', false)")
 
     def _release(self, conn: Any, key: int, *, quiet: bool) -> None:
         """Release the lock before the connection closes (closing alone lets the

@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.startup")
     ap.add_argument("--repeat", type=int, default=7)
     args = ap.parse_args(argv)
+    from bench.harness import compile_package
+
+    compile_package()  # as an installed wheel is: start-up is not compiling the sources
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])

@@ -88,7 +88,6 @@ from sealstream.checkpoint import guard
 from sealstream.checkpoint.manifest import (
     checkpoint_key,
 )
-from sealstream.checkpoint.pg_store import PostgresCheckpointStore
 from sealstream.checkpoint.store import CheckpointStore
 from sealstream.errors import (
     BadRecordError,
@@ -145,7 +144,7 @@ __all__ = [
 def _raise_if_lock_lost(store: CheckpointStore, failure: SealstreamError) -> None:
     """When a run that failed had lost its lock, say that: it is the cause (another
     run that took the lock over clears this run's staging, so its next write fails)."""
-    if isinstance(failure, LockHeldError) or not isinstance(store, PostgresCheckpointStore):
+    if isinstance(failure, LockHeldError):
         return
     try:
         store.check_lock()

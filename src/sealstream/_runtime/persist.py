@@ -33,7 +33,6 @@ from sealstream.checkpoint.manifest import (
     SUPPRESS_NAME,
     seal,
 )
-from sealstream.checkpoint.pg_store import PostgresCheckpointStore
 from sealstream.checkpoint.store import CheckpointStore, checkpoint_dirname
 from sealstream.pipeline import Pipeline
 from sealstream.sinks._base import Sink
@@ -332,8 +331,7 @@ class Checkpointing:
         blocked = job.blocked_s + (time.monotonic() - waited)
         self._remember_chain(job.cid, entries)
         self.output.drain()  # no sink method runs beside a write
-        if isinstance(store, PostgresCheckpointStore):
-            store.check_lock()  # a run that lost its lock commits no more output
+        store.check_lock()  # a run that lost its lock commits no more output
         for role, sink in self.sinks.items():
             sink.commit(job.epoch, job.tokens[role])
             self.crash(f"after_commit_{role}")

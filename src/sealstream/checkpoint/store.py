@@ -271,6 +271,11 @@ class CheckpointStore(abc.ABC):
     def close(self) -> None:  # noqa: B027 - a no-op for stores without connections
         """Release connections (the store can still be used: they reopen)."""
 
+    def check_lock(self) -> None:  # noqa: B027 - a no-op where a lock cannot be lost
+        """LockHeldError when this store, locked for a run, no longer holds the job's
+        lock. A kernel lock (directory, SQLite) lasts as long as the process; a
+        PostgreSQL session lock can be lost while the run goes on."""
+
     # ------------------------------------------------------------ shared reading
     def _bounded(self, rel: str, limit: int) -> bytes | None:
         """At most ``limit + 1`` stored bytes of blob ``rel`` (None when absent), so

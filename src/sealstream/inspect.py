@@ -47,8 +47,9 @@ from sealstream.checkpoint.store import (
     checkpoint_dirname,
 )
 from sealstream.errors import CheckpointError, SpecError
-from sealstream.pipeline import NUMERIC_FUNCTIONS, Aggregate, parse_aggregate
-from sealstream.sources._base import KEY, KEY_IS_INT, FieldKind, FieldPlan
+from sealstream.pipeline import Aggregate, parse_aggregate
+from sealstream.pipeline.model import field_kinds
+from sealstream.sources._base import KEY, KEY_IS_INT, FieldPlan
 from sealstream.state import incremental
 from sealstream.state.codec import decode_table, sha256_hex
 from sealstream.watermark import NEG_INF, POS_INF, json_ms
@@ -615,14 +616,7 @@ def _accumulators(definition: Mapping[str, Any], order: Any = None) -> Accumulat
                                  for n in _spec_order(aggs_def, order)]
     except SpecError as exc:
         raise CheckpointError(f"the manifest's aggregates cannot be read: {exc}") from None
-    kinds: dict[str, FieldKind] = {}
-    for agg in aggs:
-        if agg.field is None:
-            continue
-        numeric = agg.func in NUMERIC_FUNCTIONS
-        if numeric or agg.field not in kinds:
-            kinds[agg.field] = "numeric" if numeric else "any"
-    plan = FieldPlan(key=source["key"], time=source["time"], fields=kinds)
+    plan = FieldPlan(key=source["key"], time=source["time"], fields=field_kinds(aggs))
     return Accumulators(tuple(aggs), plan)
 
 

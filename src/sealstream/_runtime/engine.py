@@ -100,9 +100,18 @@ from sealstream.pipeline import Pipeline
 from sealstream.sinks import open_sink
 from sealstream.sinks._base import JSON_LINE
 from sealstream.sinks.database import DatabaseSink, same_database
-from sealstream.sources._base import OFFSET, PARTITION, RAW, float_col, int_col, json_col
+from sealstream.sources._base import (
+    OFFSET,
+    PARTITION,
+    RAW,
+    FieldPlan,
+    float_col,
+    int_col,
+    json_col,
+)
 from sealstream.state import incremental
 from sealstream.state.codec import WATERMARK_META, decode_table
+from sealstream.transforms import TransformStage, compile_transform
 from sealstream.watermark import POS_INF, WatermarkState, assign_watermarks
 from sealstream.windows.aggregates import SEQ
 from sealstream.windows.operator import WindowOperator
@@ -139,6 +148,16 @@ __all__ = [
     "StartPoint",
     "definition_mismatch",
 ]
+
+
+def _transform_stage(p: Pipeline, plan: FieldPlan) -> TransformStage | None:
+    """The pipeline's transform as a stage (None without one)."""
+    tf = compile_transform(p)
+    if tf is None:
+        return None
+    numeric = frozenset(f for f, k in p.event_plan().fields.items()
+                        if k == "numeric" and f in tf.derived)
+    return TransformStage(tf, plan, numeric, p.source.key, p.source.time)
 
 
 def _raise_if_lock_lost(store: CheckpointStore, failure: SealstreamError) -> None:
@@ -187,6 +206,7 @@ class Job(Checkpointing):
         self.partitions = pipeline.source.partitions()
         self.names = [n for n, _ in self.partitions]
         self.plan = pipeline.field_plan()
+        self.transform = _transform_stage(pipeline, self.plan)
         self.fingerprint = pipeline.fingerprint()
         self.run_token = secrets.token_hex(6)
         self.counters = Counters()  # the job's totals: restored on resume
@@ -270,7 +290,7 @@ class Job(Checkpointing):
 
     # ================================================================ setup
     def _open_sinks(self) -> None:
-        funcs = {a.name: a.func for a in self.p.parsed_aggregates}
+        funcs = {a.name: a.result_kind for a in self.p.parsed_aggregates}
         self.sinks["results"] = open_sink(self.p.sink, "results", self.run_token, funcs)
         if self.p.late is not None:
             self.sinks["late"] = open_sink(self.p.late, "records", self.run_token)
@@ -581,6 +601,12 @@ class Job(Checkpointing):
             elif batch.empty_and_done[q]:
                 self.wm.exhausted[q] = True  # nothing (left) to read: W_q = +inf
         events = batch.events
+        # ---- transforms (docs/transforms.md): derived fields, key and time first, on
+        # every parsed record; the filter waits until the watermark has seen them all
+        if self.transform is not None:
+            events, failed = self.transform.apply(events)
+            if failed.height:
+                self._handle_bad(self._failed_records(failed, batch))
         if events.height:
             events = events.with_columns(
                 (pl.col(OFFSET) * n_parts + pl.col(PARTITION)).alias(SEQ)
@@ -588,6 +614,9 @@ class Job(Checkpointing):
         events = assign_watermarks(
             events, self.wm, batch.end, self.operator.watermark_threshold(events)
         )
+        read = events.height
+        if self.transform is not None:
+            events = self.transform.keep(events)
         if batch.finished:
             self.wm.exhausted = [True] * n_parts
             self.wm.global_ms = POS_INF
@@ -599,7 +628,7 @@ class Job(Checkpointing):
             # firing may rewrite a key's rows without an event of it (sliding windows'
             # fragments narrow as their windows fire): those keys changed too
             self._touched.append(incremental.batch_keys(out.fired))
-        self.counters.events += events.height
+        self.counters.events += read
         if self.unseen_fields and events.height:
             self._note_fields(events)
         if out.fired.height:
@@ -615,7 +644,20 @@ class Job(Checkpointing):
         if self.crash.targets:
             self.output.drain()  # an armed crash point sees the batch's output staged
         self.crash("after_stage")
-        return events.height
+        return read
+
+    def _failed_records(self, failed: pl.DataFrame, batch: Batch) -> pl.DataFrame:
+        """Records a transform failed on, as bad records (line and text looked up)."""
+        parts = failed.get_column(PARTITION).to_numpy().astype(np.int32, copy=False)
+        offs = failed.get_column("_offset").to_numpy().astype(np.int64, copy=False)
+        delta = 2 if self.p.source.kind == "csv" else 1  # CSV: the header is line 1
+        return failed.select(
+            pl.col(PARTITION).alias("_p"),
+            pl.col("_offset"),
+            (pl.col("_offset") + delta).alias("_line"),
+            pl.col("_reason"),
+            batch.raw_texts(parts, offs).alias("_raw"),
+        )
 
     def _note_fields(self, events: pl.DataFrame) -> None:
         """Forget the aggregated fields that some event of ``events`` carries (a

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import polars as pl
+
 from sealstream.errors import SpecError
 from sealstream.pipeline.source import FileSource
 from sealstream.sources._base import FieldKind, FieldPlan
@@ -23,9 +25,19 @@ DEFAULT_BATCH_SIZE = 262_144
 #: (exit 1, after committing) only when it had records and none was good, and warns
 #: when more than this share of its records is bad
 WARN_BAD_RATIO = 0.5
-AGGREGATE_FUNCTIONS = ("count", "sum", "min", "max", "mean", "first", "last")
-NUMERIC_FUNCTIONS = frozenset({"sum", "min", "max", "mean"})
-_AGG_RE = re.compile(r"^\s*(count|sum|min|max|mean|first|last)\s*(?:\(\s*([^()\s]*)\s*\))?\s*$")
+AGGREGATE_FUNCTIONS = (
+    "count", "sum", "min", "max", "mean", "first", "last",
+    "count_distinct", "approx_count_distinct", "median", "quantile", "stddev", "variance",
+    "count_if",
+)
+NUMERIC_FUNCTIONS = frozenset({"sum", "min", "max", "mean", "median", "quantile", "stddev",
+                               "variance"})
+_AGG_RE = re.compile(r"^\s*([A-Za-z_]+)\s*(?:\((.*)\))?\s*$", re.DOTALL)
+_FIELD_RE = re.compile(r"^[^()\s,]+$")
+#: the result type family of each function, for typed outputs (database columns)
+RESULT_KIND = {"count_distinct": "count", "approx_count_distinct": "count",
+               "count_if": "count", "median": "mean", "quantile": "mean",
+               "stddev": "mean", "variance": "mean"}
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 RESERVED_OUTPUT_NAMES = frozenset({"key", "window_start", "window_end"})
 
@@ -78,10 +90,24 @@ class Aggregate:
     name: str
     func: str
     field: str | None
+    #: quantile: the fraction q (0 <= q <= 1); median is quantile 0.5
+    q: float | None = None
+    #: count_if: the condition, an SQL expression over the record
+    condition: str | None = None
 
     @property
     def expr(self) -> str:
+        if self.func == "count_if":
+            return f"count_if({self.condition})"
+        if self.func == "quantile":
+            return f"quantile({self.field}, {self.q!r})"
         return self.func if self.field is None else f"{self.func}({self.field})"
+
+    @property
+    def result_kind(self) -> str:
+        """``count``/``mean`` for the newer functions (their typed output is an
+        integer count or a float), else the function itself."""
+        return RESULT_KIND.get(self.func, self.func)
 
 
 @dataclass(frozen=True)
@@ -150,6 +176,12 @@ class Pipeline:
     checkpoint: Checkpoints | None = None
     batch_size: int = DEFAULT_BATCH_SIZE
     max_bad_ratio: float | None = None
+    #: keep only the events for which this is true (an SQL expression, or a Polars
+    #: expression); see docs/transforms.md
+    where: str | pl.Expr | None = None
+    #: derived fields, in order: name -> SQL expression (or Polars expression); a
+    #: later one may read an earlier one, the key and the time may be derived
+    fields: Mapping[str, str | pl.Expr] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         from sealstream.pipeline.validate import validate
@@ -161,14 +193,21 @@ class Pipeline:
         return [parse_aggregate(n, e) for n, e in self.aggregates.items()]
 
     def field_plan(self) -> FieldPlan:
-        kinds: dict[str, FieldKind] = {}
-        for agg in self.parsed_aggregates:
-            if agg.field is None:
-                continue
-            numeric = agg.func in NUMERIC_FUNCTIONS
-            if numeric or agg.field not in kinds:
-                kinds[agg.field] = "numeric" if numeric else "any"
-        return FieldPlan(key=self.source.key, time=self.source.time, fields=kinds)
+        """What the source extracts: the key, the time and every field an aggregate or a
+        transform reads (a field that a transform derives is not read from the source)."""
+        from sealstream.transforms import compile_transform
+
+        tf = compile_transform(self)
+        if tf is None:
+            return FieldPlan(key=self.source.key, time=self.source.time,
+                             fields=field_kinds(self.parsed_aggregates))
+        return tf.source_plan(self.source.key, self.source.time, self.parsed_aggregates)
+
+    def event_plan(self) -> FieldPlan:
+        """The value fields events carry into the windows (after the transform): every
+        field an aggregate reads, derived or not."""
+        return FieldPlan(key=self.source.key, time=self.source.time,
+                         fields=field_kinds(self.parsed_aggregates))
 
     def fingerprint_fields(self) -> dict[str, Any]:
         """What the saved state depends on; changing any of these changes the fingerprint."""
@@ -184,7 +223,21 @@ class Pipeline:
             "watermark": {"max_delay_ms": self.watermark.max_delay_ms},
             "window": _window_dict(self.window),
             "aggregates": {a.name: a.expr for a in self.parsed_aggregates},
+            **self._transform_fingerprint(),
         }
+
+    def _transform_fingerprint(self) -> dict[str, Any]:
+        """The transform and the sketch hash, only when used (so the fingerprint of a
+        pipeline without them is what it was before transforms existed)."""
+        from sealstream.transforms import compile_transform
+
+        out: dict[str, Any] = {}
+        tf = compile_transform(self)
+        if tf is not None:
+            out["transform"] = tf.fingerprint()
+        if any(a.func == "approx_count_distinct" for a in self.parsed_aggregates):
+            out["sketch"] = sketch_fingerprint()
+        return out
 
     def fingerprint(self) -> str:
         blob = json.dumps(self.fingerprint_fields(), sort_keys=True, separators=(",", ":"))
@@ -204,6 +257,34 @@ def _window_dict(w: Window) -> dict[str, Any]:
     return {"kind": "session", "gap_ms": w.gap_ms, "lateness_ms": w.allowed_lateness_ms}
 
 
+def sketch_fingerprint() -> dict[str, Any]:
+    """What approx_count_distinct's registers depend on: the HyperLogLog precision and
+    the hash (Polars' ``hash``, stable within a Polars version only)."""
+    import polars
+
+    from sealstream.windows.sketches import HLL_PRECISION
+
+    return {"hll_precision": HLL_PRECISION, "hash": f"polars-{polars.__version__}"}
+
+
+def field_kinds(aggs: list[Aggregate]) -> dict[str, FieldKind]:
+    """The value fields aggregates read, each ``numeric`` when a numeric function reads
+    it, else ``any``."""
+    kinds: dict[str, FieldKind] = {}
+    for agg in aggs:
+        if agg.field is None:
+            continue
+        numeric = agg.func in NUMERIC_FUNCTIONS
+        if numeric or agg.field not in kinds:
+            kinds[agg.field] = "numeric" if numeric else "any"
+    return kinds
+
+
+_USAGE = ("count, sum(f), min(f), max(f), mean(f), first(f), last(f), count_distinct(f), "
+          "approx_count_distinct(f), median(f), quantile(f, q), stddev(f), variance(f), "
+          "count_if(condition)")
+
+
 def parse_aggregate(name: str, expr: object) -> Aggregate:
     """Parse ``"sum(amount)"`` into an :class:`Aggregate`, or raise SpecError."""
     setting = f"aggregates.{name}"
@@ -214,22 +295,39 @@ def parse_aggregate(name: str, expr: object) -> Aggregate:
     if not isinstance(expr, str):
         raise SpecError(f"{setting}: expected a string like \"sum(amount)\", got {expr!r}")
     m = _AGG_RE.match(expr)
-    if not m:
-        raise SpecError(
-            f"{setting} = {expr!r}: unknown aggregate; use one of "
-            "count, sum(f), min(f), max(f), mean(f), first(f), last(f)"
-        )
-    func, fld = m.group(1), m.group(2)
+    func = m.group(1).lower() if m else ""
+    if not m or func not in AGGREGATE_FUNCTIONS:
+        raise SpecError(f"{setting} = {expr!r}: unknown aggregate; use one of {_USAGE}")
+    arg = None if m.group(2) is None else m.group(2).strip()
     if func == "count":
-        if fld:
+        if arg:
             raise SpecError(f"{setting} = {expr!r}: count takes no field (it counts records)")
         return Aggregate(name, "count", None)
-    if not fld:
-        raise SpecError(f"{setting} = {expr!r}: {func} needs a field, e.g. {func}(amount)")
-    if "," in fld:
+    if not arg:
+        example = {"quantile": "quantile(latency_ms, 0.99)",
+                   "count_if": "count_if(level = 'error')"}.get(func, f"{func}(amount)")
+        raise SpecError(f"{setting} = {expr!r}: {func} needs a field, e.g. {example}")
+    if func == "count_if":
+        return Aggregate(name, func, None, condition=arg)
+    q: float | None = None
+    if func == "quantile":
+        fld, _, q_text = arg.rpartition(",")
+        fld = fld.strip()
+        try:
+            q = float(q_text)
+        except ValueError:
+            q = None
+        if not fld or q is None or not 0.0 <= q <= 1.0:
+            raise SpecError(f"{setting} = {expr!r}: quantile takes a field and a fraction "
+                            "q from 0 to 1, e.g. quantile(latency_ms, 0.99)")
+        arg = fld
+    elif func == "median":
+        q = 0.5
+    if "," in arg:
         raise SpecError(f"{setting} = {expr!r}: {func} takes one field")
-    return Aggregate(name, func, fld)
-
+    if not _FIELD_RE.match(arg):
+        raise SpecError(f"{setting} = {expr!r}: {arg!r} is not a field name")
+    return Aggregate(name, func, arg, q=q)
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:

@@ -28,6 +28,7 @@ _SECTIONS: dict[str, set[str]] = {
     "source": {"kind", "paths", "path", "key", "time"},
     "watermark": {"max_delay_ms"},
     "window": {"kind", "size_ms", "slide_ms", "gap_ms", "allowed_lateness_ms"},
+    "transform": {"where", "fields"},
     "aggregates": set(),
     "sink": {"kind", "path", "url", "table"},
     "late": {"kind", "path", "url", "table"},
@@ -181,6 +182,7 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
         )
     sink = output("sink")
     assert sink is not None
+    where, fields = _transform(data.get("transform", {}))
     return Pipeline(
         name=name,
         source=source,
@@ -193,7 +195,23 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
         checkpoint=ckpt,
         batch_size=batch_size,
         max_bad_ratio=max_bad_ratio,
+        where=where,
+        fields=fields,
     )
+
+
+def _transform(sec: dict[str, Any]) -> tuple[str | None, dict[str, str]]:
+    """``[transform]``: ``where = "..."`` and ``fields.NAME = "..."`` (SQL expressions)."""
+    where = _get(sec, "transform", "where", str, None)
+    fields = sec.get("fields", {})
+    if not isinstance(fields, dict):
+        raise SpecError(f"transform.fields: expected a table of name = expression, e.g. "
+                        f"fields.bytes_kb = \"bytes / 1024\", got {fields!r}")
+    for name, text in fields.items():
+        if not isinstance(text, str):
+            raise SpecError(f"transform.fields.{name}: expected an expression (a string), "
+                            f"got {text!r}")
+    return where, dict(fields)
 
 
 def with_batch_size(p: Pipeline, batch_size: int) -> Pipeline:

@@ -133,6 +133,9 @@ def validate(p: Pipeline) -> None:
     if not p.aggregates:
         raise SpecError("aggregates: at least one aggregate is needed, e.g. n = \"count\"")
     aggs = [parse_aggregate(n, e) for n, e in p.aggregates.items()]
+    from sealstream.transforms import compile_transform
+
+    compile_transform(p)  # a bad expression names its setting and position
     for a in aggs:
         if a.field is not None and a.field in (p.source.key,):
             raise SpecError(f"aggregates.{a.name}: {a.expr} reads the key field")

@@ -98,6 +98,10 @@ class FieldPlan:
     key: str
     time: str
     fields: dict[str, FieldKind] = field(default_factory=dict)
+    #: the key (time) is a field the pipeline's transform derives: the source leaves
+    #: ``__key`` (``__t``) null and a record lacking that field is not bad for it
+    derived_key: bool = False
+    derived_time: bool = False
 
     def event_schema(self) -> dict[str, pl.DataType]:
         schema: dict[str, pl.DataType] = {

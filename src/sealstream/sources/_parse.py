@@ -236,15 +236,21 @@ class Typer:
         self._time_iso = (
             time_expr.when(kt == STRING).then(pl.col("__iso")).otherwise(None).alias(TIME)
         )
-        bad_mask = (kk == MISSING) | pl.col(TIME).is_null()
+        if plan.derived_time:  # the transform derives it (and judges it)
+            self._time = self._time_iso = pl.lit(None, dtype=pl.Int64).alias(TIME)
+        bad_mask = pl.lit(False)
+        if not plan.derived_key:
+            bad_mask = bad_mask | (kk == MISSING)
+        if not plan.derived_time:
+            bad_mask = bad_mask | pl.col(TIME).is_null()
         for name in sorted(plan.fields):
             if plan.fields[name] == "numeric":
                 bad_mask = bad_mask | (pl.col(f"k{value_j[name]}") >= STRING)
         self._bad_mask = bad_mask
         self._events: list[pl.Expr] = [
             pl.col(OFFSET),
-            pl.col(f"t{jk}").alias(KEY),
-            (kk == INT).alias(KEY_IS_INT),
+            (pl.lit(None, dtype=pl.String) if plan.derived_key else pl.col(f"t{jk}")).alias(KEY),
+            (pl.lit(False) if plan.derived_key else kk == INT).alias(KEY_IS_INT),
             pl.col(TIME),
         ]
         self._json_fields: dict[int, tuple[int, pl.Expr]] = {}
@@ -266,11 +272,11 @@ class Typer:
                 self._json_fields[len(self._events)] = (j, with_str)
                 self._events.append(plain)
         reason: Any = (
-            pl.when(kk == MISSING)
+            pl.when((kk == MISSING) & pl.lit(not plan.derived_key))
             .then(pl.lit(f"missing key field {plan.key!r}"))
-            .when(kt == MISSING)
+            .when((kt == MISSING) & pl.lit(not plan.derived_time))
             .then(pl.lit(f"missing time field {plan.time!r}"))
-            .when(pl.col(TIME).is_null() & out_of_range)
+            .when(pl.col(TIME).is_null() & out_of_range & pl.lit(not plan.derived_time))
             .then(
                 pl.concat_str(
                     pl.lit(f"time field {plan.time!r} is out of range (at most 2**61 ms "
@@ -278,7 +284,7 @@ class Typer:
                     _json_repr(jt),
                 )
             )
-            .when(pl.col(TIME).is_null())
+            .when(pl.col(TIME).is_null() & pl.lit(not plan.derived_time))
             .then(
                 pl.concat_str(
                     pl.lit(f"time field {plan.time!r} is not an integer or ISO-8601 string: "),

@@ -30,6 +30,7 @@ import numpy as np
 import polars as pl
 
 from sealstream.pipeline import Aggregate
+from sealstream.windows import sketches
 from sealstream.sources._base import (
     KEY,
     KEY_IS_INT,
@@ -45,6 +46,15 @@ WSTART = "window_start"
 WEND = "window_end"
 GROUP = [KEY, KEY_IS_INT, WSTART, WEND]
 COUNT = "#n"
+CONDITION_PREFIX = "?if:"
+"""count_if's condition is a derived 0/1 field ``?if:<output name>`` (see transforms)."""
+LIST_STATES = ("#cd:", "#hll:", "#qv:")
+"""Accumulators holding a list per window (distinct values, sketch codes, values)."""
+
+
+def condition_field(name: str) -> str:
+    """The derived field holding count_if ``name``'s condition (1 or 0)."""
+    return CONDITION_PREFIX + name
 
 
 def _float_json(expr: pl.Expr) -> pl.Expr:
@@ -185,11 +195,15 @@ class Accumulators:
         """True when first/last need events sorted by (time, sequence)."""
         return any(a.func in ("first", "last") for a in self.aggregates)
 
+    def _conditions(self) -> list[str]:
+        return sorted(condition_field(a.name) for a in self.aggregates if a.func == "count_if")
+
     def input_columns(self) -> list[str]:
         """The event columns the partial aggregations read."""
         cols: list[str] = []
         for f in sorted({a.field for a in self.aggregates if a.field}):
             cols += self._value_cols(f)
+        cols += [int_col(c) for c in self._conditions()]
         return cols
 
     def schema(self) -> dict[str, pl.DataType]:
@@ -213,6 +227,18 @@ class Accumulators:
                 s[f"#{tag}f:{f}"] = pl.Float64()
                 if self.plan.fields.get(f) == "any":
                     s[f"#{tag}s:{f}"] = pl.String()
+        for f in self._fields("count_distinct"):
+            s[f"#cd:{f}"] = pl.List(pl.String())
+        for f in self._fields("approx_count_distinct"):
+            s[f"#hll:{f}"] = pl.List(pl.UInt32())
+        for f in self._fields("median", "quantile"):
+            s[f"#qv:{f}"] = pl.List(pl.Float64())
+        for f in self._fields("stddev", "variance"):
+            s[f"#vn:{f}"] = pl.Int64()
+            s[f"#vm:{f}"] = pl.Float64()
+            s[f"#vq:{f}"] = pl.Float64()
+        for c in self._conditions():
+            s[f"#ci:{c}"] = pl.Int64()
         return s
 
     def _value_cols(self, f: str) -> list[str]:
@@ -256,6 +282,19 @@ class Accumulators:
                     picked = pl.col(src).filter(present)
                     picked = picked.first() if func == "first" else picked.last()
                     out.append(picked.alias(f"#{tag}{sfx}:{f}"))
+        for f in self._fields("count_distinct"):
+            text = sketches.canonical(f, self.plan.fields.get(f) == "any")
+            out.append(text.drop_nulls().unique().sort().alias(f"#cd:{f}"))
+        for f in self._fields("approx_count_distinct"):
+            text = sketches.canonical(f, self.plan.fields.get(f) == "any")
+            out.append(sketches.hll_codes(text).drop_nulls().unique().sort().alias(f"#hll:{f}"))
+        for f in self._fields("median", "quantile"):
+            out.append(sketches.number(f).drop_nulls().alias(f"#qv:{f}"))
+        for f in self._fields("stddev", "variance"):
+            n, mean, m2 = sketches.welford_partial(sketches.number(f))
+            out += [n.alias(f"#vn:{f}"), mean.alias(f"#vm:{f}"), m2.alias(f"#vq:{f}")]
+        for c in self._conditions():
+            out.append(pl.col(int_col(c)).sum().cast(pl.Int64).alias(f"#ci:{c}"))
         return out
 
     # ---------------------------------------------------------------- combine
@@ -282,6 +321,21 @@ class Accumulators:
                         .first()
                         .alias(c)
                     )
+        for f in self._fields("count_distinct"):
+            c = f"#cd:{f}"
+            out.append(pl.col(c).explode().drop_nulls().unique().sort().alias(c))
+        for f in self._fields("approx_count_distinct"):
+            c = f"#hll:{f}"
+            out.append(pl.col(c).explode().drop_nulls().unique().sort().alias(c))
+        for f in self._fields("median", "quantile"):
+            c = f"#qv:{f}"
+            out.append(pl.col(c).explode().drop_nulls().alias(c))
+        for f in self._fields("stddev", "variance"):
+            names = (f"#vn:{f}", f"#vm:{f}", f"#vq:{f}")
+            for name, expr in zip(names, sketches.welford_combine(*names), strict=True):
+                out.append(expr.alias(name))
+        for c in self._conditions():
+            out.append(pl.col(f"#ci:{c}").sum())
         return out
 
     def combine_pair(self, suffix: str) -> list[pl.Expr]:
@@ -296,7 +350,14 @@ class Accumulators:
                 out.append(pl.min_horizontal(early, late).alias(name))
             elif name.startswith(("#maxi:", "#maxf:")):
                 out.append(pl.max_horizontal(early, late).alias(name))
-            elif name == COUNT or name.startswith(("#si:", "#sf:", "#ni:", "#nf:")):
+            elif name.startswith(LIST_STATES):
+                empty = pl.lit([], dtype=self.schema()[name])
+                both = pl.concat_list([early.fill_null(empty), late.fill_null(empty)])
+                if name.startswith("#qv:"):
+                    out.append(both.alias(name))
+                else:
+                    out.append(both.list.unique().list.sort().alias(name))
+            elif name == COUNT or name.startswith(("#si:", "#sf:", "#ni:", "#nf:", "#ci:")):
                 out.append(
                     pl.when(early.is_null())
                     .then(late)
@@ -321,6 +382,10 @@ class Accumulators:
                     out.append(
                         pl.when(take_early).then(pl.col(c + suffix)).otherwise(pl.col(c)).alias(c)
                     )
+        for f in self._fields("stddev", "variance"):
+            names = (f"#vn:{f}", f"#vm:{f}", f"#vq:{f}")
+            for name, expr in zip(names, sketches.welford_pair(*names, suffix), strict=True):
+                out.append(expr.alias(name))
         return out
 
     def combine_ranges(
@@ -334,7 +399,8 @@ class Accumulators:
         a range one by one in row order (starting from 0.0, as Polars' sum does);
         min/max take the smallest/largest non-null value.
         """
-        if self.needs_order():
+        if self.needs_order() or any(name.startswith(("#vn:", *LIST_STATES))
+                                     for name in self.schema()):
             return None
         n = order.size
         width = int((r1 - r0).max())
@@ -445,7 +511,25 @@ class Accumulators:
         f = a.field
         if a.func == "count":
             return pl.col(COUNT), pl.col(COUNT).cast(pl.String)
+        if a.func == "count_if":
+            c = pl.col(f"#ci:{condition_field(a.name)}").fill_null(0)
+            return c, c.cast(pl.String)
         assert f is not None
+        if a.func in ("count_distinct", "approx_count_distinct"):
+            if a.func == "count_distinct":
+                n = pl.col(f"#cd:{f}").list.len().cast(pl.Int64).fill_null(0)
+            else:
+                n = sketches.hll_estimate(pl.col(f"#hll:{f}")).fill_null(0)
+            return n, n.cast(pl.String)
+        if a.func in ("median", "quantile"):
+            assert a.q is not None
+            values = pl.col(f"#qv:{f}")
+            q = values.list.eval(pl.element().quantile(a.q, "linear")).list.first()
+            return q, _float_json(q)
+        if a.func in ("stddev", "variance"):
+            var = sketches.welford_variance(f"#vn:{f}", f"#vq:{f}")
+            value = var.sqrt() if a.func == "stddev" else var
+            return value, _float_json(value)
         if a.func in ("sum", "mean"):
             si, sf = pl.col(f"#si:{f}"), pl.col(f"#sf:{f}")
             ni, nf = pl.col(f"#ni:{f}"), pl.col(f"#nf:{f}")

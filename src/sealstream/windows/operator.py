@@ -80,7 +80,7 @@ class WindowOperator:
     def __init__(self, pipeline: Pipeline, state: pl.DataFrame | None = None) -> None:
         self.window = pipeline.window
         self.lateness = pipeline.window.allowed_lateness_ms
-        self.acc = Accumulators(tuple(pipeline.parsed_aggregates), pipeline.field_plan())
+        self.acc = Accumulators(tuple(pipeline.parsed_aggregates), pipeline.event_plan())
         self.schema: dict[str, pl.DataType] = {
             KEY: pl.String(),
             KEY_IS_INT: pl.Boolean(),

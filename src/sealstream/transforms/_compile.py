@@ -1,0 +1,109 @@
+"""A pipeline's transform, compiled: the steps in the order they run, the source
+fields they read, and what the fingerprint records."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+
+from sealstream.errors import SpecError
+from sealstream.sources._base import FieldKind, FieldPlan
+from sealstream.transforms._expr import check_polars, parse_sql
+
+if TYPE_CHECKING:
+    from sealstream.pipeline.model import Aggregate, Pipeline
+
+KEEP = "__keep"
+"""The column the filter's verdict takes until the engine applies it."""
+
+BatchFn = Callable[[pl.DataFrame], pl.DataFrame]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One expression: its result becomes field ``name`` (or the filter's verdict)."""
+
+    name: str
+    setting: str
+    text: str
+    expr: pl.Expr
+    kind: str  # "field" | "where" | "condition"
+
+
+@dataclass(frozen=True)
+class CompiledTransform:
+    """Derived fields in the order given, count_if conditions, then the filter."""
+
+    steps: tuple[Step, ...]
+    inputs: tuple[str, ...]
+    """Source fields the expressions read (not derived before they are read)."""
+    derived: frozenset[str]
+    where: Step | None
+
+    def fingerprint(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        fields = {s.name: s.text for s in self.steps if s.kind == "field"}
+        if fields:
+            out["fields"] = fields
+        if self.where is not None:
+            out["where"] = self.where.text
+        return out
+
+    def source_plan(self, key: str, time: str, aggs: list[Aggregate]) -> FieldPlan:
+        """What the source extracts: aggregated fields that are not derived, and the
+        fields the expressions read (kind ``any`` unless a numeric aggregate reads it)."""
+        from sealstream.pipeline.model import field_kinds
+
+        kinds: dict[str, FieldKind] = {
+            f: k for f, k in field_kinds(aggs).items() if f not in self.derived
+        }
+        for f in self.inputs:
+            kinds.setdefault(f, "any")
+        return FieldPlan(key=key, time=time, fields=kinds,
+                         derived_key=key in self.derived, derived_time=time in self.derived)
+
+
+def _expr(setting: str, value: object) -> tuple[str, pl.Expr]:
+    if isinstance(value, pl.Expr):
+        return str(value), check_polars(setting, value)
+    return str(value), parse_sql(setting, value)
+
+
+def compile_transform(p: Pipeline) -> CompiledTransform | None:
+    """The transform of ``p`` (None when it has no filter, derived field or count_if).
+
+    Raises SpecError naming the setting of the first bad expression."""
+    from sealstream.windows.aggregates import condition_field
+
+    conditions = [a for a in p.parsed_aggregates if a.func == "count_if"]
+    if p.where is None and not p.fields and not conditions:
+        return None
+    if not isinstance(p.fields, Mapping):
+        raise SpecError(f"transform.fields: expected a table of name = expression, got "
+                        f"{p.fields!r:.60}")
+    steps: list[Step] = []
+    inputs: list[str] = []
+    derived: set[str] = set()
+
+    def add(name: str, setting: str, value: object, kind: str) -> Step:
+        text, expr = _expr(setting, value)
+        for root in expr.meta.root_names():
+            if root not in derived and root not in inputs:
+                inputs.append(root)
+        step = Step(name, setting, text, expr, kind)
+        steps.append(step)
+        return step
+
+    for name, value in p.fields.items():
+        if not isinstance(name, str) or not name or name.startswith(("_", "?", "#")):
+            raise SpecError(f"transform.fields: {name!r} is not a valid field name (names "
+                            "starting with _ are reserved)")
+        add(name, f"transform.fields.{name}", value, "field")
+        derived.add(name)
+    for a in conditions:
+        add(condition_field(a.name), f"aggregates.{a.name}", a.condition, "condition")
+    where = None if p.where is None else add(KEEP, "transform.where", p.where, "where")
+    return CompiledTransform(tuple(steps), tuple(inputs), frozenset(derived), where)

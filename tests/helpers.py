@@ -33,6 +33,11 @@ class Case:
     batch_size: int = 64
     checkpoint_every: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: [transform]: fields (name -> SQL text) and where (SQL text)
+    fields: dict[str, str] = field(default_factory=dict)
+    where: str | None = None
+    #: the Python meaning of every SQL text used (fields, where, count_if conditions)
+    meaning: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -84,6 +89,12 @@ def spec_text(case: Case) -> str:
     if w.kind == "session":
         lines.append(f"gap_ms = {w.gap_ms}")
     lines.append(f"allowed_lateness_ms = {w.allowed_lateness_ms}")
+    if case.fields or case.where is not None:
+        lines += ["", "[transform]"]
+        if case.where is not None:
+            lines.append(f"where = {json.dumps(case.where)}")
+        for name, text in case.fields.items():
+            lines.append(f"fields.{name} = {json.dumps(text)}")
     lines += ["", "[aggregates]"]
     for name, expr in case.aggregates.items():
         lines.append(f"{json.dumps(name)} = {json.dumps(expr)}")
@@ -140,6 +151,9 @@ def run_reference(case: Case) -> Output:
         max_delay_ms=case.max_delay_ms,
         window=case.window,
         aggregates=case.aggregates,
+        fields={n: case.meaning[t] for n, t in case.fields.items()},
+        where=None if case.where is None else case.meaning[case.where],
+        conditions=case.meaning,
     )
     return Output(o.results, o.late)
 
@@ -155,6 +169,9 @@ def same_value(expected: Any, actual: Any) -> bool:
     """Types respected: an int must be an int, a float a float (within 1e-9 relative)."""
     if isinstance(expected, ref.OneOf):
         return any(same_value(x, actual) for x in expected)
+    if isinstance(expected, ref.Approx):
+        return type(actual) is int and abs(actual - expected.value) <= max(
+            1, ref.APPROX_REL * expected.value)
     if expected is None or isinstance(expected, bool):
         return actual is expected
     if type(expected) is int:

@@ -23,6 +23,16 @@ Decisions modelled (taken by the engine, see the test brief):
   ``t + gap + lateness <= W`` the event is late; otherwise the merged session
   stays open. ``window_start`` = first event time, ``window_end`` = last event
   time + gap. At the end of input every open session fires.
+* Transforms (docs/transforms.md): derived fields are Python functions of the
+  record (the test maps each SQL expression it uses to one), computed in order;
+  the key and the time may be derived. The filter runs after the watermark:
+  an event it drops still advances its partition's watermark, and is neither
+  aggregated nor late. Late output shows the original record.
+* Newer aggregates: ``count_distinct`` (numbers by value, a string never equals
+  a number), ``approx_count_distinct`` (the exact count, compared within the
+  sketch's error), ``median``/``quantile(f, q)`` (linear interpolation between
+  the sorted values, a float), ``stddev``/``variance`` (sample, None below two
+  values), ``count_if(c)`` (records whose condition is true).
 * Aggregates ignore nulls and missing fields; ``count`` counts records; a sum of
   integers is an integer, a sum that meets a float is a float; ``mean`` is a
   float; ``min``/``max`` keep the winner's type; ``first``/``last`` are by event
@@ -41,7 +51,14 @@ from typing import Any
 
 INF = math.inf
 
-_AGG_RE = re.compile(r"^\s*(count|sum|min|max|mean|first|last)\s*(?:\(\s*([^()\s]*)\s*\))?\s*$")
+_AGG_RE = re.compile(r"^\s*([a-z_]+)\s*(?:\((.*)\))?\s*$", re.DOTALL)
+_FUNCS = {"count", "sum", "min", "max", "mean", "first", "last", "count_distinct",
+          "approx_count_distinct", "median", "quantile", "stddev", "variance", "count_if"}
+APPROX_REL = 0.05
+"""approx_count_distinct must be within 5 % (or 1) of the exact count."""
+
+Record = dict[str, Any]
+Fn = Any  # Callable[[Record], Any]
 
 
 @dataclass(frozen=True)
@@ -61,6 +78,13 @@ class OneOf(tuple[Any, ...]):
     __slots__ = ()
 
 
+@dataclass(frozen=True)
+class Approx:
+    """An integer answer within ``APPROX_REL`` (or 1) of ``value``."""
+
+    value: int
+
+
 @dataclass
 class Event:
     seq: int  # position in the global read order (arrival order)
@@ -68,7 +92,9 @@ class Event:
     offset: int  # 0-based line index in its file
     t: int  # event time, ms
     key: Any  # the key's JSON value (int or str)
-    record: dict[str, Any]  # the parsed JSON object
+    record: dict[str, Any]  # the parsed JSON object (as the late output shows it)
+    values: dict[str, Any] = field(default_factory=dict)  # with the derived fields
+    kept: bool = True  # the filter keeps it
 
 
 @dataclass
@@ -95,14 +121,17 @@ def parse_time(value: Any) -> int:
 
 
 def parse_aggregate(expr: str) -> tuple[str, str | None]:
+    """``(function, argument)``: the field, ``"f, q"`` for quantile, the condition's
+    text for count_if."""
     m = _AGG_RE.match(expr)
-    if not m:
+    if not m or m.group(1) not in _FUNCS:
         raise ValueError(f"unknown aggregate {expr!r}")
-    return m.group(1), m.group(2) or None
+    return m.group(1), (m.group(2) or "").strip() or None
 
 
 def read_events(
-    partitions: Sequence[tuple[str, str]], key: str, time: str
+    partitions: Sequence[tuple[str, str]], key: str, time: str,
+    fields: dict[str, Fn] | None = None, where: Fn | None = None,
 ) -> tuple[list[Event], list[int]]:
     """All events in global read order, and each partition's number of records."""
     per_partition: list[list[tuple[int, dict[str, Any]]]] = []
@@ -112,23 +141,30 @@ def read_events(
             if line.strip() == "":
                 continue  # blank lines are not records (but count as lines)
             obj = json.loads(line)
-            if not isinstance(obj, dict) or obj.get(key) is None or obj.get(time) is None:
+            if not isinstance(obj, dict):
                 raise ValueError(f"bad record (not modelled): {line!r}")
-            records.append((offset, obj))
+            values = dict(obj)
+            for name, fn in (fields or {}).items():
+                values[name] = fn(values)
+            if values.get(key) is None or values.get(time) is None:
+                raise ValueError(f"bad record (not modelled): {line!r}")
+            records.append((offset, obj, values))
         per_partition.append(records)
 
     order = []
     for p, records in enumerate(per_partition):
-        for offset, obj in records:
-            order.append((offset, p, obj))
+        for offset, obj, values in records:
+            order.append((offset, p, obj, values))
     order.sort(key=lambda x: (x[0], x[1]))
 
     events = []
-    for seq, (offset, p, obj) in enumerate(order):
-        k = obj[key]
+    for seq, (offset, p, obj, values) in enumerate(order):
+        k = values[key]
         if type(k) not in (int, str):
             raise ValueError(f"key {k!r}: only integer and string keys are modelled")
-        events.append(Event(seq, partitions[p][0], offset, parse_time(obj[time]), k, obj))
+        kept = where is None or where(values) is True
+        events.append(Event(seq, partitions[p][0], offset, parse_time(values[time]), k, obj,
+                            values, kept))
     return events, [len(r) for r in per_partition]
 
 
@@ -149,15 +185,52 @@ def windows_of(t: int, w: WindowDef) -> list[tuple[int, int]]:
     return out
 
 
-def aggregate(func: str, fld: str | None, events: list[Event]) -> Any:
+def _distinct_id(v: Any) -> tuple[str, Any]:
+    if type(v) in (int, float):
+        return ("n", float(v))
+    return ("j", json.dumps(v, sort_keys=True))
+
+
+def _quantile(values: list[float], q: float) -> float:
+    a = sorted(float(v) for v in values)
+    pos = q * (len(a) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(a) - 1)
+    return a[lo] + (a[hi] - a[lo]) * (pos - lo)
+
+
+def aggregate(func: str, fld: str | None, events: list[Event],
+              conditions: dict[str, Fn] | None = None) -> Any:
     if func == "count":
         return len(events)
     assert fld is not None
+    if func == "count_if":
+        cond = (conditions or {})[fld]
+        return sum(1 for e in events if cond(e.values) is True)
+    q = 0.5
+    if func == "quantile":
+        fld, q_text = (x.strip() for x in fld.rsplit(",", 1))
+        q = float(q_text)
     # non-null values with (event time, arrival order), nulls and missing fields ignored
-    vals = [(e.t, e.seq, e.record[fld]) for e in events if e.record.get(fld) is not None]
+    vals = [(e.t, e.seq, e.values[fld]) for e in events if e.values.get(fld) is not None]
+    if func in ("count_distinct", "approx_count_distinct"):
+        n = len({_distinct_id(v) for _, _, v in vals})
+        return n if func == "count_distinct" else Approx(n)
     if not vals:
         return None
     values = [v for _, _, v in vals]
+    if func in ("sum", "min", "max", "mean", "median", "quantile", "stddev", "variance"):
+        for v in values:
+            if type(v) not in (int, float):
+                raise ValueError(f"non-numeric value {v!r} (a bad record, not modelled)")
+    if func in ("median", "quantile"):
+        return _quantile(values, q)
+    if func in ("stddev", "variance"):
+        if len(values) < 2:
+            return None
+        mean = math.fsum(values) / len(values)
+        var = math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1)
+        return math.sqrt(var) if func == "stddev" else var
     if func in ("sum", "min", "max", "mean"):
         for v in values:
             if type(v) not in (int, float):
@@ -185,12 +258,13 @@ def aggregate(func: str, fld: str | None, events: list[Event]) -> Any:
 
 
 def result_record(
-    key: Any, start: int, end: int, events: list[Event], aggregates: dict[str, str]
+    key: Any, start: int, end: int, events: list[Event], aggregates: dict[str, str],
+    conditions: dict[str, Fn] | None = None,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"key": key, "window_start": start, "window_end": end}
     for name, expr in aggregates.items():
         func, fld = parse_aggregate(expr)
-        out[name] = aggregate(func, fld, events)
+        out[name] = aggregate(func, fld, events, conditions)
     return out
 
 
@@ -213,9 +287,14 @@ def run(
     max_delay_ms: int,
     window: WindowDef,
     aggregates: dict[str, str],
+    fields: dict[str, Fn] | None = None,
+    where: Fn | None = None,
+    conditions: dict[str, Fn] | None = None,
 ) -> ReferenceOutput:
-    """Run the model. ``partitions`` are ``(name as written in the spec, file text)``."""
-    events, n_records = read_events(partitions, key, time)
+    """Run the model. ``partitions`` are ``(name as written in the spec, file text)``;
+    ``fields`` (derived fields), ``where`` (the filter) and ``conditions`` (count_if's,
+    by their text) are Python functions of a record."""
+    events, n_records = read_events(partitions, key, time, fields, where)
     lateness = window.allowed_lateness_ms
     out = ReferenceOutput()
 
@@ -244,7 +323,9 @@ def run(
         wm = max(wm, min(per_part))
 
         kid = key_id(e.key)
-        if window.kind in ("tumbling", "sliding"):
+        if not e.kept:
+            pass  # filtered out after the watermark saw it
+        elif window.kind in ("tumbling", "sliding"):
             accepted = False
             for start, end in windows_of(e.t, window):
                 if end + lateness <= wm:
@@ -291,9 +372,9 @@ def run(
             fired.extend((k, s) for s in sessions)
         for _kid, s in fired:
             out.results.append(
-                result_record(s.events[0].key, s.start, s.end, s.events, aggregates)
+                result_record(s.events[0].key, s.start, s.end, s.events, aggregates, conditions)
             )
     else:
         for (_kid, start, end), (k, evs) in contents.items():
-            out.results.append(result_record(k, start, end, evs, aggregates))
+            out.results.append(result_record(k, start, end, evs, aggregates, conditions))
     return out

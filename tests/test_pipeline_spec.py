@@ -359,8 +359,8 @@ BAD: dict[str, tuple[Mutation, list[str]]] = {
     "session gap huge": (both(SESSION, setv("window", "gap_ms", 10**15 + 1)),
                          ["window.gap_ms", str(10**15 + 1), "at most"]),
     # [aggregates]
-    "unknown aggregate function": (setv("aggregates", "total", "median(amount)"),
-                                   ["aggregates.total", "median(amount)"]),
+    "unknown aggregate function": (setv("aggregates", "total", "mode(amount)"),
+                                   ["aggregates.total", "mode(amount)"]),
     "count with a field": (setv("aggregates", "n", "count(amount)"),
                            ["aggregates.n", "count(amount)"]),
     "sum without field": (setv("aggregates", "total", "sum"), ["aggregates.total", "'sum'"]),

@@ -50,6 +50,7 @@ from sealstream.transforms._compile import KEEP, CompiledTransform, Step
 _NULL, _INT, _FLOAT, _STR, _BOOL, _OTHER = range(6)
 _NULL_TYPES: tuple[pl.DataType, ...] = (pl.String(), pl.Float64(), pl.Int64(), pl.Boolean())
 _ROW = "__row"
+_N = "__n"
 _MAX_COMBOS = 64
 
 FAILED_SCHEMA: dict[str, pl.DataType] = {
@@ -192,6 +193,7 @@ class TransformStage:
             step, why = error
             return part.clear(), self._failed(part, step, why)
         natural = part.select(
+            pl.int_range(pl.len(), dtype=pl.Int64).alias(_N),  # literals broadcast to it
             *(self._natural(f, k, types.get(f))
               for f, k in zip(self.tf.inputs, kinds, strict=True)),
         )
@@ -257,8 +259,8 @@ class TransformStage:
                 problems.append((t.is_null(), f"{step.setting} = {step.text!r} gave no time "
                                  "(not an integer, a date-time or an ISO-8601 string within "
                                  f"2**61 ms of the epoch) for time field {self.time!r}"))
-        computed = natural.select(*cols, *(c.alias(f"__bad{n}") for n, (c, _) in
-                                            enumerate(problems)))
+        computed = natural.select(pl.col(_N), *cols, *(c.alias(f"__bad{n}") for n, (c, _) in
+                                                       enumerate(problems))).drop(_N)
         drop = [c for c in computed.columns if c in part.columns]
         out = part.drop(drop).hstack(computed.drop([f"__bad{n}" for n in range(len(problems))]))
         bad_mask = ~ok

@@ -30,7 +30,6 @@ import numpy as np
 import polars as pl
 
 from sealstream.pipeline import Aggregate
-from sealstream.windows import sketches
 from sealstream.sources._base import (
     KEY,
     KEY_IS_INT,
@@ -40,6 +39,7 @@ from sealstream.sources._base import (
     int_col,
     json_col,
 )
+from sealstream.windows import sketches
 
 SEQ = "__seq"
 WSTART = "window_start"

@@ -28,7 +28,7 @@ class Case:
     window: ref.WindowDef
     aggregates: dict[str, str]
     max_delay_ms: int = 0
-    key: str = "k"
+    key: str | list[str] = "k"
     time: str = "ts"
     batch_size: int = 64
     checkpoint_every: int | None = None
@@ -161,8 +161,14 @@ def run_reference(case: Case) -> Output:
 # ------------------------------------------------------------------ comparison
 
 
-def result_id(r: dict[str, Any]) -> tuple[Any, ...]:
+def _result_id(r: dict[str, Any], key: str | list[str] = "key") -> tuple[Any, ...]:
+    """The identity of a result; a compound key's fields each under its own name."""
+    if isinstance(key, list):
+        return (*(ref.key_id(r.get(f)) for f in key), r["window_start"], r["window_end"])
     return (*ref.key_id(r["key"]), r["window_start"], r["window_end"])
+
+
+result_id = _result_id
 
 
 def same_value(expected: Any, actual: Any) -> bool:
@@ -200,9 +206,13 @@ def canonical(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True)
 
 
-def diff_output(expected: Output, actual: Output) -> list[str]:
+def diff_output(expected: Output, actual: Output, key: str | list[str] = "key") -> list[str]:
     """Human-readable differences; empty when the outputs agree."""
     problems: list[str] = []
+
+    def result_id(r: dict[str, Any]) -> tuple[Any, ...]:
+        return _result_id(r, key if isinstance(key, list) else "key")
+
     exp_ids = Counter(result_id(r) for r in expected.results)
     act_ids = Counter(result_id(r) for r in actual.results)
     for rid, n in act_ids.items():
@@ -234,7 +244,7 @@ def describe(case: Case) -> str:
 
 
 def assert_same_output(expected: Output, actual: Output, case: Case | None = None) -> None:
-    problems = diff_output(expected, actual)
+    problems = diff_output(expected, actual, case.key if case is not None else "key")
     if problems:
         detail = "\n".join(problems)
         ctx = f"\n=== case\n{describe(case)}" if case is not None else ""

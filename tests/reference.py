@@ -130,7 +130,7 @@ def parse_aggregate(expr: str) -> tuple[str, str | None]:
 
 
 def read_events(
-    partitions: Sequence[tuple[str, str]], key: str, time: str,
+    partitions: Sequence[tuple[str, str]], key: str | list[str], time: str,
     fields: dict[str, Fn] | None = None, where: Fn | None = None,
 ) -> tuple[list[Event], list[int]]:
     """All events in global read order, and each partition's number of records."""
@@ -146,7 +146,8 @@ def read_events(
             values = dict(obj)
             for name, fn in (fields or {}).items():
                 values[name] = fn(values)
-            if values.get(key) is None or values.get(time) is None:
+            keys = [key] if isinstance(key, str) else key
+            if any(values.get(k) is None for k in keys) or values.get(time) is None:
                 raise ValueError(f"bad record (not modelled): {line!r}")
             records.append((offset, obj, values))
         per_partition.append(records)
@@ -159,9 +160,10 @@ def read_events(
 
     events = []
     for seq, (offset, p, obj, values) in enumerate(order):
-        k = values[key]
-        if type(k) not in (int, str):
-            raise ValueError(f"key {k!r}: only integer and string keys are modelled")
+        k = values[key] if isinstance(key, str) else tuple((f, values[f]) for f in key)
+        for part in (k,) if isinstance(key, str) else (v for _, v in k):
+            if type(part) not in (int, str):
+                raise ValueError(f"key {part!r}: only integer and string keys are modelled")
         kept = where is None or where(values) is True
         events.append(Event(seq, partitions[p][0], offset, parse_time(values[time]), k, obj,
                             values, kept))
@@ -261,7 +263,11 @@ def result_record(
     key: Any, start: int, end: int, events: list[Event], aggregates: dict[str, str],
     conditions: dict[str, Fn] | None = None,
 ) -> dict[str, Any]:
-    out: dict[str, Any] = {"key": key, "window_start": start, "window_end": end}
+    if isinstance(key, tuple):  # a compound key: each field under its own name
+        out: dict[str, Any] = dict(key)
+        out.update({"window_start": start, "window_end": end})
+    else:
+        out = {"key": key, "window_start": start, "window_end": end}
     for name, expr in aggregates.items():
         func, fld = parse_aggregate(expr)
         out[name] = aggregate(func, fld, events, conditions)
@@ -282,7 +288,7 @@ class _Session:
 def run(
     partitions: Sequence[tuple[str, str]],
     *,
-    key: str,
+    key: str | list[str],
     time: str,
     max_delay_ms: int,
     window: WindowDef,

@@ -66,6 +66,7 @@ MEANING: dict[str, Any] = {
     "lower(s)": lambda r: r["s"].lower() if isinstance(r.get("s"), str) else None,
     "concat(k, '-x')": lambda r: f"{r['k']}-x",
     "ts + 5": lambda r: r["ts"] + 5,
+    "coalesce(s, 'none')": lambda r: r["s"] if isinstance(r.get("s"), str) else "none",
 }
 
 # floats are multiples of 0.25 (exact sums, whatever the summation order)
@@ -178,9 +179,13 @@ def transform_cases(draw: st.DrawFn) -> Case:
     derived = draw(st.lists(st.sampled_from(["w", "u"]), unique=True))
     case.fields = {"w": "v * 2", "u": "lower(s)"}
     case.fields = {n: t for n, t in case.fields.items() if n in derived}
-    if draw(st.booleans()):
+    key_kind = draw(st.sampled_from(["k", "derived", "compound"]))
+    if key_kind == "derived":
         case.fields["kk"] = "concat(k, '-x')"
         case.key = "kk"
+    elif key_kind == "compound":  # each key field under its own name
+        case.fields["g"] = "coalesce(s, 'none')"
+        case.key = ["k", "g"]
     if draw(st.booleans()):
         case.fields["t2"] = "ts + 5"
         case.time = "t2"

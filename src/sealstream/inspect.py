@@ -607,7 +607,9 @@ def _spec_order(aggs_def: Mapping[str, Any], order: Any) -> list[str]:
 def _accumulators(definition: Mapping[str, Any], order: Any = None) -> Accumulators:
     aggs_def = _dict(definition.get("aggregates"))
     source = _dict(definition.get("source"))
-    if not aggs_def or not isinstance(source.get("key"), str) or not isinstance(
+    key = source.get("key")
+    named = isinstance(key, list) and bool(key) and all(isinstance(k, str) for k in key)
+    if not aggs_def or not (isinstance(key, str) or named) or not isinstance(
         source.get("time"), str
     ):
         raise CheckpointError("the manifest's pipeline definition lacks aggregates or source")
@@ -616,8 +618,10 @@ def _accumulators(definition: Mapping[str, Any], order: Any = None) -> Accumulat
                                  for n in _spec_order(aggs_def, order)]
     except SpecError as exc:
         raise CheckpointError(f"the manifest's aggregates cannot be read: {exc}") from None
-    plan = FieldPlan(key=source["key"], time=source["time"], fields=field_kinds(aggs))
-    return Accumulators(tuple(aggs), plan)
+    plan = FieldPlan(key=",".join(key) if isinstance(key, list) else str(key),
+                     time=source["time"],
+                     fields=field_kinds(aggs))
+    return Accumulators(tuple(aggs), plan, named_key=named)
 
 
 def open_windows_table(

@@ -100,6 +100,7 @@ from sealstream.pipeline import Pipeline
 from sealstream.sinks import open_sink
 from sealstream.sinks._base import JSON_LINE
 from sealstream.sinks.database import DatabaseSink, same_database
+from sealstream.sinks.jsonl import JsonlDirSink
 from sealstream.sources._base import (
     OFFSET,
     PARTITION,
@@ -296,6 +297,9 @@ class Job(Checkpointing):
             self.sinks["late"] = open_sink(self.p.late, "records", self.run_token)
         if self.p.errors is not None:
             self.sinks["errors"] = open_sink(self.p.errors, "records", self.run_token)
+        results = self.sinks["results"]
+        if isinstance(results, JsonlDirSink):  # a compound key: its lines name each field
+            results.key_fields = self.p.source.key_fields
         for sink in self.sinks.values():
             if isinstance(sink, DatabaseSink):
                 sink.pipeline = self.p.name  # its staged rows and its table are its own

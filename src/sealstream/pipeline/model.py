@@ -199,6 +199,7 @@ class Pipeline:
 
         tf = compile_transform(self)
         if tf is None:
+            assert isinstance(self.source.key, str)  # a compound key is a transform's
             return FieldPlan(key=self.source.key, time=self.source.time,
                              fields=field_kinds(self.parsed_aggregates))
         return tf.source_plan(self.source.key, self.source.time, self.parsed_aggregates)
@@ -206,7 +207,8 @@ class Pipeline:
     def event_plan(self) -> FieldPlan:
         """The value fields events carry into the windows (after the transform): every
         field an aggregate reads, derived or not."""
-        return FieldPlan(key=self.source.key, time=self.source.time,
+        key = self.source.key if isinstance(self.source.key, str) else ",".join(self.source.key)
+        return FieldPlan(key=key, time=self.source.time,
                          fields=field_kinds(self.parsed_aggregates))
 
     def fingerprint_fields(self) -> dict[str, Any]:
@@ -217,7 +219,8 @@ class Pipeline:
             "source": {
                 "kind": self.source.kind,
                 "partitions": [n for n, _ in self.source.partitions()],
-                "key": self.source.key,
+                "key": (self.source.key if isinstance(self.source.key, str)
+                        else list(self.source.key)),
                 "time": self.source.time,
             },
             "watermark": {"max_delay_ms": self.watermark.max_delay_ms},

@@ -28,9 +28,16 @@ class FileSource:
 
     kind: SourceKind
     paths: tuple[str, ...]
-    key: str
+    #: the key field, or several (a compound key, each shown under its own name)
+    key: str | tuple[str, ...]
     time: str
     base_dir: Path = Path(".")
+
+    @property
+    def key_fields(self) -> tuple[str, ...] | None:
+        """The fields of a key written as a list (results show each under its own
+        name); None for a key written as one name (results show it as ``key``)."""
+        return None if isinstance(self.key, str) else tuple(self.key)
 
     def partitions(self) -> list[tuple[str, Path]]:
         """``(name as written, resolved path)`` for every partition, in read order."""

@@ -122,7 +122,7 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
     source = FileSource(
         kind=kind,
         paths=tuple(raw_paths),
-        key=_get(src, "source", "key", str, _MISSING),
+        key=_key(src),
         time=_get(src, "source", "time", str, _MISSING),
         base_dir=base_dir,
     )
@@ -198,6 +198,20 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
         where=where,
         fields=fields,
     )
+
+
+def _key(src: dict[str, Any]) -> str | tuple[str, ...]:
+    """``key = "user"`` (results say ``key``) or ``key = ["tenant", "user"]`` (each
+    field under its own name)."""
+    if "key" not in src:
+        raise SpecError("source.key: required setting is missing")
+    key = src["key"]
+    if isinstance(key, list):
+        if not key or not all(isinstance(k, str) for k in key):
+            raise SpecError(f"source.key: expected a field name or a list of field names, "
+                            f"got {key!r}")
+        return tuple(key)
+    return _get(src, "source", "key", str, _MISSING)  # type: ignore[no-any-return]
 
 
 def _transform(sec: dict[str, Any]) -> tuple[str | None, dict[str, str]]:

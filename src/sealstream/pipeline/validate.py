@@ -109,11 +109,24 @@ def validate(p: Pipeline) -> None:
         raise SpecError(f"source.kind: {p.source.kind!r} is not one of jsonl, csv, parquet")
     if not p.source.paths:
         raise SpecError("source.paths: at least one input file is needed")
-    for setting, val in (("source.key", p.source.key), ("source.time", p.source.time)):
+    keys = p.source.key_fields or (p.source.key,)
+    if not keys:
+        raise SpecError("source.key: a compound key needs at least one field")
+    for setting, val in [*(("source.key", k) for k in keys), ("source.time", p.source.time)]:
         if not isinstance(val, str) or not val:
             raise SpecError(f"{setting}: must be a non-empty field name, got {val!r}")
-    if p.source.key == p.source.time:
-        raise SpecError(f"source.key and source.time are the same field {p.source.key!r}")
+    if len(set(keys)) != len(keys):
+        raise SpecError(f"source.key: a field is named twice in {list(keys)!r}")
+    if p.source.time in keys:
+        raise SpecError(f"source.key and source.time are the same field {p.source.time!r}")
+    if p.source.key_fields is not None:
+        reserved = [k for k in keys if k in ("window_start", "window_end")
+                    or k in p.aggregates]
+        if reserved:
+            raise SpecError(f"source.key: {reserved[0]!r} would name two result columns")
+        if p.sink.kind not in ("jsonl", "stdout"):
+            raise SpecError(f"sink.kind: a compound key (source.key as a list) is written by "
+                            f"jsonl and stdout sinks for now, not {p.sink.kind!r}")
     _positive("watermark.max_delay_ms", p.watermark.max_delay_ms, zero_ok=True)
     w = p.window
     _positive("window.allowed_lateness_ms", w.allowed_lateness_ms, zero_ok=True)
@@ -137,7 +150,7 @@ def validate(p: Pipeline) -> None:
 
     compile_transform(p)  # a bad expression names its setting and position
     for a in aggs:
-        if a.field is not None and a.field in (p.source.key,):
+        if a.field is not None and a.field in keys:
             raise SpecError(f"aggregates.{a.name}: {a.expr} reads the key field")
     outputs = [("sink", p.sink), ("late", p.late), ("errors", p.errors)]
     seen: dict[Path, str] = {}

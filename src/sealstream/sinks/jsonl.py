@@ -73,7 +73,8 @@ def json_lines_bytes(frame: pl.DataFrame) -> bytes:
     return buf.getvalue()
 
 
-def read_json_ids(paths: list[Path], role: SinkRole) -> pl.DataFrame:
+def read_json_ids(paths: list[Path], role: SinkRole,
+                  key_fields: tuple[str, ...] | None = None) -> pl.DataFrame:
     """Read the identity columns (see :func:`~sealstream.sinks._files.id_schema`)
     from JSON Lines files, columnar, file by file. Raises :class:`SinkError` naming
     the file when it cannot be read or parsed, is not a regular file (a symbolic
@@ -90,14 +91,37 @@ def read_json_ids(paths: list[Path], role: SinkRole) -> pl.DataFrame:
     for path in paths:
         data = read_own_file(path, role)
         if data.strip():
-            parts.append(_parse_ids(data, path, role))
+            parts.append(_parse_ids(data, path, role, key_fields))
     return pl.concat(parts, how="vertical")
 
 
-def _parse_ids(data: bytes, where: Path, role: SinkRole) -> pl.DataFrame:
+def _compound_ids(data: bytes, fields: tuple[str, ...]) -> pl.DataFrame:
+    """Identities of result lines with a compound key: the key text rebuilt from each
+    field (``"tenant":"acme","user":7``), as the engine builds it."""
+    import json
+
+    from sealstream.sources._parse import json_str
+
+    text = pl.read_ndjson(data, schema={**{f: pl.String for f in fields},
+                                        "window_start": pl.Int64, "window_end": pl.Int64})
+    num = pl.read_ndjson(data, schema={f: pl.Float64 for f in fields}, ignore_errors=True)
+    boo = pl.read_ndjson(data, schema={f: pl.Boolean for f in fields}, ignore_errors=True)
+    parts: list[pl.Expr] = []
+    for n, f in enumerate(fields):
+        plain = num.get_column(f).is_not_null() | boo.get_column(f).is_not_null()
+        value = pl.when(pl.lit(plain)).then(pl.col(f)).otherwise(json_str(pl.col(f)))
+        parts += [pl.lit(("," if n else "") + json.dumps(f) + ":"), value]
+    return text.select(pl.concat_str(parts).alias("key"), pl.lit(False).alias("__kint"),
+                       "window_start", "window_end")
+
+
+def _parse_ids(data: bytes, where: Path, role: SinkRole,
+               key_fields: tuple[str, ...] | None = None) -> pl.DataFrame:
     schema = id_schema(role)
     try:
-        if role == "results":
+        if role == "results" and key_fields is not None:
+            ids = _compound_ids(data, key_fields).select(list(schema))
+        elif role == "results":
             ids = pl.read_ndjson(
                 data,
                 schema={"key": pl.String, "window_start": pl.Int64, "window_end": pl.Int64},
@@ -138,6 +162,8 @@ class JsonlDirSink(StagedDirSink):
     def __init__(self, path: str | os.PathLike[str], role: SinkRole, run_token: str) -> None:
         super().__init__(path, role, run_token)
         self._open: dict[int, BinaryIO] = {}
+        #: a compound key's fields: result lines name each one instead of ``key``
+        self.key_fields: tuple[str, ...] | None = None
         self._prepared: dict[int, list[str]] = {}
         self._failed: dict[int, str] = {}
 
@@ -229,7 +255,7 @@ class JsonlDirSink(StagedDirSink):
         return list(tokens), durable
 
     def read_ids(self, files: list[CommittedFile]) -> pl.DataFrame:
-        return read_json_ids(self._files_of(files), self.role)
+        return read_json_ids(self._files_of(files), self.role, self.key_fields)
 
     def _discard_pending(self) -> None:
         for f in self._open.values():

@@ -42,6 +42,8 @@ class CompiledTransform:
     """Source fields the expressions read (not derived before they are read)."""
     derived: frozenset[str]
     where: Step | None
+    key_fields: tuple[str, ...] | None = None
+    """A compound key's fields (the stage builds ``__key`` from them)."""
 
     def fingerprint(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -52,7 +54,8 @@ class CompiledTransform:
             out["where"] = self.where.text
         return out
 
-    def source_plan(self, key: str, time: str, aggs: list[Aggregate]) -> FieldPlan:
+    def source_plan(self, key: str | tuple[str, ...], time: str,
+                    aggs: list[Aggregate]) -> FieldPlan:
         """What the source extracts: aggregated fields that are not derived, and the
         fields the expressions read (kind ``any`` unless a numeric aggregate reads it)."""
         from sealstream.pipeline.model import field_kinds
@@ -62,6 +65,9 @@ class CompiledTransform:
         }
         for f in self.inputs:
             kinds.setdefault(f, "any")
+        if not isinstance(key, str):  # compound: built by the stage from its fields
+            return FieldPlan(key=key[0], time=time, fields=kinds, derived_key=True,
+                             derived_time=time in self.derived)
         return FieldPlan(key=key, time=time, fields=kinds,
                          derived_key=key in self.derived, derived_time=time in self.derived)
 
@@ -79,7 +85,8 @@ def compile_transform(p: Pipeline) -> CompiledTransform | None:
     from sealstream.windows.aggregates import condition_field
 
     conditions = [a for a in p.parsed_aggregates if a.func == "count_if"]
-    if p.where is None and not p.fields and not conditions:
+    key_fields = p.source.key_fields
+    if p.where is None and not p.fields and not conditions and key_fields is None:
         return None
     if not isinstance(p.fields, Mapping):
         raise SpecError(f"transform.fields: expected a table of name = expression, got "
@@ -106,4 +113,8 @@ def compile_transform(p: Pipeline) -> CompiledTransform | None:
     for a in conditions:
         add(condition_field(a.name), f"aggregates.{a.name}", a.condition, "condition")
     where = None if p.where is None else add(KEEP, "transform.where", p.where, "where")
-    return CompiledTransform(tuple(steps), tuple(inputs), frozenset(derived), where)
+    for f in key_fields or ():
+        if f not in derived and f not in inputs:
+            inputs.append(f)
+    return CompiledTransform(tuple(steps), tuple(inputs), frozenset(derived), where,
+                             key_fields)

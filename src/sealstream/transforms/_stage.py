@@ -73,7 +73,7 @@ class TransformStage:
     tf: CompiledTransform
     source: FieldPlan
     numeric: frozenset[str]
-    key: str
+    key: str | tuple[str, ...]
     time: str
     _types: dict[int, tuple[dict[str, pl.DataType], tuple[Step, str] | None]] = field(
         default_factory=dict
@@ -259,6 +259,12 @@ class TransformStage:
                 problems.append((t.is_null(), f"{step.setting} = {step.text!r} gave no time "
                                  "(not an integer, a date-time or an ISO-8601 string within "
                                  f"2**61 ms of the epoch) for time field {self.time!r}"))
+        if self.tf.key_fields is not None:
+            text = _compound_key(natural, self.tf.key_fields)
+            cols += [text.alias(KEY), pl.lit(False).alias(KEY_IS_INT)]
+            problems.append((text.is_null(), "a field of the compound key "
+                             f"{list(self.tf.key_fields)} is missing or null (or not a "
+                             "finite number)"))
         computed = natural.select(pl.col(_N), *cols, *(c.alias(f"__bad{n}") for n, (c, _) in
                                                        enumerate(problems))).drop(_N)
         drop = [c for c in computed.columns if c in part.columns]
@@ -293,6 +299,31 @@ class TransformStage:
         return events.select(keep).with_columns(
             pl.lit(None, dtype=t).alias(c) for c, t in add.items()
         )
+
+
+def _compound_key(natural: pl.DataFrame, fields: tuple[str, ...]) -> pl.Expr:
+    """The text of a compound key: ``"tenant":"acme","user":7`` (each field's JSON
+    after its quoted name; a result line is ``{`` + it + the window and aggregates).
+    Null when a field is null."""
+    import json
+
+    from sealstream.sources._parse import json_str
+
+    parts: list[pl.Expr] = []
+    for n, f in enumerate(fields):
+        c, dtype = pl.col(f), natural.schema[f]
+        if dtype.is_integer():
+            value = c.cast(pl.Int64, strict=False).cast(pl.String)
+        elif dtype.is_float():
+            value = pl.when(c.is_finite()).then(c.cast(pl.String))
+        elif dtype == pl.Boolean:
+            value = pl.when(c).then(pl.lit("true")).when(~c).then(pl.lit("false"))
+        elif dtype == pl.String:
+            value = json_str(c)
+        else:
+            value = pl.lit(None, dtype=pl.String)
+        parts += [pl.lit(("," if n else "") + json.dumps(f) + ":"), value]
+    return pl.concat_str(parts)
 
 
 def _result_problem(step: Step, dtype: pl.DataType) -> str | None:

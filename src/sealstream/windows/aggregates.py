@@ -183,6 +183,9 @@ class Accumulators:
 
     aggregates: tuple[Aggregate, ...]
     plan: FieldPlan
+    #: a compound key: ``__key`` is the fields' JSON (``"tenant":"a","user":1``), each
+    #: shown under its own name in the result line
+    named_key: bool = False
 
     # ---------------------------------------------------------------- layout
     def _uses(self, func: str, fld: str) -> bool:
@@ -476,7 +479,9 @@ class Accumulators:
             pl.col(KEY_IS_INT).all().alias("all_int"),
         ).row(0)
         head: list[str | pl.Expr]
-        if plain and not any_int:  # every key its own JSON text in quotes
+        if self.named_key:
+            head = ["{", pl.col(KEY), ',"window_start":']
+        elif plain and not any_int:  # every key its own JSON text in quotes
             head = ['{"key":"', pl.col(KEY), '","window_start":']
         elif all_int:
             head = ['{"key":', pl.col(KEY), ',"window_start":']

@@ -80,7 +80,8 @@ class WindowOperator:
     def __init__(self, pipeline: Pipeline, state: pl.DataFrame | None = None) -> None:
         self.window = pipeline.window
         self.lateness = pipeline.window.allowed_lateness_ms
-        self.acc = Accumulators(tuple(pipeline.parsed_aggregates), pipeline.event_plan())
+        self.acc = Accumulators(tuple(pipeline.parsed_aggregates), pipeline.event_plan(),
+                                named_key=pipeline.source.key_fields is not None)
         self.schema: dict[str, pl.DataType] = {
             KEY: pl.String(),
             KEY_IS_INT: pl.Boolean(),

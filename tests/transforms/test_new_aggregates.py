@@ -264,3 +264,41 @@ def test_damaged_newest_checkpoint_falls_back(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     assert_same_output(d, ref)
     assert list((d / "ckpt" / "rejected").glob(f"{newest.name}-*"))  # kept as evidence
+
+
+def _lines(d: Path, sub: str) -> list[str]:
+    return sorted(json.dumps(r, sort_keys=True) for r in committed(d, sub))
+
+
+def test_sigkills_with_a_compound_key(tmp_path: Path) -> None:
+    """Results name each key field; after SIGKILLs the jsonl sink rebuilds the
+    identities of what was committed from those fields: nothing twice, nothing lost."""
+    ref = tmp_path / "ref"
+    spec = make_job(ref, window=SESSION)
+    spec.write_text(spec.read_text().replace('key = "svc"', 'key = ["svc", "level"]'))
+    started = time.monotonic()
+    assert run(spec).returncode == 0
+    typical = time.monotonic() - started
+    d = tmp_path / "killed"
+    spec = make_job(d, window=SESSION)
+    spec.write_text(spec.read_text().replace('key = "svc"', 'key = ["svc", "level"]'))
+    assert run_killed_randomly(spec, random.Random(11), typical) >= 1
+    want = committed(ref, "out")
+    assert want and all(list(r)[:4] == ["svc", "level", "window_start", "window_end"]
+                        for r in want)
+    for sub in ("late", "errors"):
+        got = _lines(d, sub)
+        assert len(got) == len(set(got)), f"{sub}: duplicated output"
+        assert got == _lines(ref, sub), sub
+    ident = ("svc", "level", "window_start", "window_end")
+    got_rows = committed(d, "out")
+    by_id = {tuple(r[k] for k in ident): r for r in want}
+    assert len(got_rows) == len(want) == len(by_id)
+    for r in got_rows:
+        exp = by_id[tuple(r[k] for k in ident)]  # KeyError: a result the reference lacks
+        assert r.keys() == exp.keys()
+        for k, v in r.items():
+            if isinstance(v, float) and isinstance(exp[k], float):
+                assert math.isclose(v, exp[k], rel_tol=1e-9, abs_tol=1e-12), (k, v, exp[k])
+            else:
+                assert type(v) is type(exp[k]) and v == exp[k], (k, v, exp[k])

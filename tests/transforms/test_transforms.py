@@ -252,3 +252,62 @@ def test_a_changed_filter_is_refused_on_resume_with_the_diff(
     rc, err = run(spec, capsys)
     assert rc == 1
     assert 'transform.where: "v > 0" -> "v > 1"' in err
+
+
+# ------------------------------------------------------------------ map_batches
+def _py_pipeline(d: Path, **kw: Any) -> ss.Pipeline:
+    return ss.Pipeline(
+        name="mb",
+        source=ss.FileSource(kind="jsonl", paths=("in.jsonl",), key="k", time="ts",
+                             base_dir=d),
+        window=ss.Tumbling(size_ms=100),
+        sink=ss.Output(kind="jsonl", path="out", base_dir=d),
+        errors=ss.Output(kind="jsonl", path="errors", base_dir=d),
+        checkpoint=ss.Checkpoints(path="ckpt", every_events=2, base_dir=d),
+        **kw,
+    )
+
+
+def _domain(frame: pl.DataFrame) -> pl.DataFrame:
+    if frame.height and (frame["url"] == "boom").any():
+        raise ValueError("cannot parse url")
+    return frame.with_columns(
+        pl.col("url").str.extract(r"^https?://([^/]+)", 1).alias("host"))
+
+
+def test_map_batches_derives_fields_and_is_fingerprinted_by_its_version(tmp_path: Path) -> None:
+    from sealstream.transforms import MapBatches
+
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+        {"k": "a", "ts": 1, "url": "https://x.org/a"},
+        {"k": "a", "ts": 2, "url": "https://y.org/b"},
+        {"k": "a", "ts": 3, "url": "boom"},
+        {"k": "a", "ts": 4, "url": "http://x.org/c"},
+    ]))
+    mb = MapBatches(_domain, version="1", reads=("url",), writes=("host",))
+    p = _py_pipeline(tmp_path, aggregates={"hosts": "count_distinct(host)", "n": "count"},
+                     map_batches=mb, where="host <> 'y.org'")
+    assert p.fingerprint_fields()["transform"]["map_batches"] == {
+        "version": "1", "reads": ["url"], "writes": ["host"]}
+    ss.run(p)
+    assert lines(tmp_path, "out") == [{"key": "a", "window_start": 0, "window_end": 100,
+                                       "hosts": 1, "n": 2}]
+    bad = lines(tmp_path, "errors")
+    assert [b["_offset"] for b in bad] == [2]
+    assert bad[0]["_reason"] == "map_batches (version '1') failed: cannot parse url"
+    changed = _py_pipeline(tmp_path, aggregates={"hosts": "count_distinct(host)", "n": "count"},
+                           map_batches=MapBatches(_domain, version="2", reads=("url",),
+                                                  writes=("host",)),
+                           where="host <> 'y.org'")
+    with pytest.raises(ss.SealstreamError, match=r'map_batches.version: "1" -> "2"'):
+        ss.run(changed)
+
+
+def test_map_batches_needs_a_version(tmp_path: Path) -> None:
+    from sealstream.transforms import MapBatches
+
+    (tmp_path / "in.jsonl").write_text("")
+    with pytest.raises(SpecError, match="map_batches.version"):
+        _py_pipeline(tmp_path, aggregates={"n": "count"},
+                     map_batches=MapBatches(_domain, version="", reads=("url",),
+                                            writes=("host",)))

@@ -10,13 +10,16 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import polars as pl
 
 from sealstream.errors import SpecError
 from sealstream.pipeline.source import FileSource
 from sealstream.sources._base import FieldKind, FieldPlan
+
+if TYPE_CHECKING:
+    from sealstream.transforms import MapBatches
 
 STATE_FORMAT_VERSION = 1
 # records per partition per step: memory and speed only, never the results
@@ -182,6 +185,9 @@ class Pipeline:
     #: derived fields, in order: name -> SQL expression (or Polars expression); a
     #: later one may read an earlier one, the key and the time may be derived
     fields: Mapping[str, str | pl.Expr] = field(default_factory=dict)
+    #: a batch function (:class:`sealstream.transforms.MapBatches`) after the derived
+    #: fields, for what an expression cannot say; fingerprinted by its version
+    map_batches: MapBatches | None = None
 
     def __post_init__(self) -> None:
         from sealstream.pipeline.validate import validate

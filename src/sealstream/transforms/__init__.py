@@ -10,7 +10,13 @@ watermark is defined on the source's rows. Late output shows the original
 record. A record whose values make an expression fail is a bad record.
 """
 
-from sealstream.transforms._compile import KEEP, CompiledTransform, Step, compile_transform
+from sealstream.transforms._compile import (
+    KEEP,
+    CompiledTransform,
+    MapBatches,
+    Step,
+    compile_transform,
+)
 from sealstream.transforms._expr import FUNCTIONS, IMPURE, check_polars, check_pure, parse_sql
 from sealstream.transforms._stage import FAILED_SCHEMA, TransformStage
 
@@ -20,6 +26,7 @@ __all__ = [
     "IMPURE",
     "KEEP",
     "CompiledTransform",
+    "MapBatches",
     "Step",
     "TransformStage",
     "check_polars",

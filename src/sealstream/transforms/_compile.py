@@ -29,8 +29,32 @@ class Step:
     name: str
     setting: str
     text: str
-    expr: pl.Expr
-    kind: str  # "field" | "where" | "condition"
+    expr: pl.Expr | None
+    kind: str  # "field" | "where" | "condition" | "batch" | "output"
+    fn: BatchFn | None = None
+    #: a batch function's input and result columns (each result is also an "output"
+    #: step after it)
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class MapBatches:
+    """A batch function for what an expression cannot say: ``fn`` takes a Polars
+    DataFrame (the fields named in ``reads``, and the derived fields before it, in
+    their natural types) and returns a DataFrame of the same rows in the same
+    order; its columns named in ``writes`` become derived fields.
+
+    Determinism is the user's responsibility: ``fn`` must give the same output for
+    the same rows, whatever else is in its batch, on every run. sealstream cannot
+    look inside it, so the fingerprint records ``version`` (change it whenever
+    ``fn``'s behaviour changes: a resume from state written by another version is
+    refused with the diff)."""
+
+    fn: BatchFn
+    version: str
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -50,6 +74,10 @@ class CompiledTransform:
         fields = {s.name: s.text for s in self.steps if s.kind == "field"}
         if fields:
             out["fields"] = fields
+        for s in self.steps:
+            if s.kind == "batch":
+                out["map_batches"] = {"version": s.text, "reads": list(s.reads),
+                                      "writes": list(s.writes)}
         if self.where is not None:
             out["where"] = self.where.text
         return out
@@ -78,6 +106,12 @@ def _expr(setting: str, value: object) -> tuple[str, pl.Expr]:
     return str(value), parse_sql(setting, value)
 
 
+def _check_name(setting: str, name: object) -> None:
+    if not isinstance(name, str) or not name or name.startswith(("_", "?", "#")):
+        raise SpecError(f"{setting}: {name!r} is not a valid field name (names starting "
+                        "with _ are reserved)")
+
+
 def compile_transform(p: Pipeline) -> CompiledTransform | None:
     """The transform of ``p`` (None when it has no filter, derived field or count_if).
 
@@ -86,7 +120,8 @@ def compile_transform(p: Pipeline) -> CompiledTransform | None:
 
     conditions = [a for a in p.parsed_aggregates if a.func == "count_if"]
     key_fields = p.source.key_fields
-    if p.where is None and not p.fields and not conditions and key_fields is None:
+    if (p.where is None and not p.fields and not conditions and key_fields is None
+            and p.map_batches is None):
         return None
     if not isinstance(p.fields, Mapping):
         raise SpecError(f"transform.fields: expected a table of name = expression, got "
@@ -105,11 +140,32 @@ def compile_transform(p: Pipeline) -> CompiledTransform | None:
         return step
 
     for name, value in p.fields.items():
-        if not isinstance(name, str) or not name or name.startswith(("_", "?", "#")):
-            raise SpecError(f"transform.fields: {name!r} is not a valid field name (names "
-                            "starting with _ are reserved)")
+        _check_name("transform.fields", name)
         add(name, f"transform.fields.{name}", value, "field")
         derived.add(name)
+    if p.map_batches is not None:
+        mb = p.map_batches
+        if not isinstance(mb, MapBatches) or not callable(mb.fn):
+            raise SpecError("map_batches: expected MapBatches(fn, version=..., reads=(...), "
+                            f"writes=(...)), got {mb!r:.60}")
+        if not isinstance(mb.version, str) or not mb.version.strip():
+            raise SpecError("map_batches.version: a non-empty version string is needed (the "
+                            "fingerprint records it in place of the function)")
+        for group, names in (("reads", mb.reads), ("writes", mb.writes)):
+            if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+                raise SpecError(f"map_batches.{group}: expected a tuple of field names, "
+                                f"got {names!r}")
+        if not mb.writes:
+            raise SpecError("map_batches.writes: name at least one column it returns")
+        for root in mb.reads:
+            if root not in derived and root not in inputs:
+                inputs.append(root)
+        steps.append(Step("map_batches", "map_batches", mb.version, None, "batch", mb.fn,
+                          tuple(mb.reads), tuple(mb.writes)))
+        for name in mb.writes:
+            _check_name("map_batches.writes", name)
+            steps.append(Step(name, "map_batches", mb.version, None, "output"))
+            derived.add(name)
     for a in conditions:
         add(condition_field(a.name), f"aggregates.{a.name}", a.condition, "condition")
     where = None if p.where is None else add(KEEP, "transform.where", p.where, "where")

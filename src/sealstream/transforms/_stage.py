@@ -177,9 +177,13 @@ class TransformStage:
     def _check(self, frame: pl.DataFrame) -> tuple[Step, str] | None:
         for step in self.tf.steps:
             try:
-                frame = frame.with_columns(step.expr.alias(step.name))
-            except Exception as exc:  # noqa: BLE001 - any Polars error is the step's failure
+                frame = _eval(step, frame)
+            except Exception as exc:  # noqa: BLE001 - any error is the step's failure
                 return step, _first_line(exc)
+            if step.kind == "batch":
+                continue
+            if step.name not in frame.columns:
+                return step, f"map_batches returned no column {step.name!r}"
             problem = _result_problem(step, frame.schema[step.name])
             if problem is not None:
                 return step, problem
@@ -201,7 +205,7 @@ class TransformStage:
         ok = pl.Series("ok", [True] * part.height)
         for step in self.tf.steps:
             try:
-                natural = natural.with_columns(step.expr.alias(step.name))
+                natural = _eval(step, natural)
                 continue
             except Exception:  # noqa: BLE001 - narrowed down below
                 pass
@@ -215,7 +219,9 @@ class TransformStage:
         return out, pl.concat([pl.DataFrame(schema=FAILED_SCHEMA), *failed], how="vertical")
 
     def _failed(self, rows: pl.DataFrame, step: Step, why: str) -> pl.DataFrame:
-        reason = f"{step.setting} = {step.text!r} failed: {why}"
+        what = (f"map_batches (version {step.text!r})" if step.setting == "map_batches"
+                else f"{step.setting} = {step.text!r}")
+        reason = f"{what} failed: {why}"
         return rows.select(
             pl.col(PARTITION).cast(pl.Int32),
             pl.col(OFFSET).alias("_offset"),
@@ -231,6 +237,8 @@ class TransformStage:
         cols: list[pl.Expr] = []
         problems: list[tuple[pl.Expr, str]] = []
         for step in self.tf.steps:
+            if step.kind == "batch":
+                continue
             r = pl.col(step.name)
             dtype = natural.schema[step.name]
             if step.kind == "where":
@@ -286,6 +294,8 @@ class TransformStage:
         """An empty batch with the columns a transformed one has."""
         add: dict[str, pl.DataType] = {}
         for step in self.tf.steps:
+            if step.kind == "batch":
+                continue
             if step.kind == "where":
                 add[KEEP] = pl.Boolean()
             elif step.kind == "condition":
@@ -334,13 +344,41 @@ def _result_problem(step: Step, dtype: pl.DataType) -> str | None:
     return None
 
 
-def _eval_where(natural: pl.DataFrame, step: Step, ok: pl.Series) -> pl.Expr:
-    """The step over the rows still ok (the others null): the result column."""
-    rows = natural.filter(ok)
-    value = rows.select(step.expr.alias(step.name)).to_series()
-    full = pl.Series(step.name, [None] * natural.height, dtype=value.dtype)
-    idx = pl.Series(range(natural.height)).filter(ok)
-    return pl.lit(full.scatter(idx, value)).alias(step.name)
+def _eval(step: Step, frame: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` with the step's result column(s); raises what the step raises."""
+    if step.kind == "output":  # a column map_batches wrote
+        return frame
+    if step.fn is not None:
+        inner = frame.drop(_N) if _N in frame.columns else frame
+        out = step.fn(inner)
+        if not isinstance(out, pl.DataFrame) or out.height != inner.height:
+            got = f"{out.height} rows" if isinstance(out, pl.DataFrame) else type(out).__name__
+            raise ValueError(f"map_batches must return a DataFrame of {inner.height} rows in "
+                             f"their order, got {got}")
+        writes = [c for c in step.writes if c in out.columns]
+        return frame.with_columns(out.select(writes)) if writes else frame
+    assert step.expr is not None
+    return frame.with_columns(step.expr.alias(step.name))
+
+
+def _step_columns(step: Step) -> list[str]:
+    return list(step.writes) if step.kind == "batch" else [step.name]
+
+
+def _eval_where(natural: pl.DataFrame, step: Step, ok: pl.Series) -> list[pl.Series]:
+    """The step over the rows still ok (the others null): its result columns."""
+    if step.kind == "output":
+        return []
+    rows = _eval(step, natural.filter(ok))
+    idx = pl.int_range(natural.height, eager=True).filter(ok)
+    out = []
+    for name in _step_columns(step):
+        if name not in rows.columns:
+            continue
+        value = rows.get_column(name)
+        full = pl.Series(name, [None] * natural.height, dtype=value.dtype)
+        out.append(full.scatter(idx, value))
+    return out
 
 
 def _failing_rows(natural: pl.DataFrame, step: Step) -> tuple[pl.Series, str]:
@@ -354,7 +392,7 @@ def _failing_rows(natural: pl.DataFrame, step: Step) -> tuple[pl.Series, str]:
         if lo >= hi:
             continue
         try:
-            natural.slice(lo, hi - lo).select(step.expr)
+            _eval(step, natural.slice(lo, hi - lo))
             continue
         except Exception as exc:  # noqa: BLE001
             if hi - lo == 1:

@@ -29,6 +29,7 @@ bench: $(STAMP) bench-flink
 	$(PY) -m bench
 	$(PY) -m bench.store_cost
 	$(PY) -m bench.incremental
+	$(PY) -m bench.transforms
 
 # The PyFlink peer runs in its own venv (apache-flink pins its own pyarrow, numpy
 # and pandas). Best effort: without Java or the package the peer is skipped.

@@ -215,7 +215,7 @@ class Job(Checkpointing):
         #: output found already committed by an earlier run, per role (this run)
         self.not_repeated = {"results": 0, "late": 0, "errors": 0}
         #: aggregated fields no good event of this run has carried yet
-        self.unseen_fields = sorted(self.plan.fields)
+        self.unseen_fields = sorted(set(self.plan.fields) & set(pipeline.event_plan().fields))
         self.ck_stats = CheckpointStats()
         self.store: CheckpointStore | None = (
             pipeline.checkpoint.open_store(pipeline.name) if pipeline.checkpoint else None

@@ -28,7 +28,7 @@ FUNCTIONS = frozenset({
     "bit_length", "concat", "concat_ws", "ends_with", "initcap", "left", "length",
     "char_length", "character_length", "lower", "ltrim", "octet_length", "regexp_like",
     "replace", "reverse", "right", "rtrim", "split_part", "starts_with", "strpos", "substr",
-    "substring", "upper", "trim", "btrim",
+    "substring", "upper", "trim",
     # time
     "strptime", "strftime", "date", "timestamp", "date_part", "extract",
     # casts

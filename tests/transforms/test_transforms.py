@@ -311,3 +311,25 @@ def test_map_batches_needs_a_version(tmp_path: Path) -> None:
         _py_pipeline(tmp_path, aggregates={"n": "count"},
                      map_batches=MapBatches(_domain, version="", reads=("url",),
                                             writes=("host",)))
+
+
+@pytest.mark.parametrize("expr", [
+    pl.col("x").map_elements(lambda v: v, return_dtype=pl.Int64), pl.col("x").sample(2),
+    pl.col("x").sum().over("k"), pl.col("x") - pl.col("x").min(), pl.col("x").shift(1),
+    pl.col("x").head(2), pl.col("x").rank(),
+], ids=str)
+def test_polars_expressions_that_read_other_rows_are_refused(expr: pl.Expr) -> None:
+    from sealstream.transforms import check_polars
+
+    with pytest.raises(SpecError, match="not row-wise and deterministic"):
+        check_polars("transform.fields.x", expr)
+
+
+@pytest.mark.parametrize("expr", [
+    pl.col("sample_rate") > 1, pl.col("level") == "x.sum()", pl.col("s").str.len_chars(),
+    pl.min_horizontal("a", "b"),
+], ids=str)
+def test_row_wise_polars_expressions_pass(expr: pl.Expr) -> None:
+    from sealstream.transforms import check_polars
+
+    assert check_polars("transform.fields.x", expr) is expr

@@ -38,6 +38,8 @@ class Case:
     where: str | None = None
     #: the Python meaning of every SQL text used (fields, where, count_if conditions)
     meaning: dict[str, Any] = field(default_factory=dict)
+    #: an [errors] output (bad records go to errors/ instead of stopping the run)
+    errors: bool = False
 
 
 @dataclass
@@ -100,6 +102,8 @@ def spec_text(case: Case) -> str:
         lines.append(f"{json.dumps(name)} = {json.dumps(expr)}")
     lines += ["", "[sink]", 'kind = "jsonl"', 'path = "out"']
     lines += ["", "[late]", 'kind = "jsonl"', 'path = "late"']
+    if case.errors:
+        lines += ["", "[errors]", 'kind = "jsonl"', 'path = "errors"']
     if case.checkpoint_every is not None:
         lines += ["", "[checkpoint]", 'path = "ckpt"', f"every_events = {case.checkpoint_every}"]
     return "\n".join(lines) + "\n"

@@ -10,6 +10,7 @@ and must not depend on the batch size.
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -218,6 +219,41 @@ def test_transforms_do_not_depend_on_batch_size(case: Case, b: int) -> None:
     first = run_engine(case)
     case.batch_size = b if b != case.batch_size else 1
     assert_same_output(first, run_engine(case), case)
+
+
+@SETTINGS
+@given(transform_cases(), st.sampled_from(BATCH_SIZES), st.data())
+def test_records_that_break_an_expression_do_not_depend_on_the_batch(
+        case: Case, b: int, data: st.DataObject) -> None:
+    """Some values of v are strings, so ``v * 2``, ``v > 2`` and ``median(v)`` fail or
+    do not fit on them: the same records are bad, and the same results come out, for any
+    batch size (a batch is evaluated in groups of one value type each)."""
+    from helpers import read_jsonl_dir, write_case
+
+    parts = []
+    for name, text in case.partitions:
+        lines = []
+        for line in text.split("\n"):
+            if line.strip() and data.draw(st.integers(0, 4)) == 0:
+                rec = json.loads(line)
+                rec["v"] = data.draw(st.sampled_from(["x", "7", True, [1]]))
+                line = json.dumps(rec)
+            lines.append(line)
+        parts.append((name, "\n".join(lines)))
+    case.partitions, case.errors, case.checkpoint_every = parts, True, None
+    from sealstream.cli import main
+
+    outs = []
+    for size in (case.batch_size, b if b != case.batch_size else 1):
+        case.batch_size = size
+        with tempfile.TemporaryDirectory() as tmp:
+            d = Path(tmp)
+            assert main(["run", str(write_case(case, d)), "--quiet"]) == 0
+            outs.append((Output(read_jsonl_dir(d / "out"), read_jsonl_dir(d / "late")),
+                         sorted(json.dumps(r, sort_keys=True)
+                                for r in read_jsonl_dir(d / "errors"))))
+    assert_same_output(outs[0][0], outs[1][0], case)
+    assert outs[0][1] == outs[1][1]
 
 
 @SETTINGS

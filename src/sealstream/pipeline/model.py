@@ -179,6 +179,9 @@ class Pipeline:
     checkpoint: Checkpoints | None = None
     batch_size: int = DEFAULT_BATCH_SIZE
     max_bad_ratio: float | None = None
+    #: run as this many Ray workers (docs/scale-out.md); None: one process. Not part
+    #: of the fingerprint: a checkpoint restores with any worker count
+    workers: int | None = None
     #: keep only the events for which this is true (an SQL expression, or a Polars
     #: expression); see docs/transforms.md
     where: str | pl.Expr | None = None

@@ -24,7 +24,7 @@ from sealstream.pipeline.source import FileSource
 from sealstream.pipeline.validate import check_bad_ratio, check_max_age
 
 _SECTIONS: dict[str, set[str]] = {
-    "pipeline": {"name", "batch_size", "max_bad_ratio"},
+    "pipeline": {"name", "batch_size", "max_bad_ratio", "workers"},
     "source": {"kind", "paths", "path", "key", "time"},
     "watermark": {"max_delay_ms"},
     "window": {"kind", "size_ms", "slide_ms", "gap_ms", "allowed_lateness_ms"},
@@ -106,6 +106,7 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
     pl_sec, src, win = data["pipeline"], data["source"], data["window"]
     name = _get(pl_sec, "pipeline", "name", str, _MISSING)
     batch_size = _get(pl_sec, "pipeline", "batch_size", int, DEFAULT_BATCH_SIZE)
+    workers = _get(pl_sec, "pipeline", "workers", int, None)
     max_bad_ratio = (check_bad_ratio("pipeline.max_bad_ratio", pl_sec["max_bad_ratio"])
                      if "max_bad_ratio" in pl_sec else None)
 
@@ -195,6 +196,7 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
         checkpoint=ckpt,
         batch_size=batch_size,
         max_bad_ratio=max_bad_ratio,
+        workers=workers,
         where=where,
         fields=fields,
     )
@@ -226,6 +228,11 @@ def _transform(sec: dict[str, Any]) -> tuple[str | None, dict[str, str]]:
             raise SpecError(f"transform.fields.{name}: expected an expression (a string), "
                             f"got {text!r}")
     return where, dict(fields)
+
+
+def with_workers(p: Pipeline, workers: int | None) -> Pipeline:
+    """A copy of ``p`` run by ``workers`` Ray workers (None: one process)."""
+    return replace(p, workers=workers)
 
 
 def with_batch_size(p: Pipeline, batch_size: int) -> Pipeline:

@@ -127,6 +127,8 @@ def validate(p: Pipeline) -> None:
         if p.sink.kind not in ("jsonl", "stdout"):
             raise SpecError(f"sink.kind: a compound key (source.key as a list) is written by "
                             f"jsonl and stdout sinks for now, not {p.sink.kind!r}")
+    if p.workers is not None:
+        _positive("pipeline.workers", p.workers)
     _positive("watermark.max_delay_ms", p.watermark.max_delay_ms, zero_ok=True)
     w = p.window
     _positive("window.allowed_lateness_ms", w.allowed_lateness_ms, zero_ok=True)

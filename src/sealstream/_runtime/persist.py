@@ -90,6 +90,10 @@ class Checkpointing:
     _inflight: _InFlight | None
     _verified: set[int]
 
+    def manifest_extra(self) -> dict[str, Any]:
+        """More entries for the manifest (signed with it): a distributed job's workers."""
+        return {}
+
     @staticmethod
     def _judge(store: CheckpointStore, cid: int, policy: guard.Policy) -> guard.Verdict:
         return guard.judge(store.evidence(cid, policy.key),
@@ -223,6 +227,7 @@ class Checkpointing:
             "receipts": {},  # the writer thread digests them
             "sinks": self._sink_entries(epoch, tokens),
             "counters": self.counters.to_json(),
+            **self.manifest_extra(),
         }
         body = copy.deepcopy(body)
         body["watermark"] = wm_json

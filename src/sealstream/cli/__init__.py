@@ -99,10 +99,15 @@ def cli() -> None:
 @click.option("--metrics-file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the Prometheus metrics to this file (atomically) after every "
                    "checkpoint, e.g. for node_exporter's textfile collector.")
+@click.option("--workers", type=click.IntRange(min=1, max=4096), metavar="N",
+              help="Run as N Ray workers (default: [pipeline] workers, else one process); "
+                   "see docs/scale-out.md.")
+@click.option("--ray", "ray_address", metavar="ADDRESS",
+              help="The Ray cluster for --workers (default: a local one for the run).")
 def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int | None,
         max_bad_ratio: float | None, max_age: float | None,
         quiet: bool, as_json: bool, metrics_port: int | None,
-        metrics_file: Path | None) -> None:
+        metrics_file: Path | None, workers: int | None, ray_address: str | None) -> None:
     """Run the pipeline described by SPEC (a TOML file) to the end of its input.
 
     On a terminal, shows live progress on stderr; otherwise logs one JSON line per
@@ -113,7 +118,7 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
     """
     from sealstream._runtime.engine import Job
     from sealstream.cli._progress import Progress, print_summary, warn_unseen_fields
-    from sealstream.pipeline import load_spec, with_batch_size, with_max_age
+    from sealstream.pipeline import load_spec, with_batch_size, with_max_age, with_workers
 
     if TYPE_CHECKING:
         from sealstream.cli._metrics import Metrics
@@ -125,6 +130,10 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
             pipeline = with_batch_size(pipeline, batch_size)
         if max_age is not None:
             pipeline = with_max_age(pipeline, max_age)
+        if workers is not None:
+            pipeline = with_workers(pipeline, workers)
+        if ray_address is not None and pipeline.workers is None:
+            raise SpecError("--ray: needs --workers N (or [pipeline] workers)")
         limit = pipeline.max_bad_ratio if max_bad_ratio is None else max_bad_ratio
         human = sys.stderr if _results_on_stdout(pipeline) else sys.stdout
         for option, target in (("--metrics-file", metrics_file),
@@ -139,8 +148,14 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
                 h(j)
 
         want_metrics = metrics_port is not None or metrics_file is not None
-        job = Job(pipeline, start_over=start_over,
-                  progress=on_batch if (want_metrics or progress) else None)
+        on_step = on_batch if (want_metrics or progress) else None
+        if pipeline.workers is not None:  # only then: Ray costs seconds to import
+            from sealstream.distributed import DistributedJob
+
+            job = DistributedJob(pipeline, address=ray_address, start_over=start_over,
+                                 progress=on_step)
+        else:
+            job = Job(pipeline, start_over=start_over, progress=on_step)
         if want_metrics:
             # only then: http.server and friends cost about 0.05 s to import
             from sealstream.cli._metrics import Metrics, MetricsServer

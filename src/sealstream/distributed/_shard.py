@@ -1,0 +1,149 @@
+"""The coordinator's view of the sharded window state: a WindowOperator whose
+keys live on N worker actors.
+
+Routing: a key belongs to worker ``hash(key) mod N`` where ``hash`` is Polars'
+column hash with a fixed seed (:data:`ROUTING`, recorded in each checkpoint's
+manifest). The hash need not be stable across Polars versions: a checkpoint
+stores the whole state, and every restore re-splits it with the running
+version's hash and worker count (that is also how N workers restore with M).
+
+Every step sends each worker its share of the batch (possibly empty) with the
+step's global watermark, so that every worker fires the windows it closes;
+the coordinator merges what they fired (ordered by key and window) and their
+late events (in read order), so that the output does not depend on N.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from sealstream.distributed._worker import ShardWorker, from_ipc, to_ipc
+from sealstream.errors import SealstreamError
+from sealstream.pipeline import Pipeline
+from sealstream.sources._base import KEY, KEY_IS_INT, OFFSET, PARTITION
+from sealstream.windows.aggregates import WEND, WSTART
+from sealstream.windows.operator import Output, WindowOperator
+
+SEED = 0x5EA157
+SHARD = "__shard"
+#: how keys are routed, as recorded in the manifest (``distributed.routing``)
+ROUTING = {"hash": "polars.Expr.hash", "seed": SEED, "column": KEY, "rule": "hash mod workers"}
+
+
+class WorkerLostError(SealstreamError):
+    """A worker process or its node was lost. The job restarts every worker from
+    the newest atomic checkpoint (``max_restarts`` times); then the run fails
+    with exit 1 and the next run resumes exactly once."""
+
+
+def shard_of(frame: pl.DataFrame, workers: int) -> pl.Series:
+    """The worker each row's key belongs to."""
+    return frame.select((pl.col(KEY).hash(seed=SEED) % workers).cast(pl.Int64).alias(SHARD))[
+        SHARD
+    ]
+
+
+def split(frame: pl.DataFrame, workers: int) -> list[pl.DataFrame]:
+    """``frame``'s rows by worker, order kept within each part."""
+    if workers == 1:
+        return [frame]
+    tagged = frame.with_columns(shard_of(frame, workers))
+    parts = tagged.partition_by(SHARD, as_dict=True, maintain_order=True)
+    empty = frame.clear()
+    return [parts[(i,)].drop(SHARD) if (i,) in parts else empty for i in range(workers)]
+
+
+def _ray_failure(exc: BaseException, what: str) -> SealstreamError:
+    import ray.exceptions as rx
+
+    if isinstance(exc, rx.RayTaskError):
+        cause = exc.as_instanceof_cause()  # type: ignore[no-untyped-call]
+        if isinstance(cause, SealstreamError):
+            return cause
+        return SealstreamError(f"{what}: {type(cause).__name__}: {cause}")
+    return WorkerLostError(f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+
+
+class ShardedOperator(WindowOperator):
+    """:class:`WindowOperator` over ``workers`` Ray actors (one key shard each).
+
+    Built from the whole state (a checkpoint's, or empty), which it splits by
+    key hash; :meth:`snapshot` gathers the shards back into one table.
+    """
+
+    def __init__(self, pipeline: Pipeline, state: pl.DataFrame | None, workers: int) -> None:
+        import ray
+
+        super().__init__(pipeline)  # local and empty: thresholds, finalize, schema
+        self.workers = workers
+        whole = self._state if state is None else WindowOperator(pipeline, state).snapshot()
+        actor = ray.remote(num_cpus=0, max_restarts=0)(ShardWorker)
+        self.actors: list[Any] = [
+            actor.options(scheduling_strategy="SPREAD").remote(
+                pipeline, i, ray.put(to_ipc(part))
+            )
+            for i, part in enumerate(split(whole, workers))
+        ]
+        self._open_count = 0
+        self.part_rows = [0] * workers
+        self.pids: list[int] = self._get([a.pid.remote() for a in self.actors], "start")
+
+    def _get(self, refs: list[Any], what: str) -> list[Any]:
+        import ray
+        import ray.exceptions as rx
+
+        try:
+            return list(ray.get(refs))
+        except rx.RayError as exc:
+            raise _ray_failure(exc, f"scale-out worker ({what})") from None
+
+    def process(self, events: pl.DataFrame, w_end: int) -> Output:
+        import ray
+
+        refs = [
+            actor.process.remote(ray.put(to_ipc(part)), w_end)
+            for actor, part in zip(self.actors, split(events, self.workers), strict=True)
+        ]
+        got = self._get(refs, "process")
+        fired = pl.concat([from_ipc(f) for f, _, _ in got], how="vertical")
+        late = pl.concat([from_ipc(lt) for _, lt, _ in got], how="vertical")
+        if self.workers > 1:
+            fired = fired.sort([KEY, KEY_IS_INT, WSTART, WEND])
+            if late.height:
+                late = late.sort([OFFSET, PARTITION])
+        return Output(fired=fired, late=late)
+
+    def snapshot(self) -> pl.DataFrame:
+        parts = self._get([a.snapshot.remote() for a in self.actors], "snapshot")
+        frames = [from_ipc(p) for p in parts]
+        self.part_rows = [f.height for f in frames]
+        return pl.concat(frames, how="vertical")
+
+    @property
+    def state(self) -> pl.DataFrame:
+        return self.snapshot()
+
+    @state.setter
+    def state(self, value: pl.DataFrame) -> None:
+        self._state = value
+        self._pending = []
+
+    @property
+    def open_windows(self) -> int:
+        if self.actors:
+            counts = self._get([a.open_windows.remote() for a in self.actors], "open_windows")
+            self._open_count = sum(counts)
+        return self._open_count
+
+    def close(self) -> None:
+        """Stop the workers (their state is in the checkpoints)."""
+        import ray
+
+        for a in self.actors:
+            try:
+                ray.kill(a)
+            except Exception:  # noqa: BLE001,S110 - already gone
+                pass
+        self.actors = []

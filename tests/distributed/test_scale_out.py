@@ -1,0 +1,170 @@
+"""Scale-out stories: N Ray workers give the single-process output, exactly once,
+across lost workers, lost nodes, damaged checkpoints and changes of worker count.
+
+Sampled: a few seeds by default, more with ``SEALSTREAM_RAY_EXAMPLES=N``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from helpers import Case, Output, assert_same_output, read_jsonl_dir, run_engine, write_case
+from scenarios._story import assert_same_output as assert_same_dirs
+from scenarios._story import make_input, reference_run, write_spec
+from test_properties import cases
+
+EXAMPLES = int(os.environ.get("SEALSTREAM_RAY_EXAMPLES", "4"))
+WINDOWS = {
+    "tumbling": 'kind = "tumbling"\nsize_ms = 2000\nallowed_lateness_ms = 500',
+    "sliding": 'kind = "sliding"\nsize_ms = 3000\nslide_ms = 1000\nallowed_lateness_ms = 0',
+    "session": 'kind = "session"\ngap_ms = 1500\nallowed_lateness_ms = 200',
+}
+STORY = {"events": 1500, "every_events": 300, "batch_size": 100}
+
+
+def _run_workers(case: Case, workers: int, directory: Path) -> Output:
+    from sealstream.cli import main
+
+    spec = write_case(case, directory)
+    rc = main(["run", str(spec), "--quiet", "--workers", str(workers)])
+    assert rc == 0, f"sealstream run --workers {workers} exited {rc}"
+    return Output(read_jsonl_dir(directory / "out"), read_jsonl_dir(directory / "late"))
+
+
+@settings(max_examples=EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                 HealthCheck.function_scoped_fixture])
+@given(case=cases())
+def test_two_and_three_workers_give_the_single_process_output(
+        ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory, case: Case) -> None:
+    single = run_engine(case)
+    for n in (2, 3):
+        got = _run_workers(case, n, tmp_path_factory.mktemp(f"w{n}"))
+        assert_same_output(single, got, case)
+
+
+def _story_spec(d: Path, kind: str) -> Path:
+    names = make_input(d, events=STORY["events"])
+    return write_spec(d, names, window=WINDOWS[kind], every_events=STORY["every_events"],
+                      batch_size=STORY["batch_size"])
+
+
+def _job(spec: Path, workers: int | None, **kw: Any) -> Any:
+    from sealstream import Job, load_spec
+    from sealstream.distributed import DistributedJob
+
+    pipeline = load_spec(spec)
+    if workers is None:
+        return Job(pipeline, **kw)
+    return DistributedJob(pipeline, workers=workers, **kw)
+
+
+class KillAt:
+    """A progress hook that SIGKILLs one worker process after a randomly drawn step."""
+
+    def __init__(self, rng: random.Random, steps: int) -> None:
+        self.rng = rng
+        self.at = rng.randrange(1, steps)
+        self.step = 0
+        self.killed: list[int] = []
+
+    def __call__(self, job: Any) -> None:
+        self.step += 1
+        if self.step == self.at and not self.killed:
+            pid = self.rng.choice(job.worker_pids)
+            os.kill(pid, signal.SIGKILL)
+            self.killed.append(pid)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_sigkill_of_a_worker_restarts_every_worker_from_the_newest_checkpoint(
+        ray_cluster: Any, tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    kind = rng.choice(sorted(WINDOWS))
+    reference_run(tmp_path / "ref", window=WINDOWS[kind], **STORY)
+    d = tmp_path / "dist"
+    spec = _story_spec(d, kind)
+    kill = KillAt(rng, steps=STORY["events"] // STORY["batch_size"])
+    job = _job(spec, 2 + seed % 2, progress=kill)
+    job.run()
+    assert kill.killed and job.restarts == 1
+    assert_same_dirs(d, tmp_path / "ref")
+
+
+def test_lost_worker_then_damaged_checkpoint_then_resume_with_other_count(
+        ray_cluster: Any, tmp_path: Path) -> None:
+    """Run, kill a worker with no restart left (the run fails), damage the newest
+    checkpoint's state, resume with 3 workers: it falls back, and the output is exact."""
+    from sealstream.distributed import WorkerLostError
+
+    reference_run(tmp_path / "ref", window=WINDOWS["session"], **STORY)
+    d = tmp_path / "dist"
+    spec = _story_spec(d, "session")
+    kill = KillAt(random.Random(5), steps=STORY["events"] // STORY["batch_size"])
+    kill.at = max(kill.at, 8)  # a few checkpoints exist by then
+    with pytest.raises(WorkerLostError):
+        _job(spec, 2, progress=kill, max_restarts=0).run()
+    newest = sorted((d / "ckpt").glob("cp-*"))[-1]
+    state = next(p for p in newest.iterdir() if p.name.startswith("state"))
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    state.write_bytes(bytes(data))
+    job = _job(spec, 3)
+    job.run()
+    assert job.rejected and job.rejected[0]["verdict"] == "INCONSISTENT_STATE"
+    assert_same_dirs(d, tmp_path / "ref")
+
+
+def test_a_node_removed_mid_run(ray_cluster: Any, tmp_path: Path) -> None:
+    from conftest import NODE
+
+    reference_run(tmp_path / "ref", window=WINDOWS["sliding"], **STORY)
+    d = tmp_path / "dist"
+    spec = _story_spec(d, "sliding")
+    node = ray_cluster.add_node(**{**NODE, "num_cpus": 1})
+    ray_cluster.wait_for_nodes()
+    removed: list[int] = []
+
+    def remove(job: Any) -> None:
+        if not removed and job.counters.events >= 1200:
+            ray_cluster.remove_node(node)
+            removed.append(job.counters.events)
+
+    job = _job(spec, 3, progress=remove)
+    job.run()
+    assert removed and job.restarts == 1
+    assert_same_dirs(d, tmp_path / "ref")
+
+
+def test_rescale_1_2_3_1_across_restarts(ray_cluster: Any, tmp_path: Path) -> None:
+    """One job, four runs, each stopping after a checkpoint: 1 process, 2 workers,
+    3 workers, then 1 process to the end."""
+    reference_run(tmp_path / "ref", window=WINDOWS["tumbling"], **STORY)
+    d = tmp_path / "dist"
+    spec = _story_spec(d, "tumbling")
+    for workers in (None, 2, 3):
+        job = _job(spec, workers, stop_when=lambda j: True)
+        job.run()
+        assert job.stopped_early
+    _job(spec, None).run()
+    assert_same_dirs(d, tmp_path / "ref")
+
+
+def test_a_run_without_workers_does_not_import_ray(tmp_path: Path) -> None:
+    d = tmp_path / "plain"
+    spec = _story_spec(d, "tumbling")
+    code = ("import sys\nfrom sealstream.cli import main\n"
+            f"assert main(['run', {str(spec)!r}, '--quiet']) == 0\n"
+            "print('ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120, env=dict(os.environ))
+    assert out.stdout.strip().splitlines()[-1] == "False"

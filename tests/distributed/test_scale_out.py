@@ -22,7 +22,7 @@ from scenarios._story import assert_same_output as assert_same_dirs
 from scenarios._story import make_input, reference_run, write_spec
 from test_properties import cases
 
-EXAMPLES = int(os.environ.get("SEALSTREAM_RAY_EXAMPLES", "4"))
+EXAMPLES = int(os.environ.get("SEALSTREAM_RAY_EXAMPLES", "2"))
 WINDOWS = {
     "tumbling": 'kind = "tumbling"\nsize_ms = 2000\nallowed_lateness_ms = 500',
     "sliding": 'kind = "sliding"\nsize_ms = 3000\nslide_ms = 1000\nallowed_lateness_ms = 0',
@@ -85,7 +85,7 @@ class KillAt:
             self.killed.append(pid)
 
 
-@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize("seed", range(max(1, EXAMPLES // 2)))
 def test_sigkill_of_a_worker_restarts_every_worker_from_the_newest_checkpoint(
         ray_cluster: Any, tmp_path: Path, seed: int) -> None:
     rng = random.Random(seed)

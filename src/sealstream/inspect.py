@@ -283,6 +283,18 @@ def _load(store: CheckpointStore, cid: int) -> _Loaded:
                     out.receipts_error = "receipts are not JSON"
     if doc is not None and "state" not in files:
         out.state_error = "the manifest names no state file"
+    parts = incremental.part_roles(files)
+    if parts and out.state is not None:  # a distributed run's state: one part per worker
+        try:
+            broken = [r for r in parts if datas.get(r) is None]
+            if broken:
+                raise ValueError(f"its {', '.join(broken)} file cannot be used")
+            out.state = incremental.concat_parts(
+                out.state, [decode_table(datas[r] or b"")[0] for r in parts])
+            out.state_bytes = (out.state_bytes or 0) + sum(len(datas[r] or b"") for r in parts)
+        except ValueError as exc:
+            out.state = None
+            out.state_error = f"state cannot be rebuilt from its parts ({exc})"
     base, deltas = incremental.chain_roles(files)
     if base is not None and out.state is not None:  # a delta: materialise the chain
         try:
@@ -481,7 +493,27 @@ def inspect_checkpoint(
         "aggregates": _dict(definition.get("aggregates")) or None,
         "files": loaded.files,
         "problems": problems,
+        "distributed": _distributed(doc, loaded),
     }
+
+
+def _distributed(doc: Mapping[str, Any], loaded: _Loaded) -> dict[str, Any] | None:
+    """A distributed run's checkpoint: its worker count, key routing, and each worker's
+    part of the state (rows as recorded; the file, its size and whether it verified)."""
+    dist = _dict(doc.get("distributed"))
+    if not dist:
+        return None
+    facts = {f.get("role"): f for f in loaded.files}
+    parts = []
+    for entry in _list(dist.get("parts")):
+        e = _dict(entry)
+        worker = _int(e.get("worker"))
+        fact = _dict(facts.get(f"{incremental.PART_ROLE}{worker}"))
+        parts.append({"worker": worker, "state_rows": _int(e.get("state_rows")),
+                      "path": fact.get("path"), "bytes": fact.get("bytes"),
+                      "sha256_ok": fact.get("sha256_ok")})
+    return {"workers": _int(dist.get("workers")), "routing": _dict(dist.get("routing")),
+            "parts": parts}
 
 
 # --------------------------------------------------------------------------- diff

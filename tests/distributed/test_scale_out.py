@@ -6,6 +6,7 @@ Sampled: a few seeds by default, more with ``SEALSTREAM_RAY_EXAMPLES=N``.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -100,28 +101,54 @@ def test_sigkill_of_a_worker_restarts_every_worker_from_the_newest_checkpoint(
     assert_same_dirs(d, tmp_path / "ref")
 
 
-def test_lost_worker_then_damaged_checkpoint_then_resume_with_other_count(
+def test_lost_worker_then_damaged_parts_then_resume_with_other_count(
         ray_cluster: Any, tmp_path: Path) -> None:
-    """Run, kill a worker with no restart left (the run fails), damage the newest
-    checkpoint's state, resume with 3 workers: it falls back, and the output is exact."""
+    """Run with 2 workers, kill one with no restart left (the run fails), damage one
+    worker's part of the newest checkpoint and delete one of the checkpoint before,
+    resume with 3 workers: both are rejected, it falls back, and the output is exact."""
     from sealstream.distributed import WorkerLostError
 
     reference_run(tmp_path / "ref", window=WINDOWS["session"], **STORY)
     d = tmp_path / "dist"
     spec = _story_spec(d, "session")
     kill = KillAt(random.Random(5), steps=STORY["events"] // STORY["batch_size"])
-    kill.at = max(kill.at, 8)  # a few checkpoints exist by then
+    kill.at = max(kill.at, 8)  # three checkpoints are kept by then
     with pytest.raises(WorkerLostError):
         _job(spec, 2, progress=kill, max_restarts=0).run()
-    newest = sorted((d / "ckpt").glob("cp-*"))[-1]
-    state = next(p for p in newest.iterdir() if p.name.startswith("state"))
-    data = bytearray(state.read_bytes())
+    newest, older = sorted((d / "ckpt").glob("cp-*"))[-1:-3:-1]
+    assert sorted(p.name for p in newest.glob("state.part-*")) == [
+        "state.part-0000.arrow", "state.part-0001.arrow"]
+    part = newest / "state.part-0001.arrow"
+    data = bytearray(part.read_bytes())
     data[len(data) // 2] ^= 0xFF
-    state.write_bytes(bytes(data))
+    part.write_bytes(bytes(data))
+    (older / "state.part-0000.arrow").unlink()
     job = _job(spec, 3)
     job.run()
-    assert job.rejected and job.rejected[0]["verdict"] == "INCONSISTENT_STATE"
+    assert [(r["verdict"], r["reason"]) for r in job.rejected] == [
+        ("INCONSISTENT_STATE", "HASH_MISMATCH"), ("PARTIAL_CHECKPOINT_REJECT", "FILE_MISSING")]
     assert_same_dirs(d, tmp_path / "ref")
+
+
+def test_checkpoint_commands_show_the_parts(ray_cluster: Any, tmp_path: Path) -> None:
+    from sealstream.cli import main
+
+    d = tmp_path / "dist"
+    spec = _story_spec(d, "tumbling")
+    _job(spec, 3).run()
+    out = subprocess.run(
+        [sys.executable, "-m", "sealstream", "checkpoints", "list", str(d / "ckpt"), "--json"],
+        capture_output=True, text=True, check=True, timeout=60)
+    newest = json.loads(out.stdout)["checkpoints"][-1]
+    assert sum(f.endswith(("state.part-0000.arrow", "state.part-0001.arrow",
+                           "state.part-0002.arrow")) for f in newest["files"]) == 3
+    assert main(["checkpoints", "verify", str(d / "ckpt")]) == 0
+    shown = subprocess.run(
+        [sys.executable, "-m", "sealstream", "checkpoints", "inspect", str(d / "ckpt"), "--json"],
+        capture_output=True, text=True, check=True, timeout=60)
+    doc = json.loads(shown.stdout)
+    assert doc["distributed"]["workers"] == 3
+    assert [p["worker"] for p in doc["distributed"]["parts"]] == [0, 1, 2]
 
 
 def test_a_node_removed_mid_run(ray_cluster: Any, tmp_path: Path) -> None:

@@ -91,6 +91,13 @@ def render_inspect(data: dict[str, Any]) -> None:
     if st["error"]:
         state_txt += f" [yellow]({st['error']})[/]"
     t.add_row("state", state_txt)
+    dist = data.get("distributed")
+    if dist:
+        parts = "; ".join(
+            f"{_s(p['worker'])}: {_s(p['state_rows'])} rows, {_s(p['bytes'])} bytes"
+            + ("" if p["sha256_ok"] else " [yellow](does not verify)[/]")
+            for p in dist["parts"])
+        t.add_row("workers", f"{_s(dist['workers'])} (parts: {parts})")
     r = data["receipts"]
     tot = r["totals"]
     t.add_row("receipts (total)", f"results {_s(tot.get('results'))}, late "

@@ -23,6 +23,7 @@ from sealstream.distributed._worker import ShardWorker, from_ipc, to_ipc
 from sealstream.errors import SealstreamError
 from sealstream.pipeline import Pipeline
 from sealstream.sources._base import KEY, KEY_IS_INT, OFFSET, PARTITION
+from sealstream.state.codec import decode_table
 from sealstream.windows.aggregates import WEND, WSTART
 from sealstream.windows.operator import Output, WindowOperator
 
@@ -88,6 +89,9 @@ class ShardedOperator(WindowOperator):
         ]
         self._open_count = 0
         self.part_rows = [0] * workers
+        #: set by the job before a checkpoint's snapshot (the state files' metadata)
+        self.part_metadata: dict[str, Any] | None = None
+        self.last_parts: list[bytes] = []
         self.pids: list[int] = self._get([a.pid.remote() for a in self.actors], "start")
 
     def _get(self, refs: list[Any], what: str) -> list[Any]:
@@ -116,10 +120,21 @@ class ShardedOperator(WindowOperator):
         return Output(fired=fired, late=late)
 
     def snapshot(self) -> pl.DataFrame:
-        parts = self._get([a.snapshot.remote() for a in self.actors], "snapshot")
-        frames = [from_ipc(p) for p in parts]
+        """The whole state. With :attr:`part_metadata` set (a checkpoint is being
+        taken), each worker also encodes its part as a checkpoint file:
+        :attr:`last_parts` holds them, in worker order, beside the frame returned."""
+        meta = self.part_metadata
+        if meta is None:
+            parts = self._get([a.snapshot.remote() for a in self.actors], "snapshot")
+            frames = [from_ipc(p) for p in parts]
+        else:
+            self.part_metadata = None
+            encoded = self._get([a.encode_part.remote(meta) for a in self.actors],
+                                "checkpoint")
+            frames = [decode_table(p)[0] for p in encoded]
+            self.last_parts = encoded
         self.part_rows = [f.height for f in frames]
-        return pl.concat(frames, how="vertical")
+        return pl.concat(frames, how="vertical").cast(self.schema)  # type: ignore[arg-type]
 
     @property
     def state(self) -> pl.DataFrame:

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import io
 import os
+from typing import Any
 
 import polars as pl
 
 from sealstream.pipeline import Pipeline
+from sealstream.state import incremental
+from sealstream.state.codec import encode_table
 from sealstream.windows.operator import WindowOperator
 
 
@@ -49,6 +52,11 @@ class ShardWorker:
 
     def snapshot(self) -> bytes:
         return to_ipc(self.op.snapshot())
+
+    def encode_part(self, metadata: dict[str, Any]) -> bytes:
+        """This worker's part of a checkpoint's state: the checkpoint file itself
+        (Arrow IPC, key-ordered, with ``metadata``), encoded here, beside the state."""
+        return encode_table(incremental.key_ordered(self.op.snapshot()), metadata)
 
     def open_windows(self) -> int:
         return self.op.open_windows

@@ -10,10 +10,14 @@ the output with N workers is the single-process output, and every guarantee of
 the checkpoint protocol (the guard, fallback, refusal, exactly-once sinks) is
 the single-process one.
 
-Checkpoint at a step boundary: the coordinator asks every worker for its shard,
-writes the state with the positions and receipts, and publishes one signed
-manifest last; the manifest's ``distributed`` entry records the worker count, the
-rows each worker held and the key routing.
+Checkpoint at a step boundary: every worker encodes its part of the state (its
+keys' open windows, a checkpoint file of its own: ``state.part-<i>.arrow``); the
+coordinator writes the parts with the receipts and the suppression list into the
+job's checkpoint store, and publishes one signed manifest last, which names every
+part with its SHA-256 beside the positions, the watermark and the receipts. Its
+``distributed`` entry records the worker count, each part's rows and the key
+routing. The guard judges the whole: a part missing or damaged makes the whole
+checkpoint PARTIAL or INCONSISTENT, and recovery falls back.
 
 Failure: a lost worker process or node makes the step fail with
 :class:`WorkerLostError`; the job then stops every worker, and restarts all of
@@ -24,15 +28,28 @@ checkpoint is suppressed, never written twice).
 
 from __future__ import annotations
 
+import copy
 import sys
+from collections.abc import Callable
 from typing import Any
+
+import polars as pl
 
 from sealstream._runtime.engine import Job
 from sealstream._runtime.merge import SourcePosition
-from sealstream.checkpoint.store import CheckpointStore
+from sealstream.checkpoint.manifest import (
+    RECEIPTS_NAME,
+    STATE_NAME,
+    SUPPRESS_NAME,
+    part_name,
+    seal,
+)
+from sealstream.checkpoint.store import CheckpointStore, checkpoint_dirname
 from sealstream.distributed._cluster import connect
 from sealstream.distributed._shard import ROUTING, ShardedOperator, WorkerLostError
 from sealstream.pipeline import Pipeline
+from sealstream.state import incremental
+from sealstream.state.codec import WATERMARK_META, encode_table, sha256_hex
 
 #: restarts after a lost worker before the run fails (Flink's fixed-delay default is
 #: unbounded; a bounded default keeps a broken cluster from looping for ever)
@@ -62,7 +79,13 @@ class DistributedJob(Job):
         self.max_restarts = max_restarts
         self.restarts = 0
         self._job_args = (pipeline, kwargs)
-        super().__init__(pipeline, **kwargs)
+        self._init_job()
+
+    def _init_job(self) -> None:
+        pipeline, kwargs = self._job_args
+        Job.__init__(self, pipeline, **kwargs)
+        # each checkpoint holds the whole state as parts, never a delta chain
+        self._incremental = False
 
     # the operator becomes sharded once recovery has built it (fresh or restored)
     def _fresh_start(self) -> list[SourcePosition]:
@@ -86,6 +109,57 @@ class DistributedJob(Job):
     def _close_shards(self) -> None:
         if isinstance(self.operator, ShardedOperator):
             self.operator.close()
+
+    # ------------------------------------------------------------ checkpoints
+    def _checkpoint(self, store: CheckpointStore) -> None:
+        op = self.operator
+        if isinstance(op, ShardedOperator):
+            # the state's parts are encoded by their workers, with the watermark the
+            # coordinator's checkpoint records at this same point
+            op.part_metadata = {WATERMARK_META.decode(): copy.deepcopy(self.wm.to_json())}
+        super()._checkpoint(store)
+
+    def _write_checkpoint(
+        self, store: CheckpointStore, cid: int, snap: pl.DataFrame, wm_json: Any,
+        chain: dict[str, dict[str, Any]] | None, touched: pl.DataFrame | None,
+        last_state: pl.DataFrame | None, receipts: bytes, pending: bytes | None,
+        body: dict[str, Any], together: list[Callable[[Any], None]],
+    ) -> tuple[dict[str, Any], int]:
+        """The single-process writer, with the state as one part per worker: the
+        ``state`` file keeps the schema and the watermark (no rows), ``part:<i>``
+        files hold worker ``i``'s rows; the signed manifest names every file with its
+        SHA-256 and is published last (one atomic step, as on one process)."""
+        op = self.operator
+        if not isinstance(op, ShardedOperator) or chain is not None:
+            return super()._write_checkpoint(store, cid, snap, wm_json, chain, touched,
+                                             last_state, receipts, pending, body, together)
+        parts = op.last_parts
+        meta = {WATERMARK_META.decode(): wm_json}
+        files: dict[str, tuple[str, bytes]] = {
+            "state": (STATE_NAME, encode_table(snap.clear(), meta)),
+            "receipts": (RECEIPTS_NAME, receipts),
+        }
+        if pending is not None:
+            files["suppress"] = (SUPPRESS_NAME, pending)
+        for i, data in enumerate(parts):
+            files[f"{incremental.PART_ROLE}{i}"] = (part_name(i), data)
+        dirname = checkpoint_dirname(cid)
+        entries = {role: {"path": f"{dirname}/{name}", "sha256": sha256_hex(data),
+                          "bytes": len(data)} for role, (name, data) in files.items()}
+        body["state"]["sha256"] = entries["state"]["sha256"]
+        body["files"] = entries
+        manifest = seal(body, self.key)
+        blobs = dict(files.values())
+        if together:
+            def in_publish(conn: Any) -> None:
+                for commit in together:
+                    commit(conn)
+            store.write_checkpoint(cid, blobs, manifest, crash=self.crash,
+                                   in_publish=in_publish)
+        else:
+            store.write_checkpoint(cid, blobs, manifest, crash=self.crash)
+        self.crash("after_manifest_publish")
+        return entries, sum(len(b) for b in blobs.values()) + len(manifest)
 
     def manifest_extra(self) -> dict[str, Any]:
         op = self.operator
@@ -117,9 +191,8 @@ class DistributedJob(Job):
                     restarts = self.restarts + 1
                     print(f"sealstream: {exc}; restarting every worker from the newest "
                           f"atomic checkpoint (restart {restarts})", file=sys.stderr)
-                    pipeline, kwargs = self._job_args
                     self._close_shards()
-                    Job.__init__(self, pipeline, **kwargs)
+                    self._init_job()
                     self.restarts = restarts
                 finally:
                     self._close_shards()

@@ -157,8 +157,11 @@ def test_a_node_removed_mid_run(ray_cluster: Any, tmp_path: Path) -> None:
     reference_run(tmp_path / "ref", window=WINDOWS["sliding"], **STORY)
     d = tmp_path / "dist"
     spec = _story_spec(d, "sliding")
+    from sealstream.distributed._shard import drain_pool
+
     node = ray_cluster.add_node(**{**NODE, "num_cpus": 1})
     ray_cluster.wait_for_nodes()
+    drain_pool()  # new workers, spread over both nodes
     removed: list[int] = []
 
     def remove(job: Any) -> None:

@@ -48,4 +48,10 @@ def connect(address: str | None, workers: int) -> Callable[[], None]:
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
         where = address or "a local Ray on 127.0.0.1"
         raise ClusterError(f"ray: cannot start or reach {where}: {exc}") from None
-    return ray.shutdown
+    def leave() -> None:
+        from sealstream.distributed._shard import drain_pool
+
+        drain_pool()
+        ray.shutdown()
+
+    return leave

@@ -80,19 +80,16 @@ class ShardedOperator(WindowOperator):
         super().__init__(pipeline)  # local and empty: thresholds, finalize, schema
         self.workers = workers
         whole = self._state if state is None else WindowOperator(pipeline, state).snapshot()
-        actor = ray.remote(num_cpus=0, max_restarts=0)(ShardWorker)
-        self.actors: list[Any] = [
-            actor.options(scheduling_strategy="SPREAD").remote(
-                pipeline, i, ray.put(to_ipc(part))
-            )
-            for i, part in enumerate(split(whole, workers))
-        ]
+        self.actors: list[Any] = acquire(workers)
         self._open_count = 0
         self.part_rows = [0] * workers
         #: set by the job before a checkpoint's snapshot (the state files' metadata)
         self.part_metadata: dict[str, Any] | None = None
         self.last_parts: list[bytes] = []
-        self.pids: list[int] = self._get([a.pid.remote() for a in self.actors], "start")
+        self.pids: list[int] = self._get(
+            [a.load.remote(pipeline, i, ray.put(to_ipc(part)))
+             for i, (a, part) in enumerate(zip(self.actors, split(whole, workers), strict=True))],
+            "start")
 
     def _get(self, refs: list[Any], what: str) -> list[Any]:
         import ray
@@ -152,13 +149,44 @@ class ShardedOperator(WindowOperator):
             self._open_count = sum(counts)
         return self._open_count
 
-    def close(self) -> None:
-        """Stop the workers (their state is in the checkpoints)."""
-        import ray
-
-        for a in self.actors:
-            try:
-                ray.kill(a)
-            except Exception:  # noqa: BLE001,S110 - already gone
-                pass
+    def close(self, healthy: bool = False) -> None:
+        """Let the workers go: back to this driver's pool when ``healthy`` (the job
+        ended normally), else stopped (one was lost: none is trusted)."""
+        release(self.actors, healthy)
         self.actors = []
+
+
+#: idle workers of this driver process: the next job reuses them (starting a worker
+#: process costs about a second); emptied when the driver leaves Ray
+_POOL: list[Any] = []
+
+
+def acquire(workers: int) -> list[Any]:
+    """``workers`` worker actors: idle ones first, new ones spread over the nodes."""
+    import ray
+
+    taken = [_POOL.pop() for _ in range(min(workers, len(_POOL)))]
+    actor = ray.remote(num_cpus=0, max_restarts=0)(ShardWorker)
+    fresh = [actor.options(scheduling_strategy="SPREAD").remote()
+             for _ in range(workers - len(taken))]
+    return taken + fresh
+
+
+def release(actors: list[Any], healthy: bool) -> None:
+    import ray
+
+    if healthy:
+        _POOL.extend(actors)
+        return
+    for a in actors:
+        try:
+            ray.kill(a)
+        except Exception:  # noqa: BLE001,S110 - already gone
+            pass
+
+
+def drain_pool() -> None:
+    """Stop every idle worker (before leaving Ray, or to place workers anew)."""
+    actors = list(_POOL)
+    _POOL.clear()
+    release(actors, healthy=False)

@@ -35,28 +35,37 @@ def from_ipc(data: bytes) -> pl.DataFrame:
 class ShardWorker:
     """Keys whose hash is ``index`` modulo the worker count (see :mod:`._shard`)."""
 
-    def __init__(self, pipeline: Pipeline, index: int, state: bytes) -> None:
+    def __init__(self) -> None:
+        self.index = -1
+        self.op: WindowOperator | None = None
+
+    def load(self, pipeline: Pipeline, index: int, state: bytes) -> int:
+        """Become shard ``index`` of ``pipeline`` with ``state`` (whatever this worker
+        held before is dropped: a worker process serves one job at a time, and the
+        next job of the same driver reuses it). Returns the process id."""
         self.index = index
         self.op = WindowOperator(pipeline, from_ipc(state))
-
-    def pid(self) -> int:
         return os.getpid()
+
+    def _op(self) -> WindowOperator:
+        assert self.op is not None, "load() first"
+        return self.op
 
     def process(self, events: bytes, w_end: int) -> tuple[bytes, bytes, int]:
         """Apply this shard's events (in read order, with their watermark) and fire
         the windows ``w_end`` closes; return the fired windows, the late events and
         the number of events applied."""
         frame = from_ipc(events)
-        out = self.op.process(frame, w_end)
+        out = self._op().process(frame, w_end)
         return to_ipc(out.fired), to_ipc(out.late), frame.height
 
     def snapshot(self) -> bytes:
-        return to_ipc(self.op.snapshot())
+        return to_ipc(self._op().snapshot())
 
     def encode_part(self, metadata: dict[str, Any]) -> bytes:
         """This worker's part of a checkpoint's state: the checkpoint file itself
         (Arrow IPC, key-ordered, with ``metadata``), encoded here, beside the state."""
-        return encode_table(incremental.key_ordered(self.op.snapshot()), metadata)
+        return encode_table(incremental.key_ordered(self._op().snapshot()), metadata)
 
     def open_windows(self) -> int:
-        return self.op.open_windows
+        return self._op().open_windows

@@ -106,9 +106,9 @@ class DistributedJob(Job):
             return
         self.operator = ShardedOperator(self.p, self.operator.snapshot(), self.workers)
 
-    def _close_shards(self) -> None:
+    def _close_shards(self, healthy: bool = False) -> None:
         if isinstance(self.operator, ShardedOperator):
-            self.operator.close()
+            self.operator.close(healthy)
 
     # ------------------------------------------------------------ checkpoints
     def _checkpoint(self, store: CheckpointStore) -> None:
@@ -181,7 +181,9 @@ class DistributedJob(Job):
         try:
             while True:
                 try:
-                    return super().run()
+                    summary = super().run()
+                    self._close_shards(healthy=True)
+                    return summary
                 except WorkerLostError as exc:
                     if self.restarts >= self.max_restarts:
                         raise WorkerLostError(

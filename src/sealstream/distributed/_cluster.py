@@ -45,9 +45,10 @@ def connect(address: str | None, workers: int) -> Callable[[], None]:
                 log_to_driver=False,
                 configure_logging=False,
             )
-    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
+    except Exception as exc:  # noqa: BLE001 - Ray raises bare Exception on a start timeout
         where = address or "a local Ray on 127.0.0.1"
-        raise ClusterError(f"ray: cannot start or reach {where}: {exc}") from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ClusterError(f"ray: cannot start or reach {where}: {first}") from None
     def leave() -> None:
         from sealstream.distributed._shard import drain_pool
 

@@ -198,3 +198,44 @@ def test_a_run_without_workers_does_not_import_ray(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120, env=dict(os.environ))
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_sigkill_of_the_coordinator_then_resume_with_other_count(
+        ray_cluster: Any, tmp_path: Path) -> None:
+    """``sealstream run --workers 2 --ray ADDRESS`` in a subprocess, SIGKILLed once a
+    randomly drawn checkpoint is published (never a fixed timer), resumed with 3."""
+    import time
+
+    reference_run(tmp_path / "ref", window=WINDOWS["sliding"], **STORY)
+    d = tmp_path / "dist"
+    spec = _story_spec(d, "sliding")
+    target = random.Random(11).randint(1, 3)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sealstream", "run", str(spec), "--quiet", "--workers", "2",
+         "--ray", ray_cluster.address, "--batch-size", "20"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        while proc.poll() is None:
+            if len(list((d / "ckpt").glob("cp-*/MANIFEST.json"))) >= target:
+                proc.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.01)  # polling for the event (a published manifest), not a timer
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL, f"the run ended before the kill: {err}"
+    job = _job(spec, 3)
+    job.run()
+    assert job.resumed_from is not None
+    assert_same_dirs(d, tmp_path / "ref")
+
+
+def test_usage_errors(tmp_path: Path) -> None:
+    from sealstream.cli import main
+
+    spec = _story_spec(tmp_path, "tumbling")
+    assert main(["run", str(spec), "--ray", "127.0.0.1:1"]) == 2
+    assert main(["run", str(spec), "--workers", "0"]) == 2
+    spec.write_text(spec.read_text().replace('name = "story"', 'name = "story"\nworkers = 0'))
+    assert main(["run", str(spec)]) == 2

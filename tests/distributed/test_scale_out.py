@@ -239,3 +239,16 @@ def test_usage_errors(tmp_path: Path) -> None:
     assert main(["run", str(spec), "--workers", "0"]) == 2
     spec.write_text(spec.read_text().replace('name = "story"', 'name = "story"\nworkers = 0'))
     assert main(["run", str(spec)]) == 2
+
+
+def test_workers_setting_is_not_fingerprinted(tmp_path: Path) -> None:
+    from sealstream import load_spec
+    from sealstream.distributed import __all__ as names
+
+    spec = _story_spec(tmp_path, "tumbling")
+    plain = load_spec(spec)
+    spec.write_text(spec.read_text().replace('name = "story"', 'name = "story"\nworkers = 2'))
+    scaled = load_spec(spec)
+    assert (plain.workers, scaled.workers) == (None, 2)
+    assert plain.fingerprint() == scaled.fingerprint()
+    assert sorted(names) == names

@@ -10,4 +10,4 @@ from sealstream.distributed._cluster import ClusterError
 from sealstream.distributed._shard import ROUTING, WorkerLostError
 from sealstream.distributed.job import DEFAULT_MAX_RESTARTS, DistributedJob
 
-__all__ = ["DEFAULT_MAX_RESTARTS", "ROUTING", "ClusterError", "DistributedJob", "WorkerLostError"]
+__all__ = ["ClusterError", "DEFAULT_MAX_RESTARTS", "DistributedJob", "ROUTING", "WorkerLostError"]

@@ -60,11 +60,23 @@ def _ray_failure(exc: BaseException, what: str) -> SealstreamError:
     import ray.exceptions as rx
 
     if isinstance(exc, rx.RayTaskError):
-        cause = exc.as_instanceof_cause()  # type: ignore[no-untyped-call]
+        cause = getattr(exc, "cause", None)
         if isinstance(cause, SealstreamError):
-            return cause
+            return cause  # raised by the worker's engine pieces: its own message
         return SealstreamError(f"{what}: {type(cause).__name__}: {cause}")
     return WorkerLostError(f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+
+
+def gather(refs: list[Any], what: str) -> list[Any]:
+    """``ray.get(refs)``: a lost worker is :class:`WorkerLostError`, an error raised
+    in a worker is raised here as itself."""
+    import ray
+    import ray.exceptions as rx
+
+    try:
+        return list(ray.get(refs))
+    except rx.RayError as exc:
+        raise _ray_failure(exc, f"scale-out worker ({what})") from None
 
 
 class ShardedOperator(WindowOperator):
@@ -74,13 +86,14 @@ class ShardedOperator(WindowOperator):
     key hash; :meth:`snapshot` gathers the shards back into one table.
     """
 
-    def __init__(self, pipeline: Pipeline, state: pl.DataFrame | None, workers: int) -> None:
+    def __init__(self, pipeline: Pipeline, state: pl.DataFrame | None,
+                 actors: list[Any]) -> None:
         import ray
 
         super().__init__(pipeline)  # local and empty: thresholds, finalize, schema
-        self.workers = workers
+        self.workers = workers = len(actors)
         whole = self._state if state is None else WindowOperator(pipeline, state).snapshot()
-        self.actors: list[Any] = acquire(workers)
+        self.actors: list[Any] = list(actors)
         self._open_count = 0
         self.part_rows = [0] * workers
         #: set by the job before a checkpoint's snapshot (the state files' metadata)
@@ -92,13 +105,7 @@ class ShardedOperator(WindowOperator):
             "start")
 
     def _get(self, refs: list[Any], what: str) -> list[Any]:
-        import ray
-        import ray.exceptions as rx
-
-        try:
-            return list(ray.get(refs))
-        except rx.RayError as exc:
-            raise _ray_failure(exc, f"scale-out worker ({what})") from None
+        return gather(refs, what)
 
     def process(self, events: pl.DataFrame, w_end: int) -> Output:
         import ray
@@ -149,10 +156,8 @@ class ShardedOperator(WindowOperator):
             self._open_count = sum(counts)
         return self._open_count
 
-    def close(self, healthy: bool = False) -> None:
-        """Let the workers go: back to this driver's pool when ``healthy`` (the job
-        ended normally), else stopped (one was lost: none is trusted)."""
-        release(self.actors, healthy)
+    def close(self) -> None:
+        """Forget the workers (the job releases them)."""
         self.actors = []
 
 

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import io
 import os
+from pathlib import Path
 from typing import Any
 
 import polars as pl
 
 from sealstream.pipeline import Pipeline
+from sealstream.sources import open_partition
+from sealstream.sources._base import Chunk, FieldPlan, PartitionPosition, PartitionReader
 from sealstream.state import incremental
 from sealstream.state.codec import encode_table
 from sealstream.windows.operator import WindowOperator
@@ -38,6 +41,32 @@ class ShardWorker:
     def __init__(self) -> None:
         self.index = -1
         self.op: WindowOperator | None = None
+        self.readers: dict[str, PartitionReader] = {}
+
+    # ---------------------------------------------------------------- reading
+    def open_reader(self, kind: str, name: str, path: str, plan: FieldPlan,
+                    position: PartitionPosition) -> None:
+        """Open source partition ``name`` here (its file must be reachable from this
+        node): reading and parsing happen on the workers."""
+        old = self.readers.pop(name, None)
+        if old is not None:
+            old.close()
+        self.readers[name] = open_partition(kind, name, Path(path), plan, position)
+
+    def next_chunk(self, name: str, max_records: int
+                   ) -> tuple[Chunk | None, tuple[int, int] | None]:
+        """The partition's next chunk (parsed columns, sent as Arrow) and its
+        progress hint."""
+        reader = self.readers[name]
+        chunk = reader.next_chunk(max_records)
+        return chunk, reader.size_hint()
+
+    def close_reader(self, name: str) -> None:
+        reader = self.readers.pop(name, None)
+        if reader is not None:
+            reader.close()
+
+    # ---------------------------------------------------------------- windows
 
     def load(self, pipeline: Pipeline, index: int, state: bytes) -> int:
         """Become shard ``index`` of ``pipeline`` with ``state`` (whatever this worker

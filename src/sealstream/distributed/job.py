@@ -1,14 +1,15 @@
 """A job run by N Ray workers: the single-process job with its keyed state sharded.
 
 The coordinator (this process) is the single-process :class:`~sealstream.Job`:
-it reads the source partitions in the documented order, gives every event its
-watermark, stages output in the sinks and writes the checkpoints, exactly as on
-one process. Only the window operator is replaced: each key's windows live on
-one worker actor (see :mod:`._shard`), and each step's events travel to their
-workers as Arrow data through Ray's object store. Hence, for a bounded input,
-the output with N workers is the single-process output, and every guarantee of
-the checkpoint protocol (the guard, fallback, refusal, exactly-once sinks) is
-the single-process one.
+it merges the source partitions in the documented read order, gives every event
+its watermark, stages output in the sinks and writes the checkpoints, exactly as
+on one process. Two pieces move to the worker actors: reading and parsing the
+source partitions (partition ``i`` on worker ``i mod N``, see :mod:`._reader`),
+and the window state (each key's windows on one worker, see :mod:`._shard`);
+chunks and each step's events travel as Arrow data through Ray's object store.
+Hence, for a bounded input, the output with N workers is the single-process
+output, and every guarantee of the checkpoint protocol (the guard, fallback,
+refusal, exactly-once sinks) is the single-process one.
 
 Checkpoint at a step boundary: every worker encodes its part of the state (its
 keys' open windows, a checkpoint file of its own: ``state.part-<i>.arrow``); the
@@ -36,7 +37,7 @@ from typing import Any
 import polars as pl
 
 from sealstream._runtime.engine import Job
-from sealstream._runtime.merge import SourcePosition
+from sealstream._runtime.merge import PartitionMerger, SourcePosition
 from sealstream.checkpoint.manifest import (
     RECEIPTS_NAME,
     STATE_NAME,
@@ -46,8 +47,16 @@ from sealstream.checkpoint.manifest import (
 )
 from sealstream.checkpoint.store import CheckpointStore, checkpoint_dirname
 from sealstream.distributed._cluster import connect
-from sealstream.distributed._shard import ROUTING, ShardedOperator, WorkerLostError
+from sealstream.distributed._reader import RemoteReader
+from sealstream.distributed._shard import (
+    ROUTING,
+    ShardedOperator,
+    WorkerLostError,
+    acquire,
+    release,
+)
 from sealstream.pipeline import Pipeline
+from sealstream.sources._base import PartitionReader
 from sealstream.state import incremental
 from sealstream.state.codec import WATERMARK_META, encode_table, sha256_hex
 
@@ -83,6 +92,7 @@ class DistributedJob(Job):
 
     def _init_job(self) -> None:
         pipeline, kwargs = self._job_args
+        self._actors: list[Any] = []
         Job.__init__(self, pipeline, **kwargs)
         # each checkpoint holds the whole state as parts, never a delta chain
         self._incremental = False
@@ -104,11 +114,37 @@ class DistributedJob(Job):
         assert self.operator is not None
         if isinstance(self.operator, ShardedOperator):
             return
-        self.operator = ShardedOperator(self.p, self.operator.snapshot(), self.workers)
+        self.operator = ShardedOperator(self.p, self.operator.snapshot(), self._workers())
+
+    def _workers(self) -> list[Any]:
+        if not self._actors:
+            self._actors = acquire(self.workers)
+        return self._actors
+
+    def _start_sources(self, positions: list[SourcePosition]) -> None:
+        """The single-process reader set-up, with partition ``i`` read and parsed by
+        worker ``i mod N`` (:class:`RemoteReader`)."""
+        actors = self._workers()
+        readers: list[PartitionReader] = [
+            RemoteReader(actors[i % len(actors)], self.p.source.kind, name, path, self.plan,
+                         pos.resume)
+            for i, ((name, path), pos) in enumerate(zip(self.partitions, positions,
+                                                        strict=True))
+        ]
+        batch = self.p.batch_size
+        if self.p.checkpoint and self.p.checkpoint.every_events:
+            per_partition = -(-self.p.checkpoint.every_events // max(1, len(self.partitions)))
+            batch = max(1, min(batch, per_partition))
+        self._batch_cap = batch
+        self.merger = PartitionMerger(readers, positions, self.plan, batch)
 
     def _close_shards(self, healthy: bool = False) -> None:
+        """Let the workers go: back to this driver's pool when ``healthy`` (the job
+        ended normally), else stopped (one was lost: none is trusted)."""
         if isinstance(self.operator, ShardedOperator):
-            self.operator.close(healthy)
+            self.operator.close()
+        actors, self._actors = self._actors, []
+        release(actors, healthy)
 
     # ------------------------------------------------------------ checkpoints
     def _checkpoint(self, store: CheckpointStore) -> None:

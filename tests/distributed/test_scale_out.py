@@ -135,7 +135,10 @@ def test_checkpoint_commands_show_the_parts(ray_cluster: Any, tmp_path: Path) ->
 
     d = tmp_path / "dist"
     spec = _story_spec(d, "tumbling")
-    _job(spec, 3).run()
+    job = _job(spec, 3)
+    job.run()
+    assert job.merger is not None  # partitions were read on the workers
+    assert {type(b.reader).__name__ for b in job.merger.buffers} == {"RemoteReader"}
     out = subprocess.run(
         [sys.executable, "-m", "sealstream", "checkpoints", "list", str(d / "ckpt"), "--json"],
         capture_output=True, text=True, check=True, timeout=60)
@@ -252,3 +255,18 @@ def test_workers_setting_is_not_fingerprinted(tmp_path: Path) -> None:
     assert (plain.workers, scaled.workers) == (None, 2)
     assert plain.fingerprint() == scaled.fingerprint()
     assert sorted(names) == names
+
+
+def test_a_partition_changed_since_the_checkpoint_is_reported_by_its_worker(
+        ray_cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from sealstream.cli import main
+
+    spec = _story_spec(tmp_path, "tumbling")
+    job = _job(spec, 2, stop_when=lambda j: True)
+    job.run()
+    p0 = tmp_path / "in" / "p0.jsonl"
+    p0.write_text("\n".join(p0.read_text().splitlines()[:5]) + "\n")  # shrunk
+    capsys.readouterr()
+    assert main(["run", str(spec), "--quiet", "--workers", "2"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "in/p0.jsonl" in err[0], err

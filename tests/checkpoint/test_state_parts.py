@@ -44,3 +44,17 @@ def test_the_state_is_the_union_of_its_parts_and_each_is_verified() -> None:
     store[f"{CP}/{part_name(1)}"] = encode_table(parts[0], {"watermark": 5})  # swapped
     with pytest.raises(ValueError, match="SHA-256"):
         incremental.load_chain(files, store.__getitem__)
+
+
+def test_incremental_checkpoints_never_build_on_a_state_in_parts() -> None:
+    """A single process resuming from a distributed run's checkpoint: its ``state``
+    file holds no rows, so the next checkpoint must be a full snapshot."""
+    from sealstream._runtime.persist import Checkpointing
+
+    ck = Checkpointing.__new__(Checkpointing)
+    ck._incremental = True
+    head = {"path": f"{CP}/state.arrow", "sha256": "0" * 64, "bytes": 1}
+    ck._remember_chain(7, {"state": head, "part:0": dict(head)})
+    assert ck._chain is None
+    ck._remember_chain(7, {"state": head})
+    assert ck._chain == {incremental.BASE_ROLE: head}

@@ -179,12 +179,15 @@ def test_a_node_removed_mid_run(ray_cluster: Any, tmp_path: Path) -> None:
 
 
 def test_rescale_1_2_3_1_across_restarts(ray_cluster: Any, tmp_path: Path) -> None:
-    """One job, four runs, each stopping after a checkpoint: 1 process, 2 workers,
-    3 workers, then 1 process to the end."""
+    """One job, five runs, each but the last stopping after a checkpoint: 1 process,
+    2 workers, 3 workers, 1 process, 1 process to the end. Incremental checkpoints are
+    on: a single process resuming from a checkpoint in parts starts a new full base."""
     reference_run(tmp_path / "ref", window=WINDOWS["tumbling"], **STORY)
     d = tmp_path / "dist"
     spec = _story_spec(d, "tumbling")
-    for workers in (None, 2, 3):
+    text = spec.read_text().replace("[checkpoint]\n", "[checkpoint]\nincremental = true\n")
+    spec.write_text(text)
+    for workers in (None, 2, 3, None):
         job = _job(spec, workers, stop_when=lambda j: True)
         job.run()
         assert job.stopped_early

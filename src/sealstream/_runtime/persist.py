@@ -377,6 +377,9 @@ class Checkpointing:
         on next (its base snapshot and the deltas since)."""
         if not self._incremental:
             return
+        if incremental.part_roles(files):  # a state in parts (a distributed run's):
+            self._chain = None  # the next checkpoint is a full snapshot
+            return
         base, deltas = incremental.chain_roles(files)
         if base is None:  # a full snapshot: the new base
             self._chain = {incremental.BASE_ROLE: dict(files["state"])}

@@ -254,7 +254,7 @@ class NatsSource:
         self._partitions: list[NatsPartition] = []
         try:
             self._connect()
-            self._state()  # the stream must exist
+            self._state_retrying()  # the stream must exist
         except BaseException:
             self._loop.close()
             raise
@@ -288,8 +288,9 @@ class NatsSource:
                 )
 
             try:
+                # nats-py retries the first connection itself too: the deadline cuts it
                 t = max(0.2, min(2.0, remaining))
-                self._nc = self._loop.run(connect(t), t + 5.0)
+                self._nc = self._loop.run(connect(t), max(0.2, remaining))
                 self._js = self._nc.jetstream(timeout=REQUEST_TIMEOUT_S)
                 return
             except Exception as e:  # noqa: BLE001 - any failure to connect is retried
@@ -317,7 +318,8 @@ class NatsSource:
     def _request(self, subject: str, payload: dict[str, Any]) -> dict[str, Any]:
         """A JetStream API request; the reply as JSON (an ``error`` key on failure)."""
         nc = self._nc
-        assert nc is not None
+        if nc is None or not nc.is_connected:
+            raise ConnectionError(f"not connected to {self.settings.address}")
 
         async def req() -> dict[str, Any]:
             msg = await nc.request(subject, json.dumps(payload).encode(),
@@ -341,6 +343,23 @@ class NatsSource:
         st = reply.get("state", {})
         return _StreamState(int(st.get("first_seq", 0)), int(st.get("last_seq", 0)),
                             int(st.get("num_deleted", 0) or 0))
+
+    def _state_retrying(self) -> _StreamState:
+        """:meth:`_state`, retried with back-off while the server cannot be reached
+        (:class:`~sealstream.errors.SourceUnavailableError` after ``fail_after_ms``)."""
+        attempt = 0
+        while True:
+            try:
+                st = self._state()
+            except SourceError:
+                raise
+            except Exception as e:  # noqa: BLE001 - connection faults are retried, bounded
+                self._trouble(e)
+                time.sleep(_BACKOFF_S[min(attempt, len(_BACKOFF_S) - 1)])
+                attempt += 1
+                continue
+            self._fine()
+            return st
 
     def _deleted_between(self, lo: int, hi: int) -> int | None:
         """The first interior-deleted stream sequence in ``[lo, hi)``, or None."""
@@ -372,7 +391,7 @@ class NatsSource:
         if name not in self.settings.subjects:
             raise SourceError(f"NATS source: {name!r} is not one of [source] subjects "
                               f"{list(self.settings.subjects)!r}")
-        st = self._state()
+        st = self._state_retrying()
         if position is None:
             position = self._start_position(name, st)
         else:
@@ -648,7 +667,7 @@ class NatsPartition:
     def seek(self, position: int) -> None:
         """Read from stream sequence ``position`` on (checked like a resume)."""
         src = self._src
-        src._check_resume(self.name, position, src._state())
+        src._check_resume(self.name, position, src._state_retrying())
         self._pos = position
         self._sub = None
 

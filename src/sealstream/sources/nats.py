@@ -512,6 +512,8 @@ class NatsPartition:
         self._pos = position
         self._parser = ValueParser(source.plan)
         self._sub: Any = None
+        self._stale = False  # the consumer must be made again at the position
+        self._pull = _Pull()
         self._consumer: str | None = None
         self._gen = -1
         self._last_quiet_check = 0.0
@@ -523,11 +525,12 @@ class NatsPartition:
 
     # -- consumer ----------------------------------------------------------------
     def _subscribe(self) -> None:
+        """A new consumer at the position, and a new inbox its messages arrive at."""
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
         src = self._src
-        js = src._js
-        assert js is not None
+        js, nc = src._js, src._nc
+        assert js is not None and nc is not None
         self._drop_consumer()
         cfg = ConsumerConfig(
             deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self._pos,
@@ -535,33 +538,40 @@ class NatsPartition:
             num_replicas=1, inactive_threshold=CONSUMER_IDLE_S,
         )
         stream = src.settings.stream
+        pull = _Pull()
 
         async def make() -> tuple[str, Any]:
+            pull.event = asyncio.Event()
             info = await js.add_consumer(stream, cfg)
-            sub = await js.pull_subscribe_bind(durable=info.name, stream=stream)
+            sub = await nc.subscribe(nc.new_inbox(), cb=pull.on_msg,
+                                     pending_msgs_limit=-1, pending_bytes_limit=-1)
             return str(info.name), sub
 
         gen = src._generation
         self._consumer, self._sub = src._call(make)
+        self._pull = pull
         self._gen = gen
+        self._stale = False
 
     def _drop_consumer(self) -> None:
+        """Forget the consumer: its inbox always, the consumer on the server when it can
+        be reached (else the server removes it after :data:`CONSUMER_IDLE_S`)."""
         sub, name, self._sub, self._consumer = self._sub, self._consumer, None, None
-        if sub is None or not self._src.connected:
+        if sub is None:
             return
         js = self._src._js
-        assert js is not None
+        connected = self._src.connected
         stream = self._src.settings.stream
 
         async def drop() -> None:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-            if name is not None:
+            if name is not None and connected and js is not None:
                 with contextlib.suppress(Exception):
                     await js.delete_consumer(stream, name)
 
         with contextlib.suppress(Exception):
-            self._src._call(drop)
+            self._src._call(drop, 2.0)
 
     # -- the contract ------------------------------------------------------------
     def poll(self, max_records: int, timeout_ms: int) -> Chunk | None:
@@ -572,7 +582,7 @@ class NatsPartition:
         try:
             if not src.connected:
                 raise ConnectionError("not connected")
-            if self._sub is None or self._gen != src._generation:
+            if self._sub is None or self._stale or self._gen != src._generation:
                 self._subscribe()
             msgs = self._fetch(max(1, max_records), max(0.001, timeout_ms / 1000))
             if not msgs:
@@ -585,22 +595,20 @@ class NatsPartition:
         except SourceError:
             raise
         except Exception as e:  # noqa: BLE001 - faults of the connection: retried, bounded
-            self._sub = None
+            self._stale = True
             src._trouble(e)
             time.sleep(min(0.2, timeout_ms / 1000))
             return empty_chunk(plan, self._pos)
 
     def _fetch(self, n: int, timeout_s: float) -> list[Msg]:
-        sub = self._sub
-
-        async def fetch() -> list[Msg]:
-            try:
-                got: list[Msg] = await sub.fetch(n, timeout=timeout_s)
-                return got
-            except TimeoutError:
-                return []
-
-        return self._src._loop.run(fetch(), timeout_s + REQUEST_TIMEOUT_S)
+        nc, pull, sub = self._src._nc, self._pull, self._sub
+        assert nc is not None and sub is not None
+        subject = f"$JS.API.CONSUMER.MSG.NEXT.{self._src.settings.stream}.{self._consumer}"
+        if pull.gone:
+            self._stale = True
+            raise ConnectionError(f"the consumer of {self.name!r} is gone: {pull.gone}")
+        return self._src._loop.run(pull.take(nc, subject, sub.subject, n, timeout_s),
+                                   timeout_s + REQUEST_TIMEOUT_S)
 
     def _chunk(self, msgs: list[Msg]) -> Chunk:
         seqs, ts_ms = _reply_fields([m.reply for m in msgs])
@@ -662,14 +670,14 @@ class NatsPartition:
         if after.num_deleted and src._deleted_between(self._pos, before.last_seq + 1) is not None:
             return  # unclear: leave the position (a later delivery settles it)
         self._pos = before.last_seq + 1
-        self._sub = None  # the consumer starts again from the new position
+        self._stale = True  # the consumer starts again from the new position
 
     def seek(self, position: int) -> None:
         """Read from stream sequence ``position`` on (checked like a resume)."""
         src = self._src
         src._check_resume(self.name, position, src._state_retrying())
         self._pos = position
-        self._sub = None
+        self._stale = True
 
     def earliest(self) -> int | None:
         """The stream's first retained sequence (None when it cannot be asked now)."""
@@ -692,6 +700,86 @@ class NatsPartition:
         self._drop_consumer()
         with contextlib.suppress(ValueError):
             self._src._partitions.remove(self)
+
+
+class _Pull:
+    """Pull requests of one consumer, answered at a private inbox (on the loop thread).
+
+    nats-py's ``fetch`` waits for each message with its own timer; this asks the
+    consumer directly (``$JS.API.CONSUMER.MSG.NEXT``) and collects what arrives in a
+    list from the subscription's callback, which is several times faster. At most
+    one request is outstanding, so at most one batch waits here (memory is bounded).
+
+    A poll first drains what has arrived. Otherwise it asks for ``n`` messages
+    with ``no_wait`` (the server sends what it has and ends the request: a full batch,
+    or a "404 No Messages" status); when nothing came it asks again with ``expires``
+    = the poll's timeout and returns as soon as the first message arrives (the rest
+    of that request lands here for the next polls) or when the time is up.
+    """
+
+    def __init__(self) -> None:
+        self.buf: list[Msg] = []
+        self.want = 0  # messages the outstanding request may still bring
+        self.until = 0.0  # when the outstanding request ends at the latest (monotonic)
+        self.gone: str | None = None  # the server said the consumer is gone
+        self.event: asyncio.Event | None = None
+
+    async def on_msg(self, msg: Msg) -> None:
+        hdr = msg.headers
+        if hdr is not None and not msg.data and "Status" in hdr:
+            code = hdr.get("Status", "")
+            if code not in ("404", "408", "409", "100"):
+                self.gone = f"{code} {hdr.get('Description', '')}".strip()
+            elif code == "409" and "deleted" in hdr.get("Description", "").lower():
+                self.gone = f"409 {hdr.get('Description', '')}"
+            if code != "100":  # 100: an idle heartbeat
+                self.want = 0
+        else:
+            self.buf.append(msg)
+            self.want -= 1
+        if self.event is not None:
+            self.event.set()
+
+    def _outstanding(self) -> bool:
+        return self.want > 0 and time.monotonic() < self.until
+
+    async def _ask(self, nc: Client, subject: str, inbox: str, n: int,
+                   expires_s: float | None) -> None:
+        req: dict[str, Any] = {"batch": n}
+        if expires_s is None:
+            req["no_wait"] = True
+            self.until = time.monotonic() + REQUEST_TIMEOUT_S
+        else:
+            req["expires"] = int(expires_s * 1e9)
+            self.until = time.monotonic() + expires_s + 1.0
+        self.want = n
+        await nc.publish(subject, json.dumps(req).encode(), reply=inbox)
+
+    async def _wait(self, done: Callable[[], bool], timeout_s: float) -> None:
+        assert self.event is not None
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self.event.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.event.wait(), remaining)
+
+    async def take(self, nc: Client, subject: str, inbox: str, n: int,
+                   timeout_s: float) -> list[Msg]:
+        if not self.buf:
+            if not self._outstanding():
+                await self._ask(nc, subject, inbox, n, None)
+                await self._wait(lambda: not self._outstanding() or len(self.buf) >= n,
+                                 REQUEST_TIMEOUT_S)
+            if not self.buf:
+                if not self._outstanding():
+                    await self._ask(nc, subject, inbox, n, timeout_s)
+                await self._wait(lambda: bool(self.buf) or not self._outstanding(), timeout_s)
+        got = self.buf[:n]
+        del self.buf[:n]
+        return got
 
 
 def _reply_fields(

@@ -11,6 +11,9 @@ keys, ``{"user":..,"ts":..,"amount":..}``), one subject per partition. Then, eac
 * ``bare nats-py``: one ephemeral pull consumer per subject (no acks), ``fetch(batch)``
   until the subject's last sequence, ``json.loads`` of each value: the limit this
   server and client allow for a Python reader that touches every record;
+* ``bare nats-py, inbox pull``: the same consumers asked directly with pull requests
+  answered at an inbox and collected by a callback (how sealstream reads), ``json.loads``
+  of each value: the fair limit for sealstream's source;
 * ``sealstream source``: :class:`sealstream.sources.nats.NatsSource`, ``poll(batch)``
   per subject until its end position: typed columns (key, time, amount) and bad-record
   checks, the work the engine's source does;
@@ -99,6 +102,62 @@ def bare(url: str, subs: list[str], batch: int) -> tuple[int, float]:
                 n += len(msgs)
                 seq = msgs[-1].metadata.sequence.stream
             await psub.unsubscribe()
+        dt = time.perf_counter() - t0
+        await nc.close()
+        return n, dt
+
+    return asyncio.run(go())
+
+
+def bare_raw(url: str, subs: list[str], batch: int) -> tuple[int, float]:
+    """nats-py with pull requests answered at an inbox and a callback that collects the
+    messages (what sealstream does), ``json.loads`` of each value."""
+    import nats
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+    async def go() -> tuple[int, float]:
+        nc = await nats.connect(url)
+        js = nc.jetstream(timeout=30)
+        n = 0
+        touched = 0.0
+        t0 = time.perf_counter()
+        for sub in subs:
+            last = (await js.get_last_msg(STREAM, sub)).seq
+            info = await js.add_consumer(STREAM, ConsumerConfig(
+                deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE,
+                filter_subject=sub, mem_storage=True, inactive_threshold=30.0))
+            buf: list[Any] = []
+            done = asyncio.Event()
+            want = [0]
+
+            async def cb(m: Any, buf: list[Any] = buf, done: asyncio.Event = done,
+                         want: list[int] = want) -> None:
+                if m.headers and "Status" in m.headers:
+                    done.set()
+                    return
+                buf.append(m)
+                if len(buf) >= want[0]:
+                    done.set()
+
+            inbox = nc.new_inbox()
+            isub = await nc.subscribe(inbox, cb=cb, pending_msgs_limit=-1,
+                                      pending_bytes_limit=-1)
+            seq = 0
+            while seq < last:
+                done.clear()
+                want[0] = batch
+                await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{STREAM}.{info.name}",
+                                 json.dumps({"batch": batch, "no_wait": True}).encode(),
+                                 reply=inbox)
+                await asyncio.wait_for(done.wait(), 30)
+                msgs = list(buf)
+                buf.clear()
+                for m in msgs:
+                    touched += json.loads(m.data)["amount"]
+                n += len(msgs)
+                if msgs:
+                    seq = int(msgs[-1].reply.split(".")[5])
+            await isub.unsubscribe()
         dt = time.perf_counter() - t0
         await nc.close()
         return n, dt
@@ -201,13 +260,16 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             total = publish(server.url, [Path(f) for f in files], subs)
             print(f"published {total:,} messages in {time.perf_counter() - t0:.1f} s")
-            rows: dict[str, list[float]] = {"bare nats-py": [], "sealstream source": [],
-                                            "sealstream run": []}
+            rows: dict[str, list[float]] = {"bare nats-py": [], "bare nats-py, inbox pull": [],
+                                            "sealstream source": [], "sealstream run": []}
             note = ""
             for r in range(args.repeat):
                 n, dt = bare(server.url, subs, args.batch)
                 assert n == total, (n, total)
                 rows["bare nats-py"].append(n / dt)
+                n, dt = bare_raw(server.url, subs, args.batch)
+                assert n == total, (n, total)
+                rows["bare nats-py, inbox pull"].append(n / dt)
                 n, dt = ours(server.url, subs, args.batch)
                 assert n == total, (n, total)
                 rows["sealstream source"].append(n / dt)
@@ -243,8 +305,11 @@ def report(args: Any, total: int, rows: dict[str, list[float]], note: str) -> No
             lines.append(f"| {name} | - | not measured: {note or 'no run'} |")
     lines += [
         "",
-        "`bare nats-py`: a pull consumer per subject, `fetch` in batches, `json.loads` of "
-        "each value. `sealstream source`: `NatsSource.poll` (typed columns, bad-record "
+        "`bare nats-py`: a pull consumer per subject, nats-py's `fetch` in batches, "
+        "`json.loads` of each value. `bare nats-py, inbox pull`: the same consumer asked "
+        "with pull requests answered at an inbox, messages collected by a callback (the "
+        "technique sealstream's source uses), `json.loads` of each value. "
+        "`sealstream source`: `NatsSource.poll` (typed columns, bad-record "
         "checks, gap checks). `sealstream run`: the whole job (tumbling 60 s, count and "
         "sum, checkpoint every second, `stop = \"end\"`), process start included.",
         "",

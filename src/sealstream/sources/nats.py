@@ -708,7 +708,9 @@ class _Pull:
     nats-py's ``fetch`` waits for each message with its own timer; this asks the
     consumer directly (``$JS.API.CONSUMER.MSG.NEXT``) and collects what arrives in a
     list from the subscription's callback, which is several times faster. At most
-    one request is outstanding, so at most one batch waits here (memory is bounded).
+    one request is outstanding, so at most one batch waits here (memory is bounded);
+    after a full batch the next one is asked for at once, so that it arrives while the
+    engine parses the first.
 
     A poll first drains what has arrived. Otherwise it asks for ``n`` messages
     with ``no_wait`` (the server sends what it has and ends the request: a full batch,
@@ -722,6 +724,7 @@ class _Pull:
         self.want = 0  # messages the outstanding request may still bring
         self.until = 0.0  # when the outstanding request ends at the latest (monotonic)
         self.gone: str | None = None  # the server said the consumer is gone
+        self.no_wait = True  # the outstanding request is a no_wait one
         self.event: asyncio.Event | None = None
 
     async def on_msg(self, msg: Msg) -> None:
@@ -737,6 +740,8 @@ class _Pull:
         else:
             self.buf.append(msg)
             self.want -= 1
+            if len(self.buf) != 1 and self.want > 0:
+                return  # a waiter cares about the first message and the last only
         if self.event is not None:
             self.event.set()
 
@@ -746,6 +751,7 @@ class _Pull:
     async def _ask(self, nc: Client, subject: str, inbox: str, n: int,
                    expires_s: float | None) -> None:
         req: dict[str, Any] = {"batch": n}
+        self.no_wait = expires_s is None
         if expires_s is None:
             req["no_wait"] = True
             self.until = time.monotonic() + REQUEST_TIMEOUT_S
@@ -768,9 +774,10 @@ class _Pull:
 
     async def take(self, nc: Client, subject: str, inbox: str, n: int,
                    timeout_s: float) -> list[Msg]:
-        if not self.buf:
+        if not self.buf or (self.no_wait and self._outstanding() and len(self.buf) < n):
             if not self._outstanding():
                 await self._ask(nc, subject, inbox, n, None)
+            if self.no_wait:
                 await self._wait(lambda: not self._outstanding() or len(self.buf) >= n,
                                  REQUEST_TIMEOUT_S)
             if not self.buf:
@@ -779,6 +786,9 @@ class _Pull:
                 await self._wait(lambda: bool(self.buf) or not self._outstanding(), timeout_s)
         got = self.buf[:n]
         del self.buf[:n]
+        if len(got) == n and not self.buf and not self._outstanding():
+            # a full batch: ask for the next one now, it arrives while this one is parsed
+            await self._ask(nc, subject, inbox, n, None)
         return got
 
 

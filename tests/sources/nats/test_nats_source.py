@@ -158,7 +158,7 @@ def test_expired_by_max_msgs_during_the_run(jet: Any, opened: list[NatsSource]) 
     c = part.poll(2, 500)
     assert c is not None and offsets([c]) == [1, 2]
     jet.publish([("a", ev(i)) for i in range(3, 10)])  # 3..7 pushed out before they are read
-    with pytest.raises(SourceExpiredError, match="next position to read 3"):
+    with pytest.raises(SourceExpiredError, match="next position to read [34]"):  # 3: read ahead
         read_all(part)
 
 
@@ -178,7 +178,9 @@ def test_expired_by_max_age_before_and_during_the_run(
         time.sleep(0.1)
     with pytest.raises(SourceExpiredError, match="saved position 2"):
         src.open(jet.s("a"), 2)
-    with pytest.raises(SourceExpiredError, match="next position to read 2"):
+    # the message after the first may have arrived before the server removed it (read
+    # ahead): it is then read, and the refusal names the one after it
+    with pytest.raises(SourceExpiredError, match="next position to read [23]"):
         read_all(during)
 
 
@@ -188,9 +190,9 @@ def test_a_deleted_message_of_the_subject_is_refused(jet: Any, opened: list[Nats
     src = source(jet.url, jet.stream, [jet.s("a")])
     opened.append(src)
     part = src.open(jet.s("a"), None)
+    jet.delete(4)
     c = part.poll(2, 500)
     assert c is not None and offsets([c]) == [1, 2]
-    jet.delete(4)
     with pytest.raises(SourceExpiredError, match="stream sequence 4 was deleted"):
         read_all(part)
     resumed = src.open(jet.s("a"), 3)  # refused when reading reaches the deleted one

@@ -6,7 +6,9 @@
     ├── SpecError                   the pipeline definition is wrong (exit 2)
     ├── SourceError                 the input cannot be read as promised (exit 1)
     │   ├── BadRecordError          a record is bad and there is no [errors] output
-    │   └── SourceChangedError      a partition no longer matches its checkpoint
+    │   ├── SourceChangedError      a partition no longer matches its checkpoint
+    │   ├── SourceExpiredError      a saved position is below what the source still holds
+    │   └── SourceUnavailableError  a broker cannot be reached within the bounded retry
     ├── SinkError                   an output cannot be written or committed (exit 1)
     └── CheckpointError             checkpoints cannot be written, read or trusted (exit 1)
         ├── NoValidCheckpointError  checkpoints exist but none verifies
@@ -50,6 +52,21 @@ class SourceChangedError(SourceError):
     The file shrank, was replaced or rotated. Replay from an earlier position
     into an isolated destination instead of resuming.
     """
+
+
+class SourceExpiredError(SourceError):
+    """A position to resume from is below the earliest position the source still
+    retains (the records in between were deleted by retention or ``delete_records``).
+
+    The message names the partition, the saved and the earliest positions, and the
+    ways forward: replay from the earliest position into an isolated destination,
+    or start over. sealstream never skips records silently.
+    """
+
+
+class SourceUnavailableError(SourceError):
+    """A broker could not be reached (at start, or for longer than ``fail_after_ms``
+    during a run). The message names the address; nothing committed is lost."""
 
 
 class SinkError(SealstreamError):

@@ -77,6 +77,12 @@ class ValueParser:
         self._inner = _BlockParser(inner)
         self._empty_events = empty_events(plan)
 
+    def empty_events(self) -> pl.DataFrame:
+        return self._empty_events
+
+    def empty_bad(self) -> pl.DataFrame:
+        return empty_bad()
+
     def parse(
         self,
         values: Sequence[bytes | None],

@@ -24,6 +24,8 @@ from sealstream.errors import (
     SinkError,
     SourceChangedError,
     SourceError,
+    SourceExpiredError,
+    SourceUnavailableError,
     SpecError,
 )
 
@@ -107,6 +109,8 @@ __all__ = [
     "Sliding",
     "SourceChangedError",
     "SourceError",
+    "SourceExpiredError",
+    "SourceUnavailableError",
     "SpecError",
     "Tumbling",
     "Watermark",

@@ -7,8 +7,8 @@
     ├── SourceError                 the input cannot be read as promised (exit 1)
     │   ├── BadRecordError          a record is bad and there is no [errors] output
     │   ├── SourceChangedError      a partition no longer matches its checkpoint
-    │   ├── SourceExpiredError      a saved position is below what the source still holds
-    │   └── SourceUnavailableError  a broker cannot be reached within the bounded retry
+    │   ├── SourceExpiredError      a position to read was deleted by the broker's retention
+    │   └── SourceUnavailableError  the broker cannot be reached within the retry deadline
     ├── SinkError                   an output cannot be written or committed (exit 1)
     └── CheckpointError             checkpoints cannot be written, read or trusted (exit 1)
         ├── NoValidCheckpointError  checkpoints exist but none verifies
@@ -55,18 +55,24 @@ class SourceChangedError(SourceError):
 
 
 class SourceExpiredError(SourceError):
-    """A position to resume from is below the earliest position the source still
-    retains (the records in between were deleted by retention or ``delete_records``).
+    """Records a run must read were deleted before it read them (retention).
 
-    The message names the partition, the saved and the earliest positions, and the
-    ways forward: replay from the earliest position into an isolated destination,
-    or start over. sealstream never skips records silently.
+    Raised at start/resume when a saved position is below the earliest position
+    the broker still retains, and mid-run when records disappear before they are
+    read. The message names the partition, the saved (or next) position and the
+    earliest available one, and the ways forward: replay from the earliest
+    position into a new destination (``sealstream replay --from``), or
+    ``--start-over``. Nothing is ever skipped silently. Exit code 1.
     """
 
 
 class SourceUnavailableError(SourceError):
-    """A broker could not be reached (at start, or for longer than ``fail_after_ms``
-    during a run). The message names the address; nothing committed is lost."""
+    """The broker (or file system) behind a source cannot be reached.
+
+    Raised at start after a bounded retry, and mid-run once ``[source]
+    fail_after_ms`` has passed without reaching it; the message names the
+    address. What was committed before stays committed. Exit code 1.
+    """
 
 
 class SinkError(SealstreamError):

@@ -34,6 +34,15 @@ from ._base import (
     int_col,
     json_col,
 )
+from ._live import (
+    MESSAGE_KEY,
+    MESSAGE_TIMESTAMP,
+    LivePartition,
+    LiveSource,
+    ValueParser,
+    empty_chunk,
+    is_nothing_yet,
+)
 
 KINDS = ("csv", "jsonl", "parquet")
 
@@ -79,14 +88,21 @@ __all__ = [
     "KEY",
     "KEY_IS_INT",
     "KINDS",
+    "LivePartition",
+    "LiveSource",
+    "MESSAGE_KEY",
+    "MESSAGE_TIMESTAMP",
     "OFFSET",
     "PARTITION",
     "PartitionPosition",
     "PartitionReader",
     "RAW",
     "TIME",
+    "ValueParser",
+    "empty_chunk",
     "float_col",
     "int_col",
+    "is_nothing_yet",
     "json_col",
     "open_partition",
 ]

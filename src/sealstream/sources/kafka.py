@@ -55,8 +55,8 @@ from typing import Any, Literal
 import numpy as np
 
 from ..errors import SourceError, SourceExpiredError, SourceUnavailableError, SpecError
-from ._base import Chunk, FieldPlan, PartitionPosition, RawSpan
-from ._values import MESSAGE_KEY, MESSAGE_TIMESTAMP, ValueParser
+from ._base import Chunk, FieldPlan
+from ._live import MESSAGE_KEY, MESSAGE_TIMESTAMP, ValueParser, empty_chunk
 
 StartMode = Literal["earliest", "latest", "time"]
 StopMode = Literal["never", "end"]
@@ -187,9 +187,17 @@ class _Link:
 
 
 def _consumer(conf: dict[str, Any], link: _Link) -> Any:
-    from confluent_kafka import Consumer
+    from confluent_kafka import Consumer, KafkaException
 
-    return Consumer({**conf, "error_cb": link.on_error})
+    try:
+        return Consumer({**conf, "error_cb": link.on_error})
+    except KafkaException as e:
+        raise SpecError(f"kafka source: the client settings are refused: {_why(e)}") from None
+
+
+def _why(e: Exception) -> str:
+    err: Any = e.args[0] if e.args else None
+    return str(err.str()) if err is not None and hasattr(err, "str") else str(e)
 
 
 def _until(link: _Link, what: str, attempt: Any) -> Any:
@@ -203,14 +211,15 @@ def _until(link: _Link, what: str, attempt: Any) -> Any:
         try:
             out = attempt(max(0.1, min(_QUERY_TIMEOUT_S, left)))
         except KafkaException as e:
-            link.lost(str(e.args[0].str() if e.args else e))
+            link.lost(_why(e))
             out = None
         if out is not None:
             link.ok()
             return out
         if time.monotonic() >= deadline:
             link.lost(link.last_error or "no answer")
-            link.lost_at = min(link.lost_at or time.monotonic(), deadline - link.fail_after_ms)
+            started = deadline - link.fail_after_ms / 1000
+            link.lost_at = min(link.lost_at or time.monotonic(), started)
             link.check(what)
             raise SourceUnavailableError(f"kafka broker {link.bootstrap} unreachable ({what})")
         time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
@@ -282,8 +291,9 @@ class KafkaPartition:
                     self._out_of_range()
                 if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION):
                     raise SourceError(
-                        f"kafka partition {self.name} no longer exists on {self._settings.bootstrap}"
-                        f" (at offset {self._position}): the topic was deleted or re-created"
+                        f"kafka partition {self.name} no longer exists on "
+                        f"{self._settings.bootstrap} (at offset {self._position}): "
+                        "the topic was deleted or re-created"
                     )
                 if code in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN):
                     self._link.lost(str(m.error().str()))
@@ -304,15 +314,14 @@ class KafkaPartition:
         stamps = None
         if self._want_ts:
             stamps = np.fromiter((m.timestamp()[1] for m in msgs), np.int64, count=len(msgs))
-            kinds = np.fromiter((m.timestamp()[0] for m in msgs), np.int64, count=len(msgs))
-            stamps[kinds == 0] = -1  # TIMESTAMP_NOT_AVAILABLE
-        events, bad, texts = self._parser.parse(values, offsets, keys, stamps)
-        last = int(offsets[-1])
-        self._position = last + 1
+        if int(offsets[0]) > self._position:  # a gap: markers, or records deleted unread?
+            low = self.earliest()
+            if low is not None and low > self._position:
+                raise self._expired(self._position, low)
+        self._position = int(offsets[-1]) + 1
         if eof:
             self._position = max(self._position, max(eof))
-        raw = RawSpan(int(offsets[0]), last, texts) if events.height else None
-        return Chunk(events, bad, last, PartitionPosition(self._position), False, raw)
+        return self._parser.parse(values, offsets, self._position, keys, stamps)
 
     def seek(self, position: int) -> None:
         from confluent_kafka import TopicPartition
@@ -344,13 +353,7 @@ class KafkaPartition:
 
     # -- helpers --------------------------------------------------------------
     def _empty(self) -> Chunk:
-        return Chunk(
-            self._parser.empty_events(),
-            self._parser.empty_bad(),
-            None,
-            PartitionPosition(self._position),
-            False,
-        )
+        return empty_chunk(self._parser.plan, self._position)
 
     def _watermarks(self) -> tuple[int, int]:
         out = _until(
@@ -366,7 +369,7 @@ class KafkaPartition:
         try:
             out = self._consumer.get_watermark_offsets(self._tp, timeout=_QUERY_TIMEOUT_S)
         except KafkaException as e:
-            self._link.lost(str(e.args[0].str() if e.args else e))
+            self._link.lost(_why(e))
             return None
         if out is None:
             self._link.lost("no answer to a query of the partition's offsets")
@@ -415,8 +418,8 @@ class KafkaPartition:
     def _expired(self, saved: int, low: int) -> SourceExpiredError:
         return SourceExpiredError(
             f"kafka partition {self.name}: offset {saved} to read from is no longer on "
-            f"{self._settings.bootstrap} (earliest retained offset {low}; records {saved}..{low - 1} "
-            "were deleted before they were read). Ways forward: replay --from "
+            f"{self._settings.bootstrap} (earliest retained offset {low}; records "
+            f"{saved}..{low - 1} were deleted before they were read). Ways forward: replay --from "
             f"{self.name}={low} into an isolated destination, or run with --start-over"
         )
 
@@ -466,7 +469,7 @@ class KafkaSource:
                 md = self._client().list_topics(topic, timeout=_QUERY_TIMEOUT_S)
                 self._link.ok()
             except KafkaException as e:
-                self._link.lost(str(e.args[0].str() if e.args else e))
+                self._link.lost(_why(e))
                 self._link.check(f"reading the metadata of topic {topic!r}")
                 assert self._known is not None
                 return [partition_name(topic, p) for p in self._known]

@@ -53,6 +53,9 @@ class Watermark:
     """Bounded out-of-orderness: ``W_p = max(event time seen in p) - max_delay_ms``."""
 
     max_delay_ms: int = 0
+    #: live runs: a partition quiet this long (processing time) leaves the global
+    #: minimum; when all are, W advances with the wall clock (docs/live.md)
+    idle_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -224,7 +227,8 @@ class Pipeline:
             "pipeline": self.name,
             "source": {
                 "kind": self.source.kind,
-                "partitions": [n for n, _ in self.source.partitions()],
+                "partitions": (list(self.source.paths) if self.source.follow
+                               else [n for n, _ in self.source.partitions()]),
                 "key": (self.source.key if isinstance(self.source.key, str)
                         else list(self.source.key)),
                 "time": self.source.time,

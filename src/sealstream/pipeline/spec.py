@@ -25,8 +25,9 @@ from sealstream.pipeline.validate import check_bad_ratio, check_max_age
 
 _SECTIONS: dict[str, set[str]] = {
     "pipeline": {"name", "batch_size", "max_bad_ratio"},
-    "source": {"kind", "paths", "path", "key", "time"},
-    "watermark": {"max_delay_ms"},
+    "source": {"kind", "paths", "path", "key", "time", "follow", "stop", "fail_after_ms",
+               "poll_ms"},
+    "watermark": {"max_delay_ms", "idle_ms"},
     "window": {"kind", "size_ms", "slide_ms", "gap_ms", "allowed_lateness_ms"},
     "transform": {"where", "fields"},
     "aggregates": set(),
@@ -125,8 +126,14 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
         key=_key(src),
         time=_get(src, "source", "time", str, _MISSING),
         base_dir=base_dir,
+        follow=_get(src, "source", "follow", bool, False),
+        stop=_get(src, "source", "stop", str, None),
+        fail_after_ms=_get(src, "source", "fail_after_ms", int, None),
+        poll_ms=_get(src, "source", "poll_ms", int, 200),
     )
-    wm = Watermark(_get(data.get("watermark", {}), "watermark", "max_delay_ms", int, 0))
+    wsec = data.get("watermark", {})
+    wm = Watermark(_get(wsec, "watermark", "max_delay_ms", int, 0),
+                   idle_ms=_get(wsec, "watermark", "idle_ms", int, None))
 
     wkind = _get(win, "window", "kind", str, _MISSING)
     lateness = _get(win, "window", "allowed_lateness_ms", int, 0)

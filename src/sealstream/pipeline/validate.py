@@ -128,6 +128,8 @@ def validate(p: Pipeline) -> None:
             raise SpecError(f"sink.kind: a compound key (source.key as a list) is written by "
                             f"jsonl and stdout sinks for now, not {p.sink.kind!r}")
     _positive("watermark.max_delay_ms", p.watermark.max_delay_ms, zero_ok=True)
+    if p.watermark.idle_ms is not None:
+        _positive("watermark.idle_ms", p.watermark.idle_ms)
     w = p.window
     _positive("window.allowed_lateness_ms", w.allowed_lateness_ms, zero_ok=True)
     if isinstance(w, Tumbling):

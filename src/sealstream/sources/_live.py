@@ -168,7 +168,7 @@ class ValueParser:
     """
 
     def __init__(self, plan: FieldPlan) -> None:
-        from .jsonl import JsonlReader
+        from .files.jsonl import JsonlReader
 
         self.plan = plan
         self.key_from_message = plan.key == MESSAGE_KEY

@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from ._base import OFFSET, FieldPlan, PartitionPosition, RawTexts
-from ._parse import (
+from .._base import OFFSET, FieldPlan, PartitionPosition, RawTexts
+from .._parse import (
     BOOL,
     DEFAULT_BLOCK_BYTES,
     FLOAT,

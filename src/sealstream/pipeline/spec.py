@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from sealstream.errors import SpecError
+from sealstream.pipeline.kafka import KAFKA_SETTINGS, kafka_source_from_dict
 from sealstream.pipeline.model import (
     DEFAULT_BATCH_SIZE,
     Checkpoints,
@@ -20,7 +21,6 @@ from sealstream.pipeline.model import (
     Watermark,
     Window,
 )
-from sealstream.pipeline.kafka import KAFKA_SETTINGS, KafkaSourceSpec, kafka_source_from_dict
 from sealstream.pipeline.source import FileSource
 from sealstream.pipeline.validate import check_bad_ratio, check_max_age
 

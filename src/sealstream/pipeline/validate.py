@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from sealstream.errors import SpecError
+from sealstream.pipeline.kafka import KafkaSourceSpec
 from sealstream.pipeline.model import (
     Checkpoints,
     Output,
@@ -18,7 +19,6 @@ from sealstream.pipeline.model import (
     Watermark,
     parse_aggregate,
 )
-from sealstream.pipeline.kafka import KafkaSourceSpec
 from sealstream.pipeline.source import FileSource
 
 

@@ -176,7 +176,7 @@ def sealstream_run(wd: Path, source_toml: str, timeout: float) -> dict[str, Any]
     )
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        return {"error": (proc.stderr.strip().splitlines() or ["exit %d" % proc.returncode])[-1],
+        return {"error": (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1],
                 "wall_s": wall}
     summary: dict[str, Any] = {"wall_s": wall}
     summary.update(json.loads((wd / "summary.json").read_text()))

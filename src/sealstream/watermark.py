@@ -71,6 +71,9 @@ class WatermarkState:
     #: live runs with ``idle_ms``: partitions that are idle leave the global minimum
     #: (section 11); empty when no partition ever was
     idle: list[bool] = field(default_factory=list)
+    #: a live run's partitions can appear later: without any yet, W is what it was
+    #: (a bounded run without partitions has ended: +inf)
+    open_ended: bool = False
 
     def is_idle(self, p: int) -> bool:
         return bool(self.idle) and self.idle[p]
@@ -103,7 +106,7 @@ class WatermarkState:
     def current(self) -> int:
         """The global watermark after everything processed so far."""
         if not self.max_time:
-            return POS_INF
+            return self.global_ms if self.open_ended else POS_INF
         active = [p for p in range(len(self.max_time)) if not self.is_idle(p)]
         if not active:
             return self.global_ms

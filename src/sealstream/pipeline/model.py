@@ -16,6 +16,7 @@ import polars as pl
 
 from sealstream.errors import SpecError
 from sealstream.pipeline.kafka import KafkaSourceSpec
+from sealstream.pipeline.nats import NatsSourceSpec
 from sealstream.pipeline.source import FileSource
 from sealstream.sources._base import FieldKind, FieldPlan
 
@@ -173,7 +174,7 @@ class Pipeline:
     """A complete, validated pipeline definition. See the module docstring."""
 
     name: str
-    source: FileSource | KafkaSourceSpec
+    source: FileSource | KafkaSourceSpec | NatsSourceSpec
     window: Window
     aggregates: Mapping[str, str]
     sink: Output
@@ -231,6 +232,8 @@ class Pipeline:
                 "partitions": (list(self.source.paths) if self.source.follow
                                else [self.source.topic]
                                if isinstance(self.source, KafkaSourceSpec)
+                               else list(self.source.subjects)
+                               if isinstance(self.source, NatsSourceSpec)
                                else [n for n, _ in self.source.partitions()]),
                 "key": (self.source.key if isinstance(self.source.key, str)
                         else list(self.source.key)),

@@ -21,13 +21,14 @@ from sealstream.pipeline.model import (
     Watermark,
     Window,
 )
+from sealstream.pipeline.nats import NATS_SETTINGS, nats_source_from_dict
 from sealstream.pipeline.source import FileSource
 from sealstream.pipeline.validate import check_bad_ratio, check_max_age
 
 _SECTIONS: dict[str, set[str]] = {
     "pipeline": {"name", "batch_size", "max_bad_ratio"},
     "source": {"kind", "paths", "path", "key", "time", "follow", "stop", "fail_after_ms",
-               "poll_ms", *KAFKA_SETTINGS},
+               "poll_ms", *KAFKA_SETTINGS, *NATS_SETTINGS},
     "watermark": {"max_delay_ms", "idle_ms"},
     "window": {"kind", "size_ms", "slide_ms", "gap_ms", "allowed_lateness_ms"},
     "transform": {"where", "fields"},
@@ -113,6 +114,7 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
 
     kind = _get(src, "source", "kind", str, _MISSING)
     source = (kafka_source_from_dict(src) if kind == "kafka"
+              else nats_source_from_dict(src) if kind == "nats"
               else _file_source(src, kind, base_dir))
     wsec = data.get("watermark", {})
     wm = Watermark(_get(wsec, "watermark", "max_delay_ms", int, 0),
@@ -195,6 +197,9 @@ def _file_source(src: dict[str, Any], kind: Any, base_dir: Path) -> FileSource:
     for name in sorted(KAFKA_SETTINGS - {"stop", "fail_after_ms", "poll_ms"}):
         if name in src:
             raise SpecError(f"source.{name}: a setting of kind = \"kafka\", not of {kind!r}")
+    for name in sorted(NATS_SETTINGS - KAFKA_SETTINGS):
+        if name in src:
+            raise SpecError(f"source.{name}: a setting of kind = \"nats\", not of {kind!r}")
     if "paths" in src and "path" in src:
         raise SpecError("source: give either paths or path, not both")
     raw_paths = src.get("paths", src.get("path"))

@@ -19,6 +19,7 @@ from sealstream.pipeline.model import (
     Watermark,
     parse_aggregate,
 )
+from sealstream.pipeline.nats import NatsSourceSpec
 from sealstream.pipeline.source import FileSource
 
 
@@ -74,7 +75,8 @@ def _check_types(p: Pipeline) -> None:
         return SpecError(f"{setting}: expected {want}, got {type(got).__name__} {got!r:.60}")
 
     parts: list[tuple[str, object, tuple[type, ...], str]] = [
-        ("source", p.source, (FileSource, KafkaSourceSpec), "a FileSource or KafkaSourceSpec"),
+        ("source", p.source, (FileSource, KafkaSourceSpec, NatsSourceSpec),
+         "a FileSource, KafkaSourceSpec or NatsSourceSpec"),
         ("window", p.window, (Tumbling, Sliding, Session), "a Tumbling, Sliding or Session"),
         ("watermark", p.watermark, (Watermark,), "a Watermark"),
         ("sink", p.sink, (Output,), "an Output"),
@@ -106,10 +108,10 @@ def validate(p: Pipeline) -> None:
         _check_path("checkpoint.url", p.checkpoint.url)
     if not isinstance(p.name, str) or not p.name.strip():
         raise SpecError(f"pipeline.name: must be a non-empty string, got {p.name!r}")
-    if p.source.kind not in ("jsonl", "csv", "parquet", "kafka"):
+    if p.source.kind not in ("jsonl", "csv", "parquet", "kafka", "nats"):
         raise SpecError(f"source.kind: {p.source.kind!r} is not one of jsonl, csv, parquet, "
-                        "kafka")
-    if not p.source.paths and p.source.kind != "kafka":
+                        "kafka, nats")
+    if not p.source.paths and p.source.kind not in ("kafka", "nats"):
         raise SpecError("source.paths: at least one input file is needed")
     keys = p.source.key_fields or (p.source.key,)
     if not keys:

@@ -129,7 +129,7 @@ class NatsSettings:
         return ",".join(self.servers)
 
     @classmethod
-    def from_table(cls, table: Mapping[str, Any], where: str = "[source]") -> NatsSettings:
+    def from_table(cls, table: Mapping[str, Any], where: str = "[source] ") -> NatsSettings:
         """Validate the source table (:class:`~sealstream.errors.SpecError` naming the
         setting). ``servers`` is a URL or a list of URLs; ``subjects`` a list of
         subjects or filters, one partition each, no duplicates."""
@@ -139,11 +139,11 @@ class NatsSettings:
         if not isinstance(servers, list) or not servers or not all(
             isinstance(s, str) and s for s in servers
         ):
-            raise SpecError(f"{where} servers must be a NATS URL or a list of URLs, "
+            raise SpecError(f"{where}servers must be a NATS URL or a list of URLs, "
                             f"e.g. \"nats://127.0.0.1:4222\"; got {table.get('servers')!r}")
         stream = table.get("stream")
         if not isinstance(stream, str) or not stream or any(c in stream for c in " .*>\t"):
-            raise SpecError(f"{where} stream must name a JetStream stream (no spaces, '.', "
+            raise SpecError(f"{where}stream must name a JetStream stream (no spaces, '.', "
                             f"'*' or '>'); got {stream!r}")
         subjects = table.get("subjects")
         if isinstance(subjects, str):
@@ -151,14 +151,14 @@ class NatsSettings:
         if not isinstance(subjects, list) or not subjects or not all(
             isinstance(s, str) and s and " " not in s for s in subjects
         ):
-            raise SpecError(f"{where} subjects must be a list of subjects (wildcards allowed), "
+            raise SpecError(f"{where}subjects must be a list of subjects (wildcards allowed), "
                             f"one partition each; got {table.get('subjects')!r}")
         if len(set(subjects)) != len(subjects):
-            raise SpecError(f"{where} subjects lists a subject twice: {subjects!r}")
+            raise SpecError(f"{where}subjects lists a subject twice: {subjects!r}")
         start = table.get("start", "earliest")
         start_value: str | int
         if isinstance(start, bool) or not isinstance(start, (str, int)):
-            raise SpecError(f"{where} start must be \"earliest\", \"latest\", an ISO-8601 time "
+            raise SpecError(f"{where}start must be \"earliest\", \"latest\", an ISO-8601 time "
                             f"or ms since the epoch; got {start!r}")
         if isinstance(start, int):
             start_value = start
@@ -168,7 +168,7 @@ class NatsSettings:
             start_value = _iso_to_ms(start, where)
         fail_after = table.get("fail_after_ms", DEFAULT_FAIL_AFTER_MS)
         if isinstance(fail_after, bool) or not isinstance(fail_after, int) or fail_after <= 0:
-            raise SpecError(f"{where} fail_after_ms must be a positive integer (ms); "
+            raise SpecError(f"{where}fail_after_ms must be a positive integer (ms); "
                             f"got {fail_after!r}")
         return cls(tuple(servers), stream, tuple(subjects), start_value, fail_after)
 
@@ -180,7 +180,7 @@ def _iso_to_ms(text: str, where: str) -> int:
         return int(text)
     ms = iso_ms(pl.Series([text.strip()])).to_list()[0]
     if ms is None:
-        raise SpecError(f"{where} start must be \"earliest\", \"latest\", an ISO-8601 time or "
+        raise SpecError(f"{where}start must be \"earliest\", \"latest\", an ISO-8601 time or "
                         f"ms since the epoch; got {text!r}")
     return int(ms)
 

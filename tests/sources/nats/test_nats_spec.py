@@ -3,6 +3,7 @@ stream cannot be read as promised (exit 1, one line naming the subject or addres
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -97,7 +98,7 @@ every_events = 1
 def run(d: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "sealstream", "run", "spec.toml", "--quiet"],
                           cwd=d, capture_output=True, text=True, timeout=120,
-                          env={**__import__("os").environ,
+                          env={**os.environ,
                                "PYTHONPATH": str(Path(__file__).resolve().parents[3] / "src")})
 
 

@@ -521,7 +521,13 @@ class NatsPartition:
 
     @property
     def position(self) -> int:
+        """The stream sequence of the next message to read."""
         return self._pos
+
+    @property
+    def connected(self) -> bool:
+        """Whether the source's connection is up (progress and metrics)."""
+        return self._src.connected
 
     # -- consumer ----------------------------------------------------------------
     def _subscribe(self) -> None:

@@ -62,7 +62,7 @@ def test_server_restart_mid_run_loses_and_repeats_nothing(own_nats: Any) -> None
             c = part.poll(100, 200)
             assert c is not None
             got += c.events["__off"].to_list()
-        assert got == first + more and src.connected
+        assert got == first + more and src.connected and part.connected
     finally:
         src.close()
 

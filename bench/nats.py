@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -218,6 +219,7 @@ kind = "jsonl"
 path = "out"
 
 [checkpoint]
+path = "ckpt"
 every_ms = 1000
 """
 
@@ -294,15 +296,16 @@ def report(args: Any, total: int, rows: dict[str, list[float]], note: str) -> No
         f"fetch/poll batches of {args.batch:,}; median of {args.repeat}. "
         "Produced by `python -m bench.nats`.",
         "",
-        "| reader | events/s | vs bare nats-py |",
-        "|---|---:|---:|",
+        "| reader | events/s | vs bare nats-py | vs bare inbox pull |",
+        "|---|---:|---:|---:|",
     ]
+    inbox = statistics.median(rows["bare nats-py, inbox pull"])
     for name, rates in rows.items():
         if rates:
             med = statistics.median(rates)
-            lines.append(f"| {name} | {med:,.0f} | {med / base:.0%} |")
+            lines.append(f"| {name} | {med:,.0f} | {med / base:.0%} | {med / inbox:.0%} |")
         else:
-            lines.append(f"| {name} | - | not measured: {note or 'no run'} |")
+            lines.append(f"| {name} | - | not measured: {note or 'no run'} | - |")
     lines += [
         "",
         "`bare nats-py`: a pull consumer per subject, nats-py's `fetch` in batches, "
@@ -312,6 +315,9 @@ def report(args: Any, total: int, rows: dict[str, list[float]], note: str) -> No
         "`sealstream source`: `NatsSource.poll` (typed columns, bad-record "
         "checks, gap checks). `sealstream run`: the whole job (tumbling 60 s, count and "
         "sum, checkpoint every second, `stop = \"end\"`), process start included.",
+        "",
+        f"Machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end "
+        "of the run (other jobs share the machine: compare rows of one run, not runs).",
         "",
     ]
     args.out.mkdir(parents=True, exist_ok=True)

@@ -157,3 +157,65 @@ def test_random_sigkills_and_damaged_checkpoints_give_an_uninterrupted_runs_outp
         assert res.returncode == 0, (res.stderr, damaged)
     assert kills >= 1
     assert_same_output(d, ref)
+
+
+def _newest_events(ckpt: Path) -> int:
+    """How many events the newest complete checkpoint has counted (0 when none)."""
+    for cp in sorted(ckpt.glob("cp-*"), reverse=True):
+        try:
+            doc = json.loads((cp / "MANIFEST.json").read_text())
+        except (OSError, ValueError):
+            continue
+        return int(doc.get("counters", {}).get("events", 0))
+    return 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_a_never_ending_run_which_then_resumes_exactly_once(
+    jet: Any, tmp_path: Path, sig: signal.Signals
+) -> None:
+    from sealstream.testing.datagen import generate
+
+    names = [f"in/p{i}.jsonl" for i in range(2)]
+    ref, d = tmp_path / "ref", tmp_path / "stopped"
+    for where in (ref, d):
+        generate(where / "in", events=600, keys=10, partitions=2, seed=1, disorder_ms=800)
+    jet.create(["p0", "p1"])
+    publish_files(jet, d, names)
+    total = jet.state().messages
+    spec = nats_spec(d, jet, names, every_events=100, batch_size=50)
+    text = spec.read_text().replace('stop = "end"', 'stop = "never"')
+    spec.write_text(text.replace("every_events = 100", "every_events = 100\nevery_ms = 200"))
+    with subprocess.Popen([sys.executable, "-m", "sealstream", "run", str(spec), "--quiet"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True) as proc:
+        try:
+            deadline = time.monotonic() + 120
+            # everything published so far is in a checkpoint: the run is idle, waiting
+            while _newest_events(d / "ckpt") < total:
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                assert time.monotonic() < deadline, _newest_events(d / "ckpt")
+                time.sleep(0.05)
+            proc.send_signal(sig)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:  # a failed test never leaves a never-ending run behind
+                proc.kill()
+    assert proc.returncode == 0, err
+    # the end: the same events again (a second batch), then a backfill to the end
+    more = [f"in/q{i}.jsonl" for i in range(2)]
+    for where in (ref, d):
+        generate(where / "more", events=300, keys=10, partitions=2, seed=2, disorder_ms=800,
+                 start_ms=1_700_001_000_000)
+        for i in range(2):
+            (where / more[i]).write_text((where / "more" / f"p{i}.jsonl").read_text())
+    publish_files(jet, d, more)
+    spec.write_text(spec.read_text().replace('stop = "never"', 'stop = "end"'))
+    res = run(spec)
+    assert res.returncode == 0, res.stderr
+    # the uninterrupted run reads the same stream from its start in one go
+    ref_spec = nats_spec(ref, jet, names, every_events=100, batch_size=50)
+    res = run(ref_spec)
+    assert res.returncode == 0, res.stderr
+    assert_same_output(d, ref)
+    assert committed(d, "out")

@@ -244,26 +244,33 @@ def _start(spec: Path) -> subprocess.Popen[str]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_signal_stops_a_never_ending_run_gracefully_then_it_resumes(
-        kafka: Any, tmp_path: Path, sig: signal.Signals) -> None:
+def test_sigint_then_sigterm_stop_a_never_ending_run_gracefully_and_it_resumes(
+        kafka: Any, tmp_path: Path) -> None:
+    """SIGINT stops a stop = "never" run (final checkpoint, exit 0); it resumes with
+    what was produced since and SIGTERM stops it the same way; a stop = "end" run
+    then finishes: the results are those of the events in files, exactly once."""
     files = generate(tmp_path / "data", events=3000, keys=20, partitions=2, seed=4)
     topic = kafka.new_topic(partitions=2)
-    first = [tmp_path / "a0.jsonl", tmp_path / "a1.jsonl"]
-    second = [tmp_path / "b0.jsonl", tmp_path / "b1.jsonl"]
-    for f, a, b in zip(files, first, second, strict=True):
+    thirds: list[list[Path]] = [[], [], []]
+    for f in files:
         lines = f.read_text().splitlines(keepends=True)
-        a.write_text("".join(lines[: len(lines) // 2]))
-        b.write_text("".join(lines[len(lines) // 2:]))
-    n_first = produce_lines(kafka.bootstrap, topic, first)
+        cut = -(-len(lines) // 3)
+        for i in range(3):
+            part = tmp_path / f"third{i}-{f.name}"
+            part.write_text("".join(lines[i * cut:(i + 1) * cut]))
+            thirds[i].append(part)
     d = tmp_path / "run"
     never = write_spec(d, kafka_source(kafka.bootstrap, topic, stop="never"))
-    proc = _start(never)
-    _wait_line(proc, lambda ev: ev.get("event") == "checkpoint" and ev["events"] >= n_first)
-    proc.send_signal(sig)
-    drain = _drain(proc)
-    assert _finish(proc, drain) == 0
-    produce_lines(kafka.bootstrap, topic, second)
+    produced = 0
+    for i, sig in enumerate((signal.SIGINT, signal.SIGTERM)):
+        produced += produce_lines(kafka.bootstrap, topic, thirds[i])
+        proc = _start(never)
+        _wait_line(proc, lambda ev, n=produced: ev.get("event") == "checkpoint"
+                   and ev["events"] >= n)
+        proc.send_signal(sig)
+        drain = _drain(proc)
+        assert _finish(proc, drain) == 0
+    produce_lines(kafka.bootstrap, topic, thirds[2])
     end = write_spec(d, kafka_source(kafka.bootstrap, topic, stop="end"), name="end.toml")
     r = run(end)
     assert r.returncode == 0, r.stderr

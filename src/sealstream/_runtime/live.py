@@ -480,7 +480,8 @@ def open_live(job: Any, positions: list[SourcePosition]) -> LiveMerger:
     from sealstream.sources.files.follow import FollowedFiles
 
     p = job.p
-    source = FollowedFiles(p.source.kind, p.source, job.plan)
+    source: LiveSource = (p.source.open_live(job.plan) if p.source.kind == "kafka"
+                          else FollowedFiles(p.source.kind, p.source, job.plan))
     return LiveMerger(
         source, job.plan, list(job.names), positions, p.batch_size,
         store=job.store, key=job.key, wm=job.wm,

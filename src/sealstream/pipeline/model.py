@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import polars as pl
 
 from sealstream.errors import SpecError
+from sealstream.pipeline.kafka import KafkaSourceSpec
 from sealstream.pipeline.source import FileSource
 from sealstream.sources._base import FieldKind, FieldPlan
 
@@ -172,7 +173,7 @@ class Pipeline:
     """A complete, validated pipeline definition. See the module docstring."""
 
     name: str
-    source: FileSource
+    source: FileSource | KafkaSourceSpec
     window: Window
     aggregates: Mapping[str, str]
     sink: Output
@@ -228,6 +229,8 @@ class Pipeline:
             "source": {
                 "kind": self.source.kind,
                 "partitions": (list(self.source.paths) if self.source.follow
+                               else [self.source.topic]
+                               if isinstance(self.source, KafkaSourceSpec)
                                else [n for n, _ in self.source.partitions()]),
                 "key": (self.source.key if isinstance(self.source.key, str)
                         else list(self.source.key)),

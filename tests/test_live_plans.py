@@ -132,3 +132,15 @@ def test_the_partition_holding_w_is_named() -> None:
     assert wm.holder() == 2
     wm.idle = [True, True, True]
     assert wm.holder() is None and wm.current() == wm.global_ms
+
+
+def test_replay_from_integer_positions_of_a_followed_source(tmp_path: Path) -> None:
+    from sealstream.cli import main
+
+    inputs(tmp_path)
+    s = spec(tmp_path, stop="never")  # a replay is a backfill whatever the stop mode
+    assert main(["replay", str(s), "--from", "in/a.jsonl=390,in/b.jsonl=399",
+                 "--to", str(tmp_path / "dest"), "--quiet"]) == 0
+    rows = [json.loads(x) for f in (tmp_path / "dest").glob("*/part-*.jsonl")
+            for x in f.read_text(encoding="utf-8").splitlines()]
+    assert sum(r["n"] for r in rows) == 10 + 1

@@ -189,9 +189,9 @@ class LiveMerger:
         elif open_at is not None and (pos.resume.byte_offset or pos.resume.identity):
             part = open_at(name, pos.resume)
             start = pos
-        else:
-            part = self.source.open(name, pos.resume.offset)
-            start = pos
+        else:  # an integer position (brokers; replay --from p=OFFSET): seek to it
+            part = self.source.open(name, pos.next_offset)
+            start = SourcePosition(PartitionPosition(offset=pos.next_offset), pos.next_offset)
         earliest = part.earliest()
         if earliest is not None and pos is not None and pos.next_offset < earliest:
             part.close()

@@ -46,6 +46,8 @@ class Snapshot:
     """``time.monotonic()`` when the last checkpoint was written."""
     last_checkpoint_unix: float | None = None
     open_windows: int | None = None
+    #: the partition holding the watermark back (None: none holds it)
+    holder: str | None = None
     taken_at: float = field(default_factory=time.monotonic)
 
 
@@ -72,7 +74,13 @@ def snapshot(job: Job) -> Snapshot:
             if has_ck and st.last_at is not None else None
         ),
         open_windows=int(open_windows) if isinstance(open_windows, int) else None,
+        holder=_holder_name(job),
     )
+
+
+def _holder_name(job: Job) -> str | None:
+    q = job.wm.holder()
+    return job.names[q] if q is not None and q < len(job.names) else None
 
 
 def _escape(value: str) -> str:
@@ -111,6 +119,8 @@ _METRICS: tuple[tuple[str, str, str], ...] = (
     ("sealstream_last_checkpoint_timestamp_seconds", "gauge",
      "When the last checkpoint was written (Unix time; the age for --metrics-file readers)."),
     ("sealstream_open_windows", "gauge", "Windows holding state, not yet fired."),
+    ("sealstream_watermark_holder", "gauge",
+     "1 for the partition holding the global watermark back (absent when none does)."),
 )
 
 
@@ -131,6 +141,9 @@ def render(snap: Snapshot, now: float | None = None) -> str:
         "sealstream_partition_watermark_ms": [
             (f'{pl},partition="{_escape(name)}"', ms) for name, ms in snap.partitions
         ],
+        "sealstream_watermark_holder": (
+            [] if snap.holder is None else [(f'{pl},partition="{_escape(snap.holder)}"', 1)]
+        ),
         "sealstream_last_checkpoint_duration_seconds": (
             [] if snap.last_checkpoint_ms is None else [(pl, snap.last_checkpoint_ms / 1000)]
         ),

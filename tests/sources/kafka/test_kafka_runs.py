@@ -127,8 +127,15 @@ def test_stop_end_reads_what_files_would(kafka: Any, tmp_path: Path) -> None:
     topic = kafka.new_topic(partitions=3)
     produce_lines(kafka.bootstrap, topic, files)
     k = tmp_path / "kafka"
-    r = run(write_spec(k, kafka_source(kafka.bootstrap, topic)))
+    group = f"g-{topic}"
+    r = run(write_spec(k, kafka_source(kafka.bootstrap, topic, extra=f'group = "{group}"')))
     assert r.returncode == 0, r.stderr
+    # the group was told the final checkpoint's offsets (for lag tools)
+    c = ck.Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": group})
+    tps = c.committed([ck.TopicPartition(topic, i) for i in range(3)], timeout=30)
+    c.close()
+    assert [tp.offset for tp in tps] == [
+        sum(1 for ln in f.read_bytes().split(b"\n") if ln) for f in files]
     f = tmp_path / "files"
     r = run(write_spec(f, file_source(files)))
     assert r.returncode == 0, r.stderr

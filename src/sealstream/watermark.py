@@ -69,7 +69,7 @@ class WatermarkState:
     global_ms: int = NEG_INF
     last_offset: list[int | None] = field(default_factory=list)
     #: live runs with ``idle_ms``: partitions that are idle leave the global minimum
-    #: (section 11); empty when no partition ever was
+    #: (docs/live.md); empty when no partition ever was
     idle: list[bool] = field(default_factory=list)
     #: a live run's partitions can appear later: without any yet, W is what it was
     #: (a bounded run without partitions has ended: +inf)

@@ -12,6 +12,7 @@ import contextlib
 import copy
 import hashlib
 import json
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -43,6 +44,9 @@ from sealstream.watermark import WatermarkState
 from sealstream.windows.operator import WindowOperator
 
 ROLES = ("results", "late", "errors")
+#: set (to anything) to keep every step plan of live runs instead of pruning them
+#: with their checkpoints: for audits, and to re-run a recorded plan from its start
+KEEP_PLANS_ENV = "SEALSTREAM_KEEP_PLANS"
 
 
 @dataclass
@@ -411,6 +415,8 @@ class Checkpointing:
     def _prune_plans(store: CheckpointStore) -> None:
         """Step plans go with the checkpoints they belong to: the records of steps at
         or before the oldest checkpoint kept are no longer needed by any recovery."""
+        if os.environ.get(KEEP_PLANS_ENV):  # audits and tests: keep the whole plan
+            return
         steps = store.plan_steps()
         if not steps:
             return

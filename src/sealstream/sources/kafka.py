@@ -533,3 +533,26 @@ def is_message_field(name: str) -> bool:
 
 
 __all__ = ["KafkaPartition", "KafkaSettings", "KafkaSource", "partition_name"]
+
+
+def end_offsets(settings: KafkaSettings, names: list[str],
+                timeout_ms: int = 3_000) -> dict[str, int] | None:
+    """The broker's end offsets (last stable offsets) of partitions ``names``, or None
+    when the broker does not answer within ``timeout_ms`` (for ``checkpoints inspect``)."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    link = _Link(settings.bootstrap, timeout_ms)
+    c = _consumer(settings.consumer_config(), link)
+    out: dict[str, int] = {}
+    try:
+        for name in names:
+            topic, num = parse_partition_name(name)
+            marks = c.get_watermark_offsets(TopicPartition(topic, num), timeout=timeout_ms / 1000)
+            if marks is None:
+                return None
+            out[name] = int(marks[1])
+    except (KafkaException, SourceError):
+        return None
+    finally:
+        c.close()
+    return out

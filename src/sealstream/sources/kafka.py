@@ -348,6 +348,19 @@ class KafkaPartition:
         end = self.end()
         return None if end is None else max(0, end - self._position)
 
+    def cached_lag(self) -> int | None:
+        """Records after the position, from the end offset the client last saw (no
+        request to the broker: cheap enough for every refresh of a progress panel)."""
+        from confluent_kafka import KafkaException
+
+        try:
+            marks = self._consumer.get_watermark_offsets(self._tp, cached=True)
+        except (KafkaException, RuntimeError):
+            return None
+        if marks is None or int(marks[1]) < 0:
+            return None
+        return max(0, int(marks[1]) - self._position)
+
     def close(self) -> None:
         self._consumer.close()
 
@@ -556,3 +569,20 @@ def end_offsets(settings: KafkaSettings, names: list[str],
     finally:
         c.close()
     return out
+
+
+def source_status(merger: object) -> tuple[bool | None, list[tuple[str, int | None]]]:
+    """For a progress panel and metrics: whether every partition of a live run's
+    merger reaches its broker (None: not a broker source) and each partition's lag in
+    records (None: unknown), from what the clients already know."""
+    cursors = getattr(merger, "cursors", None) or []
+    names = list(getattr(merger, "names", []) or [])
+    connected: bool | None = None
+    lags: list[tuple[str, int | None]] = []
+    for name, cur in zip(names, cursors, strict=False):
+        part = getattr(cur, "part", None)
+        if not isinstance(part, KafkaPartition):
+            continue
+        connected = part.connected if connected is None else connected and part.connected
+        lags.append((name, part.cached_lag()))
+    return connected, lags

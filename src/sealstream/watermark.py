@@ -112,6 +112,19 @@ class WatermarkState:
             return self.global_ms
         return max(self.global_ms, min(self.partition_ms(p) for p in active))
 
+    def holder(self) -> int | None:
+        """The partition holding ``W`` back: the one whose watermark is the minimum
+        (the lowest index on a tie), None when ``W`` is not held by any (infinite, an
+        advance above every partition, every partition idle or exhausted)."""
+        active = [p for p in range(len(self.max_time))
+                  if not self.is_idle(p) and not self.exhausted[p]]
+        if not active:
+            return None
+        low = min(active, key=lambda p: (self.partition_ms(p), p))
+        if self.partition_ms(low) < self.global_ms or self.partition_ms(low) >= POS_INF:
+            return None
+        return low
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "max_delay_ms": self.max_delay_ms,

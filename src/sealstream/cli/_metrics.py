@@ -49,6 +49,8 @@ class Snapshot:
     #: a broker source: whether it is reached now, and each partition's lag in records
     source_connected: bool | None = None
     partition_lag_records: tuple[tuple[str, int], ...] = ()
+    #: the partition holding the watermark back (None: none holds it)
+    holder: str | None = None
     taken_at: float = field(default_factory=time.monotonic)
 
 
@@ -78,6 +80,7 @@ def snapshot(job: Job) -> Snapshot:
         open_windows=int(open_windows) if isinstance(open_windows, int) else None,
         source_connected=connected,
         partition_lag_records=tuple((n, lag) for n, lag in lags if lag is not None),
+        holder=_holder_name(job),
     )
 
 
@@ -87,6 +90,11 @@ def _source_status(job: Job) -> tuple[bool | None, list[tuple[str, int | None]]]
     from sealstream.sources.kafka import source_status
 
     return source_status(getattr(job, "merger", None))
+
+
+def _holder_name(job: Job) -> str | None:
+    q = job.wm.holder()
+    return job.names[q] if q is not None and q < len(job.names) else None
 
 
 def _escape(value: str) -> str:
@@ -129,6 +137,8 @@ _METRICS: tuple[tuple[str, str, str], ...] = (
      "1 when the source's broker is reached, 0 while it is not (broker sources only)."),
     ("sealstream_partition_lag_records", "gauge",
      "Records of each source partition after the run's position (the broker's end offset)."),
+    ("sealstream_watermark_holder", "gauge",
+     "1 for the partition holding the global watermark back (absent when none does)."),
 )
 
 
@@ -149,6 +159,9 @@ def render(snap: Snapshot, now: float | None = None) -> str:
         "sealstream_partition_watermark_ms": [
             (f'{pl},partition="{_escape(name)}"', ms) for name, ms in snap.partitions
         ],
+        "sealstream_watermark_holder": (
+            [] if snap.holder is None else [(f'{pl},partition="{_escape(snap.holder)}"', 1)]
+        ),
         "sealstream_last_checkpoint_duration_seconds": (
             [] if snap.last_checkpoint_ms is None else [(pl, snap.last_checkpoint_ms / 1000)]
         ),

@@ -59,6 +59,8 @@ class _InFlight:
     started: float
     blocked_s: float  # processing-thread time spent capturing it
     future: Future[tuple[dict[str, Any], int]]
+    #: a live run: the checkpoint's positions, for the source's consumer group
+    positions: dict[str, int] | None = None
 
 
 class Checkpointing:
@@ -268,7 +270,11 @@ class Checkpointing:
                 future.set_result(write())
             except BaseException as exc:  # noqa: BLE001 - re-raised by _await_checkpoint
                 future.set_exception(exc)
-        self._inflight = _InFlight(cid, epoch, tokens, t0, time.monotonic() - t0, future)
+        group_positions = ({n: p.next_offset for n, p in zip(self.names, self.positions,
+                                                             strict=True)}
+                           if getattr(self, "live", False) else None)
+        self._inflight = _InFlight(cid, epoch, tokens, t0, time.monotonic() - t0, future,
+                                   group_positions)
         if cfg is None or not cfg.asynchronous or self.stop_when is not None:
             self._await_checkpoint(store)
 
@@ -345,6 +351,9 @@ class Checkpointing:
             self.crash(f"after_commit_{role}")
         self._retain(store, job.cid)
         self.crash("after_retention")
+        commit_group = getattr(getattr(self.merger, "source", None), "commit_group", None)
+        if job.positions and callable(commit_group):
+            commit_group(job.positions)  # best effort, for lag tools; never read back
         dt = (time.monotonic() - job.started) * 1000
         st = self.ck_stats
         st.count += 1

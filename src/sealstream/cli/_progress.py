@@ -269,6 +269,14 @@ class Progress:
             resumed = f" (resumed from {job.resumed_from})" if job.resumed_from else ""
             rows.append(Text(f"checkpoint none yet{resumed}"))
         rows.append(self._partition_table(job, sizes))
+        if job.p.source.kind == "kafka":
+            from sealstream.sources.kafka import source_status
+
+            connected, lags = source_status(getattr(job, "merger", None))
+            state = "[red]DISCONNECTED (retrying)[/]" if connected is False else "connected"
+            behind = ", ".join(f"{n} {'?' if lag is None else lag}" for n, lag in
+                               lags[:MAX_PARTITION_ROWS])
+            rows.append(Text.from_markup(f"broker {state}; records behind: {behind or '-'}"))
         return Group(*rows)
 
     def _partition_table(self, job: Job, sizes: list[tuple[int, int] | None]) -> Table:

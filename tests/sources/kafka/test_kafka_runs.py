@@ -127,8 +127,15 @@ def test_stop_end_reads_what_files_would(kafka: Any, tmp_path: Path) -> None:
     topic = kafka.new_topic(partitions=3)
     produce_lines(kafka.bootstrap, topic, files)
     k = tmp_path / "kafka"
-    r = run(write_spec(k, kafka_source(kafka.bootstrap, topic)))
+    group = f"g-{topic}"
+    r = run(write_spec(k, kafka_source(kafka.bootstrap, topic, extra=f'group = "{group}"')))
     assert r.returncode == 0, r.stderr
+    # the group was told the final checkpoint's offsets (for lag tools)
+    c = ck.Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": group})
+    tps = c.committed([ck.TopicPartition(topic, i) for i in range(3)], timeout=30)
+    c.close()
+    assert [tp.offset for tp in tps] == [
+        sum(1 for ln in f.read_bytes().split(b"\n") if ln) for f in files]
     f = tmp_path / "files"
     r = run(write_spec(f, file_source(files)))
     assert r.returncode == 0, r.stderr
@@ -167,6 +174,16 @@ def test_message_keys_and_timestamps(kafka: Any, tmp_path: Path) -> None:
     assert got == {("a", 0): (2, 5.0), ("b", 0): (1, 2.0), ("a", 10_000): (1, 16.0)}
     bad = sorted((x["_partition"], x["_offset"]) for x in committed(d, "errors"))
     assert bad == [(f"{topic}/0", 3), (f"{topic}/0", 5)]
+    # checkpoints inspect --spec: the lag against the broker's end offset, now
+    for _ in range(2):
+        p.produce(topic, b'{"amount": 1}', key=b"a", partition=0)
+    assert p.flush(30) == 0
+    res = subprocess.run([sys.executable, "-m", "sealstream", "checkpoints", "inspect",
+                          str(d / "ckpt"), "--json", "--spec", str(d / "spec.toml")],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    parts = json.loads(res.stdout)["partitions"]
+    assert [(x["next_offset"], x["end_offset"], x["lag"]) for x in parts] == [(6, 8, 2)]
 
 
 def _delete_records(bootstrap: str, topic: str, partition: int, before: int) -> None:

@@ -85,10 +85,13 @@ def snapshot(job: Job) -> Snapshot:
 
 
 def _source_status(job: Job) -> tuple[bool | None, list[tuple[str, int | None]]]:
-    if job.p.source.kind != "kafka":
+    kind = job.p.source.kind
+    if kind == "kafka":
+        from sealstream.sources.kafka import source_status
+    elif kind == "nats":
+        from sealstream.sources.nats import source_status
+    else:
         return None, []
-    from sealstream.sources.kafka import source_status
-
     return source_status(getattr(job, "merger", None))
 
 

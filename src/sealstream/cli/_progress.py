@@ -269,10 +269,10 @@ class Progress:
             resumed = f" (resumed from {job.resumed_from})" if job.resumed_from else ""
             rows.append(Text(f"checkpoint none yet{resumed}"))
         rows.append(self._partition_table(job, sizes))
-        if job.p.source.kind == "kafka":
-            from sealstream.sources.kafka import source_status
+        if job.p.source.kind in ("kafka", "nats"):
+            from sealstream.cli._metrics import _source_status
 
-            connected, lags = source_status(getattr(job, "merger", None))
+            connected, lags = _source_status(job)
             state = "[red]DISCONNECTED (retrying)[/]" if connected is False else "connected"
             behind = ", ".join(f"{n} {'?' if lag is None else lag}" for n, lag in
                                lags[:MAX_PARTITION_ROWS])

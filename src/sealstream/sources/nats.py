@@ -517,6 +517,7 @@ class NatsPartition:
         self._consumer: str | None = None
         self._gen = -1
         self._last_quiet_check = 0.0
+        self._lag: int | None = None  # messages of the subject after the last one read
         self._closed = False
 
     @property
@@ -528,6 +529,11 @@ class NatsPartition:
     def connected(self) -> bool:
         """Whether the source's connection is up (progress and metrics)."""
         return self._src.connected
+
+    def cached_lag(self) -> int | None:
+        """Messages of the subject after the last one read, as JetStream counted them
+        when it delivered that one (0 once a quiet subject caught up; None: unknown)."""
+        return self._lag
 
     # -- consumer ----------------------------------------------------------------
     def _subscribe(self) -> None:
@@ -617,7 +623,8 @@ class NatsPartition:
                                    timeout_s + REQUEST_TIMEOUT_S)
 
     def _chunk(self, msgs: list[Msg]) -> Chunk:
-        seqs, ts_ms = _reply_fields([m.reply for m in msgs])
+        seqs, ts_ms, pending = _reply_fields([m.reply for m in msgs])
+        self._lag = int(pending)
         values = [m.data for m in msgs]
         keys = ([m.subject.encode() for m in msgs] if self._parser.key_from_message else None)
         keep = seqs >= self._pos  # a redelivery below the position is never served twice
@@ -676,6 +683,7 @@ class NatsPartition:
         if after.num_deleted and src._deleted_between(self._pos, before.last_seq + 1) is not None:
             return  # unclear: leave the position (a later delivery settles it)
         self._pos = before.last_seq + 1
+        self._lag = 0
         self._stale = True  # the consumer starts again from the new position
 
     def seek(self, position: int) -> None:
@@ -800,8 +808,9 @@ class _Pull:
 
 def _reply_fields(
     replies: Sequence[str | None],
-) -> tuple[np.ndarray[Any, np.dtype[np.int64]], np.ndarray[Any, np.dtype[np.int64]]]:
-    """Stream sequences and stored times (ms) from JetStream reply subjects, as columns.
+) -> tuple[np.ndarray[Any, np.dtype[np.int64]], np.ndarray[Any, np.dtype[np.int64]], int]:
+    """Stream sequences and stored times (ms) from JetStream reply subjects, as columns,
+    and the last one's pending count (messages of the filter after it).
 
     ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ns>.<pending>`` (9
     tokens) or, with a domain and account, ``$JS.ACK.<domain>.<hash>.<stream>...``
@@ -816,13 +825,17 @@ def _reply_fields(
         pl.when(pl.col("short")).then(pl.col("p").list.get(7, null_on_oob=True))
         .otherwise(pl.col("p").list.get(9, null_on_oob=True))
         .cast(pl.Int64, strict=False).alias("ns"),
+        pl.when(pl.col("short")).then(pl.col("p").list.get(8, null_on_oob=True))
+        .otherwise(pl.col("p").list.get(10, null_on_oob=True))
+        .cast(pl.Int64, strict=False).alias("pending"),
     )
     if df["seq"].null_count():
         raise SourceError("NATS source: a message arrived without JetStream metadata "
                           "(is the subject bound to the stream?)")
     seqs = df["seq"].to_numpy().astype(np.int64, copy=False)
     ts = (df["ns"].fill_null(-1_000_000) // 1_000_000).to_numpy().astype(np.int64, copy=False)
-    return seqs, ts
+    last_pending = df["pending"][-1] if df.height else 0
+    return seqs, ts, int(last_pending or 0)
 
 
 def _why(e: BaseException | None) -> str:
@@ -832,4 +845,22 @@ def _why(e: BaseException | None) -> str:
     return text.splitlines()[0][:200]
 
 
-__all__ = ["DEFAULT_FAIL_AFTER_MS", "NatsPartition", "NatsSettings", "NatsSource"]
+def source_status(merger: object) -> tuple[bool | None, list[tuple[str, int | None]]]:
+    """For a progress panel and metrics: whether every NATS partition of a live run's
+    merger reaches its server (None: not a NATS source) and each one's lag in messages
+    (None: unknown), from what the client already knows (no request)."""
+    cursors = getattr(merger, "cursors", None) or []
+    names = list(getattr(merger, "names", []) or [])
+    connected: bool | None = None
+    lags: list[tuple[str, int | None]] = []
+    for name, cur in zip(names, cursors, strict=False):
+        part = getattr(cur, "part", None)
+        if not isinstance(part, NatsPartition):
+            continue
+        connected = part.connected if connected is None else connected and part.connected
+        lags.append((name, part.cached_lag()))
+    return connected, lags
+
+
+__all__ = ["DEFAULT_FAIL_AFTER_MS", "NatsPartition", "NatsSettings", "NatsSource",
+           "source_status"]

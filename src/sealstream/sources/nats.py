@@ -457,9 +457,11 @@ class NatsSource:
         # interior deletions ahead are found when reading reaches them (_check_gaps)
 
     def _expired(self, name: str, saved: int, earliest: int, when: str,
-                 removed: int | None = None) -> SourceExpiredError:
+                 removed: int | None = None, first: int | None = None) -> SourceExpiredError:
+        """``earliest``: where the partition can go on (its next retained message);
+        ``first``: the stream's first retained sequence, when it differs."""
         what = (f"stream sequence {removed} was deleted" if removed is not None else
-                f"the stream's first retained sequence is {earliest}")
+                f"the stream's first retained sequence is {first or earliest}")
         lead = ("the saved position" if when == "at start" else "the next position to read")
         return SourceExpiredError(
             f"NATS partition {name!r} (stream {self.settings.stream!r}): {lead} {saved} "
@@ -655,7 +657,8 @@ class NatsPartition:
         st = src._state()
         first_gap = int(expected[gaps[0]])
         if st.first_seq > first_gap:
-            raise src._expired(self.name, first_gap, int(seqs[gaps[0]]), "during the run")
+            raise src._expired(self.name, first_gap, int(seqs[gaps[0]]), "during the run",
+                               first=st.first_seq)
         if st.num_deleted:
             hit = src._deleted_between(first_gap, int(seqs[-1]))
             if hit is not None:

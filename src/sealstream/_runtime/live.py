@@ -41,7 +41,12 @@ import polars as pl
 from sealstream._runtime.merge import Batch, SourcePosition
 from sealstream.checkpoint.plans import StepPlan, judge_plan
 from sealstream.checkpoint.store import CheckpointStore
-from sealstream.errors import CheckpointError, SourceError, SourceExpiredError
+from sealstream.errors import (
+    CheckpointError,
+    SealstreamError,
+    SourceError,
+    SourceExpiredError,
+)
 from sealstream.sources._base import (
     BAD_SCHEMA,
     OFFSET,
@@ -58,6 +63,8 @@ from sealstream.watermark import POS_INF, WatermarkState
 REPLAY_WAIT_S = 60.0
 #: how often partitions are discovered (growth), seconds
 DISCOVER_EVERY_S = 1.0
+#: how often lag (end positions) is asked of the source, seconds
+LAG_EVERY_S = 2.0
 
 
 class Clock(Protocol):
@@ -164,6 +171,8 @@ class LiveMerger:
         self.finished = False
         self.stop_requested = False
         self._last_discover = -1e18
+        self._lag_at = -1e18
+        self._lags: list[int | None] = []
         now = self.clock.monotonic()
         listed = source.discover()
         for n in names:
@@ -467,6 +476,33 @@ class LiveMerger:
 
     def size_hint(self) -> tuple[int, int] | None:
         return None
+
+    # ------------------------------------------------------------ status
+    def connected(self) -> bool | None:
+        """Whether the source's broker answers now (None: a source without one)."""
+        flag = getattr(self.source, "connected", None)
+        return bool(flag) if isinstance(flag, bool) else None
+
+    def lags(self) -> list[int | None]:
+        """Records behind each partition's end (broker end offsets), refreshed at
+        most every :data:`LAG_EVERY_S`; None where unknown (files: not measured, a
+        whole-file scan would cost more than it tells)."""
+        from sealstream.sources.files.follow import FollowedFiles
+
+        now = time.monotonic()
+        if isinstance(self.source, FollowedFiles):
+            return [None] * len(self.cursors)
+        if now - self._lag_at >= LAG_EVERY_S or len(self._lags) != len(self.cursors):
+            self._lag_at = now
+            out: list[int | None] = []
+            for c in self.cursors:
+                try:
+                    end = c.part.end()
+                except SealstreamError:
+                    end = None
+                out.append(None if end is None else max(0, end - c.next))
+            self._lags = out
+        return list(self._lags)
 
     def close(self) -> None:
         for c in self.cursors:

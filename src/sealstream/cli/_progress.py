@@ -260,6 +260,11 @@ class Progress:
         by = (f"  held by {job.names[held]}" if held is not None and held < len(job.names)
               and len(job.names) > 1 else "")
         rows.append(Text(f"watermark {_fmt_wm(job.wm.current())}{by}"))
+        connected = getattr(job.merger, "connected", None)
+        if callable(connected) and connected() is not None:
+            rows.append(Text("source connected" if connected() else
+                             "source DISCONNECTED (retrying)",
+                             style="" if connected() else "bold red"))
         if st.last_id is not None and st.last_at is not None:
             rows.append(Text(
                 f"checkpoint {st.last_id}  {_fmt_s(max(0.0, now - st.last_at))} ago  "

@@ -102,7 +102,9 @@ class _Cursor:
         return SourcePosition(self.after, self.next)
 
     def reached_stop(self) -> bool:
-        return self.stop_at is not None and self.next >= self.stop_at and self.pending is None
+        """stop = "end": the end position is reached (records polled beyond it are
+        left where they are: a later run reads them)."""
+        return self.stop_at is not None and self.next >= self.stop_at
 
 
 def _cut(chunk: Chunk, below: int) -> tuple[Chunk, Chunk | None]:
@@ -180,11 +182,15 @@ class LiveMerger:
                 raise SourceError(f"partition {n!r} of the checkpoint is gone from the source")
         for n, pos in zip(names, positions, strict=True):
             self._open(n, pos, now)
+        fresh: list[int] = []  # opened per the start mode: a replay says where instead
         for n in listed:
             if n not in self.names:
+                fresh.append(len(self.names))
                 self._open(n, None, now)
         if store is not None:
             self._load_replay(store)
+        for q in fresh:
+            self._seek_to_recorded(q)
         if stop_end:
             for c in self.cursors:
                 c.stop_at = c.part.end()
@@ -246,6 +252,22 @@ class LiveMerger:
             self.rejected_plans.append({"step": s, "verdict": "MOVED_ASIDE", "reason": reason})
             broken = reason
 
+    def _seek_to_recorded(self, q: int, plans: list[StepPlan] | None = None) -> None:
+        """A partition opened per the start mode (``latest``, a time) would start
+        elsewhere on a replay than in the run that recorded it: start it where its
+        first recorded range starts."""
+        name = self.names[q]
+        for plan in self.replay if plans is None else plans:
+            rng = plan.ranges.get(name)
+            if rng is None:
+                continue
+            c = self.cursors[q]
+            if rng[0] != c.next:
+                c.part.seek(rng[0])
+                c.next = rng[0]
+                c.resume = c.after = PartitionPosition(offset=rng[0])
+            return
+
     def plan_mark(self) -> dict[str, Any]:
         """What a checkpoint taken now records: the last step it includes."""
         return {"step": self.step, "digest": self.prev}
@@ -280,7 +302,7 @@ class LiveMerger:
                     c.last_delivery = now
         idle, advance = self._idleness(ranges, now)
         end = self.stop_end and all(
-            c.stop_at is not None and c.pending is None
+            c.stop_at is not None
             and (t[0].position.offset if t is not None else c.next) >= c.stop_at
             for c, t in zip(self.cursors, took, strict=True))
         if not ranges and advance is None and not end and \
@@ -360,6 +382,7 @@ class LiveMerger:
             if n not in self.names:
                 self.source.discover()
                 self._open(n, None, now)
+                self._seek_to_recorded(len(self.names) - 1, [plan, *self.replay])
         took: list[_Took | None] = [None] * len(self.cursors)
         for q, n in enumerate(self.names):
             rng = plan.ranges.get(n)

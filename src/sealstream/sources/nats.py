@@ -677,22 +677,4 @@ class NatsPartition:
             self._src._partitions.remove(self)
 
 
-def source_status(merger: object) -> tuple[bool | None, list[tuple[str, int | None]]]:
-    """For a progress panel and metrics: whether every NATS partition of a live run's
-    merger reaches its server (None: not a NATS source) and each one's lag in messages
-    (None: unknown), from what the client already knows (no request)."""
-    cursors = getattr(merger, "cursors", None) or []
-    names = list(getattr(merger, "names", []) or [])
-    connected: bool | None = None
-    lags: list[tuple[str, int | None]] = []
-    for name, cur in zip(names, cursors, strict=False):
-        part = getattr(cur, "part", None)
-        if not isinstance(part, NatsPartition):
-            continue
-        connected = part.connected if connected is None else connected and part.connected
-        lags.append((name, part.cached_lag()))
-    return connected, lags
-
-
-__all__ = ["DEFAULT_FAIL_AFTER_MS", "NatsPartition", "NatsSettings", "NatsSource",
-           "source_status"]
+__all__ = ["DEFAULT_FAIL_AFTER_MS", "NatsPartition", "NatsSettings", "NatsSource"]

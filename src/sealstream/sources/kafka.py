@@ -276,7 +276,15 @@ class KafkaPartition:
         nothing is there yet; never None: a topic does not end)."""
         from confluent_kafka import KafkaError
 
-        msgs = self._consumer.consume(max(1, max_records), max(0, timeout_ms) / 1000)
+        # what the client holds now; when it holds nothing, wait (at most timeout_ms)
+        # for the first message only, then take what came with it (consume(n, t) would
+        # wait the whole timeout for n messages)
+        want = max(1, max_records)
+        msgs = self._consumer.consume(want, 0)
+        if not msgs and timeout_ms > 0:
+            msgs = self._consumer.consume(1, timeout_ms / 1000)
+            if msgs and want > 1:
+                msgs += self._consumer.consume(want - 1, 0)
         if not msgs:
             self._probe()
             return self._empty()

@@ -310,7 +310,7 @@ def _corrupt_newest(d: Path, rng: random.Random) -> None:
 
 
 SEEDS = [int(s) for s in os.environ.get("SEALSTREAM_KAFKA_CRASH_SEEDS", "1,2").split(",")]
-ROUNDS = 3
+ROUNDS = int(os.environ.get("SEALSTREAM_KAFKA_CRASH_ROUNDS", "2"))
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -132,3 +132,44 @@ def test_the_partition_holding_w_is_named() -> None:
     assert wm.holder() == 2
     wm.idle = [True, True, True]
     assert wm.holder() is None and wm.current() == wm.global_ms
+
+
+def test_replay_from_integer_positions_of_a_followed_source(tmp_path: Path) -> None:
+    from sealstream.cli import main
+
+    inputs(tmp_path)
+    s = spec(tmp_path, stop="never")  # a replay is a backfill whatever the stop mode
+    assert main(["replay", str(s), "--from", "in/a.jsonl=390,in/b.jsonl=399",
+                 "--to", str(tmp_path / "dest"), "--quiet"]) == 0
+    rows = [json.loads(x) for f in (tmp_path / "dest").glob("*/part-*.jsonl")
+            for x in f.read_text(encoding="utf-8").splitlines()]
+    assert sum(r["n"] for r in rows) == 10 + 1
+
+
+def test_stop_end_stops_at_the_end_seen_at_start_even_when_more_was_polled(
+    tmp_path: Path,
+) -> None:
+    from sealstream._runtime.live import LiveMerger
+    from sealstream.sources.files.follow import FollowedFiles
+
+    inputs(tmp_path)
+    p = load_spec(spec(tmp_path))
+    plan = p.field_plan()
+    wm = WatermarkState.initial(0, 0)
+    merger = LiveMerger(FollowedFiles("jsonl", p.source, plan), plan, [], [], 1000,
+                        store=None, key=None, wm=wm, max_delay_ms=0, idle_ms=None,
+                        stop_end=True, poll_ms=0, plan_mark=None)
+    try:
+        # appended after the start: beyond the end positions seen then
+        with open(tmp_path / "in" / "a.jsonl", "a", encoding="utf-8") as f:
+            f.write("".join(json.dumps({"user": "late", "ts": 1}) + "\n" for _ in range(30)))
+        events = 0
+        while (batch := merger.next_batch()) is not None:
+            events += batch.events.height
+            if batch.finished:
+                break
+        assert batch is not None and batch.finished
+        assert events == 800
+        assert [pos.next_offset for pos in batch.positions] == [400, 400]
+    finally:
+        merger.close()

@@ -41,7 +41,12 @@ import polars as pl
 from sealstream._runtime.merge import Batch, SourcePosition
 from sealstream.checkpoint.plans import StepPlan, judge_plan
 from sealstream.checkpoint.store import CheckpointStore
-from sealstream.errors import CheckpointError, SourceError, SourceExpiredError
+from sealstream.errors import (
+    CheckpointError,
+    SealstreamError,
+    SourceError,
+    SourceExpiredError,
+)
 from sealstream.sources._base import (
     BAD_SCHEMA,
     OFFSET,
@@ -58,6 +63,8 @@ from sealstream.watermark import POS_INF, WatermarkState
 REPLAY_WAIT_S = 60.0
 #: how often partitions are discovered (growth), seconds
 DISCOVER_EVERY_S = 1.0
+#: how often lag (end positions) is asked of the source, seconds
+LAG_EVERY_S = 2.0
 
 
 class Clock(Protocol):
@@ -95,7 +102,9 @@ class _Cursor:
         return SourcePosition(self.after, self.next)
 
     def reached_stop(self) -> bool:
-        return self.stop_at is not None and self.next >= self.stop_at and self.pending is None
+        """stop = "end": the end position is reached (records polled beyond it are
+        left where they are: a later run reads them)."""
+        return self.stop_at is not None and self.next >= self.stop_at
 
 
 def _cut(chunk: Chunk, below: int) -> tuple[Chunk, Chunk | None]:
@@ -164,6 +173,8 @@ class LiveMerger:
         self.finished = False
         self.stop_requested = False
         self._last_discover = -1e18
+        self._lag_at = -1e18
+        self._lags: list[int | None] = []
         now = self.clock.monotonic()
         listed = source.discover()
         for n in names:
@@ -171,11 +182,15 @@ class LiveMerger:
                 raise SourceError(f"partition {n!r} of the checkpoint is gone from the source")
         for n, pos in zip(names, positions, strict=True):
             self._open(n, pos, now)
+        fresh: list[int] = []  # opened per the start mode: a replay says where instead
         for n in listed:
             if n not in self.names:
+                fresh.append(len(self.names))
                 self._open(n, None, now)
         if store is not None:
             self._load_replay(store)
+        for q in fresh:
+            self._seek_to_recorded(q)
         if stop_end:
             for c in self.cursors:
                 c.stop_at = c.part.end()
@@ -189,9 +204,9 @@ class LiveMerger:
         elif open_at is not None and (pos.resume.byte_offset or pos.resume.identity):
             part = open_at(name, pos.resume)
             start = pos
-        else:
-            part = self.source.open(name, pos.resume.offset)
-            start = pos
+        else:  # an integer position (brokers; replay --from p=OFFSET): seek to it
+            part = self.source.open(name, pos.next_offset)
+            start = SourcePosition(PartitionPosition(offset=pos.next_offset), pos.next_offset)
         earliest = part.earliest()
         if earliest is not None and pos is not None and pos.next_offset < earliest:
             part.close()
@@ -237,6 +252,22 @@ class LiveMerger:
             self.rejected_plans.append({"step": s, "verdict": "MOVED_ASIDE", "reason": reason})
             broken = reason
 
+    def _seek_to_recorded(self, q: int, plans: list[StepPlan] | None = None) -> None:
+        """A partition opened per the start mode (``latest``, a time) would start
+        elsewhere on a replay than in the run that recorded it: start it where its
+        first recorded range starts."""
+        name = self.names[q]
+        for plan in self.replay if plans is None else plans:
+            rng = plan.ranges.get(name)
+            if rng is None:
+                continue
+            c = self.cursors[q]
+            if rng[0] != c.next:
+                c.part.seek(rng[0])
+                c.next = rng[0]
+                c.resume = c.after = PartitionPosition(offset=rng[0])
+            return
+
     def plan_mark(self) -> dict[str, Any]:
         """What a checkpoint taken now records: the last step it includes."""
         return {"step": self.step, "digest": self.prev}
@@ -271,7 +302,7 @@ class LiveMerger:
                     c.last_delivery = now
         idle, advance = self._idleness(ranges, now)
         end = self.stop_end and all(
-            c.stop_at is not None and c.pending is None
+            c.stop_at is not None
             and (t[0].position.offset if t is not None else c.next) >= c.stop_at
             for c, t in zip(self.cursors, took, strict=True))
         if not ranges and advance is None and not end and \
@@ -351,6 +382,7 @@ class LiveMerger:
             if n not in self.names:
                 self.source.discover()
                 self._open(n, None, now)
+                self._seek_to_recorded(len(self.names) - 1, [plan, *self.replay])
         took: list[_Took | None] = [None] * len(self.cursors)
         for q, n in enumerate(self.names):
             rng = plan.ranges.get(n)
@@ -467,6 +499,33 @@ class LiveMerger:
 
     def size_hint(self) -> tuple[int, int] | None:
         return None
+
+    # ------------------------------------------------------------ status
+    def connected(self) -> bool | None:
+        """Whether the source's broker answers now (None: a source without one)."""
+        flag = getattr(self.source, "connected", None)
+        return bool(flag) if isinstance(flag, bool) else None
+
+    def lags(self) -> list[int | None]:
+        """Records behind each partition's end (broker end offsets), refreshed at
+        most every :data:`LAG_EVERY_S`; None where unknown (files: not measured, a
+        whole-file scan would cost more than it tells)."""
+        from sealstream.sources.files.follow import FollowedFiles
+
+        now = time.monotonic()
+        if isinstance(self.source, FollowedFiles):
+            return [None] * len(self.cursors)
+        if now - self._lag_at >= LAG_EVERY_S or len(self._lags) != len(self.cursors):
+            self._lag_at = now
+            out: list[int | None] = []
+            for c in self.cursors:
+                try:
+                    end = c.part.end()
+                except SealstreamError:
+                    end = None
+                out.append(None if end is None else max(0, end - c.next))
+            self._lags = out
+        return list(self._lags)
 
     def close(self) -> None:
         for c in self.cursors:

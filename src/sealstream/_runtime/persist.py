@@ -234,6 +234,9 @@ class Checkpointing:
         mark = self._plan_mark_now()
         if mark is not None:  # a live run: the last recorded step this checkpoint includes
             body["plan"] = mark
+        where = self._source_address()
+        if where is not None:  # a broker: where `checkpoints inspect` asks for lag
+            body["source"] = where
         body = copy.deepcopy(body)
         body["watermark"] = wm_json
         # a sink in the store's database commits in the transaction that publishes
@@ -410,6 +413,16 @@ class Checkpointing:
         """A live run's ``plan`` entry for a checkpoint taken now (None: not live)."""
         mark = getattr(self.merger, "plan_mark", None)
         return dict(mark()) if callable(mark) else None
+
+    def _source_address(self) -> dict[str, Any] | None:
+        """``{"kind": "kafka", "bootstrap": ..., "topic": ...}`` for a Kafka source
+        (never client settings: they may hold credentials); None otherwise."""
+        settings = getattr(getattr(self.merger, "source", None), "settings", None)
+        bootstrap = getattr(settings, "bootstrap", None)
+        topic = getattr(settings, "topic", None)
+        if isinstance(bootstrap, str) and isinstance(topic, str):
+            return {"kind": "kafka", "bootstrap": bootstrap, "topic": topic}
+        return None
 
     @staticmethod
     def _prune_plans(store: CheckpointStore) -> None:

@@ -127,14 +127,14 @@ def render_inspect(data: dict[str, Any]) -> None:
     if data["partitions"]:
         pt = Table(title="partitions (times in UTC)")
         pt.add_column("partition", no_wrap=True)
-        lag = any("lag" in p for p in data["partitions"])
+        lag = any(p.get("lag") is not None for p in data["partitions"])
         for col in ("next offset", "bytes read", "watermark", "max event time", "exhausted",
-                    *(("end offset", "lag") if lag else ())):
+                    *(("lag (broker now)",) if lag else ())):
             pt.add_column(col, overflow="fold")
         for p in data["partitions"]:
             pt.add_row(_s(p["partition"]), _s(p["next_offset"]), _s(p["byte_offset"]),
                        _s(p["watermark_iso"]), _s(wm_iso(p["max_time_ms"])), _s(p["exhausted"]),
-                       *((_s(p.get("end_offset")), _s(p.get("lag"))) if lag else ()))
+                       *((_s(p.get("lag")),) if lag else ()))
         console.print(pt)
     if data["files"]:
         ft = Table(title="files")

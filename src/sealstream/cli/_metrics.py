@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sealstream._runtime.engine import Job
@@ -46,11 +46,11 @@ class Snapshot:
     """``time.monotonic()`` when the last checkpoint was written."""
     last_checkpoint_unix: float | None = None
     open_windows: int | None = None
-    #: a broker source: whether it is reached now, and each partition's lag in records
-    source_connected: bool | None = None
-    partition_lag_records: tuple[tuple[str, int], ...] = ()
     #: the partition holding the watermark back (None: none holds it)
     holder: str | None = None
+    #: live runs on a broker: whether it answers, and records behind each partition's end
+    connected: bool | None = None
+    lags: tuple[tuple[str, int], ...] = ()
     taken_at: float = field(default_factory=time.monotonic)
 
 
@@ -60,7 +60,6 @@ def snapshot(job: Job) -> Snapshot:
     operator = getattr(job, "operator", None)
     open_windows = getattr(operator, "open_windows", None) if operator is not None else None
     has_ck = st.last_id is not None and st.count > 0
-    connected, lags = _source_status(job)
     return Snapshot(
         pipeline=job.p.name,
         events=c.events,
@@ -78,18 +77,20 @@ def snapshot(job: Job) -> Snapshot:
             if has_ck and st.last_at is not None else None
         ),
         open_windows=int(open_windows) if isinstance(open_windows, int) else None,
-        source_connected=connected,
-        partition_lag_records=tuple((n, lag) for n, lag in lags if lag is not None),
         holder=_holder_name(job),
+        **_source_status(job),
     )
 
 
-def _source_status(job: Job) -> tuple[bool | None, list[tuple[str, int | None]]]:
-    if job.p.source.kind != "kafka":
-        return None, []
-    from sealstream.sources.kafka import source_status
-
-    return source_status(getattr(job, "merger", None))
+def _source_status(job: Job) -> dict[str, Any]:
+    merger = getattr(job, "merger", None)
+    connected = getattr(merger, "connected", None)
+    lags = getattr(merger, "lags", None)
+    if not callable(connected) or not callable(lags):
+        return {}
+    return {"connected": connected(),
+            "lags": tuple((n, lag) for n, lag in zip(job.names, lags(), strict=False)
+                          if lag is not None)}
 
 
 def _holder_name(job: Job) -> str | None:
@@ -134,9 +135,9 @@ _METRICS: tuple[tuple[str, str, str], ...] = (
      "When the last checkpoint was written (Unix time; the age for --metrics-file readers)."),
     ("sealstream_open_windows", "gauge", "Windows holding state, not yet fired."),
     ("sealstream_source_connected", "gauge",
-     "1 when the source's broker is reached, 0 while it is not (broker sources only)."),
-    ("sealstream_partition_lag_records", "gauge",
-     "Records of each source partition after the run's position (the broker's end offset)."),
+     "1 while the source's broker answers, 0 while it is lost (live runs on a broker)."),
+    ("sealstream_source_lag", "gauge",
+     "Records between each partition's position and the broker's end offset."),
     ("sealstream_watermark_holder", "gauge",
      "1 for the partition holding the global watermark back (absent when none does)."),
 )
@@ -159,6 +160,12 @@ def render(snap: Snapshot, now: float | None = None) -> str:
         "sealstream_partition_watermark_ms": [
             (f'{pl},partition="{_escape(name)}"', ms) for name, ms in snap.partitions
         ],
+        "sealstream_source_connected": (
+            [] if snap.connected is None else [(pl, 1 if snap.connected else 0)]
+        ),
+        "sealstream_source_lag": [
+            (f'{pl},partition="{_escape(name)}"', lag) for name, lag in snap.lags
+        ],
         "sealstream_watermark_holder": (
             [] if snap.holder is None else [(f'{pl},partition="{_escape(snap.holder)}"', 1)]
         ),
@@ -176,12 +183,6 @@ def render(snap: Snapshot, now: float | None = None) -> str:
             [] if snap.last_checkpoint_unix is None else [(pl, snap.last_checkpoint_unix)]
         ),
         "sealstream_open_windows": [] if snap.open_windows is None else [(pl, snap.open_windows)],
-        "sealstream_source_connected": (
-            [] if snap.source_connected is None else [(pl, int(snap.source_connected))]
-        ),
-        "sealstream_partition_lag_records": [
-            (f'{pl},partition="{_escape(name)}"', lag) for name, lag in snap.partition_lag_records
-        ],
     }
     lines: list[str] = []
     for name, kind, help_text in _METRICS:

@@ -260,6 +260,11 @@ class Progress:
         by = (f"  held by {job.names[held]}" if held is not None and held < len(job.names)
               and len(job.names) > 1 else "")
         rows.append(Text(f"watermark {_fmt_wm(job.wm.current())}{by}"))
+        connected = getattr(job.merger, "connected", None)
+        if callable(connected) and connected() is not None:
+            rows.append(Text("source connected" if connected() else
+                             "source DISCONNECTED (retrying)",
+                             style="" if connected() else "bold red"))
         if st.last_id is not None and st.last_at is not None:
             rows.append(Text(
                 f"checkpoint {st.last_id}  {_fmt_s(max(0.0, now - st.last_at))} ago  "
@@ -269,14 +274,6 @@ class Progress:
             resumed = f" (resumed from {job.resumed_from})" if job.resumed_from else ""
             rows.append(Text(f"checkpoint none yet{resumed}"))
         rows.append(self._partition_table(job, sizes))
-        if job.p.source.kind == "kafka":
-            from sealstream.sources.kafka import source_status
-
-            connected, lags = source_status(getattr(job, "merger", None))
-            state = "[red]DISCONNECTED (retrying)[/]" if connected is False else "connected"
-            behind = ", ".join(f"{n} {'?' if lag is None else lag}" for n, lag in
-                               lags[:MAX_PARTITION_ROWS])
-            rows.append(Text.from_markup(f"broker {state}; records behind: {behind or '-'}"))
         return Group(*rows)
 
     def _partition_table(self, job: Job, sizes: list[tuple[int, int] | None]) -> Table:

@@ -260,6 +260,7 @@ class KafkaPartition:
             self._consumer.close()
             raise
         self._end_seen: int | None = high
+        self.closed = False
 
     # -- the contract ---------------------------------------------------------
     @property
@@ -276,7 +277,15 @@ class KafkaPartition:
         nothing is there yet; never None: a topic does not end)."""
         from confluent_kafka import KafkaError
 
-        msgs = self._consumer.consume(max(1, max_records), max(0, timeout_ms) / 1000)
+        # what the client holds now; when it holds nothing, wait (at most timeout_ms)
+        # for the first message only, then take what came with it (consume(n, t) would
+        # wait the whole timeout for n messages)
+        want = max(1, max_records)
+        msgs = self._consumer.consume(want, 0)
+        if not msgs and timeout_ms > 0:
+            msgs = self._consumer.consume(1, timeout_ms / 1000)
+            if msgs and want > 1:
+                msgs += self._consumer.consume(want - 1, 0)
         if not msgs:
             self._probe()
             return self._empty()
@@ -362,7 +371,9 @@ class KafkaPartition:
         return max(0, int(marks[1]) - self._position)
 
     def close(self) -> None:
-        self._consumer.close()
+        if not self.closed:
+            self.closed = True
+            self._consumer.close()
 
     # -- helpers --------------------------------------------------------------
     def _empty(self) -> Chunk:
@@ -453,10 +464,13 @@ class KafkaSource:
         self._meta: Any = None
         self._known: list[int] | None = None
         self._initial: set[str] = set()
+        self._parts: list[KafkaPartition] = []
 
     @property
     def connected(self) -> bool:
-        return self._link.connected
+        """Whether the broker answers: the metadata client and every open partition."""
+        self._parts = [p for p in self._parts if not p.closed]
+        return self._link.connected and all(p.connected for p in self._parts)
 
     def _client(self) -> Any:
         if self._meta is None:
@@ -515,9 +529,11 @@ class KafkaSource:
         that appeared after the first :meth:`discover` starts at its beginning)."""
         if self._known is None:
             self.discover()
-        return KafkaPartition(
+        part = KafkaPartition(
             self.settings, name, self._parser, position, from_start=name not in self._initial
         )
+        self._parts.append(part)
+        return part
 
     def commit_group(self, positions: Mapping[str, int]) -> None:
         """Hand ``positions`` to the consumer group (for lag tools; best-effort:
@@ -570,19 +586,3 @@ def end_offsets(settings: KafkaSettings, names: list[str],
         c.close()
     return out
 
-
-def source_status(merger: object) -> tuple[bool | None, list[tuple[str, int | None]]]:
-    """For a progress panel and metrics: whether every partition of a live run's
-    merger reaches its broker (None: not a broker source) and each partition's lag in
-    records (None: unknown), from what the clients already know."""
-    cursors = getattr(merger, "cursors", None) or []
-    names = list(getattr(merger, "names", []) or [])
-    connected: bool | None = None
-    lags: list[tuple[str, int | None]] = []
-    for name, cur in zip(names, cursors, strict=False):
-        part = getattr(cur, "part", None)
-        if not isinstance(part, KafkaPartition):
-            continue
-        connected = part.connected if connected is None else connected and part.connected
-        lags.append((name, part.cached_lag()))
-    return connected, lags

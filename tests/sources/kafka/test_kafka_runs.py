@@ -310,7 +310,7 @@ def _corrupt_newest(d: Path, rng: random.Random) -> None:
 
 
 SEEDS = [int(s) for s in os.environ.get("SEALSTREAM_KAFKA_CRASH_SEEDS", "1,2").split(",")]
-ROUNDS = 3
+ROUNDS = int(os.environ.get("SEALSTREAM_KAFKA_CRASH_ROUNDS", "2"))
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -358,3 +358,18 @@ def test_random_sigkills_while_a_producer_writes_exactly_once(
     got = results(d)
     assert len(got) == len({g[:3] for g in got})  # exactly once
     assert got == results(ref)
+
+
+def test_a_bad_message_without_errors_output_stops_naming_partition_and_offset(
+        kafka: Any, tmp_path: Path) -> None:
+    topic = kafka.new_topic(partitions=1)
+    p = ck.Producer({"bootstrap.servers": kafka.bootstrap})
+    p.produce(topic, b'{"user": "a", "ts": 1, "amount": 1}', partition=0)
+    p.produce(topic, b"oops", partition=0)
+    assert p.flush(30) == 0
+    spec = write_spec(tmp_path, kafka_source(kafka.bootstrap, topic))
+    spec.write_text(spec.read_text().replace('[errors]\nkind = "jsonl"\npath = "errors"\n', ""))
+    r = run(spec)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines()[-1].startswith(
+        f"sealstream: error: {topic}/0: offset 1: invalid JSON"), r.stderr

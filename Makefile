@@ -31,6 +31,8 @@ bench: $(STAMP) bench-flink
 	$(PY) -m bench.incremental
 	$(PY) -m bench.transforms
 	$(PY) -m bench.scaleout
+	$(PY) -m bench.live
+	$(PY) -m bench.nats
 
 # The PyFlink peer runs in its own venv (apache-flink pins its own pyarrow, numpy
 # and pandas). Best effort: without Java or the package the peer is skipped.

@@ -54,7 +54,18 @@ class _Interrupted(BaseException):
         return 128 + self.signum
 
 
+#: the live run that a first SIGINT/SIGTERM stops gracefully (docs/live.md)
+_GRACEFUL: list[Any] = []
+
+
 def _on_signal(signum: int, frame: object) -> None:
+    # a live run: the first signal asks it to finish its step, write and commit a final
+    # checkpoint and exit 0; a second one stops at once (below)
+    if _GRACEFUL and _GRACEFUL[0].stop_requested is None:
+        _GRACEFUL[0].stop_requested = signum
+        click.echo(f"sealstream: {signal.Signals(signum).name}: finishing the step and "
+                   "writing a final checkpoint (send it again to stop at once)", err=True)
+        return
     # only the first signal stops the command; later ones would cut the cleanup
     # short (a checkpoint being written finishes, the lock is released)
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -177,9 +188,12 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
                     click.echo(json.dumps({"event": "metrics", "pipeline": pipeline.name,
                                            "url": url}), err=True)
         hooks.extend(h for h in (metrics, progress) if h is not None)
+        if job.live:
+            _GRACEFUL[:] = [job]
         try:
             summary = job.run()
         finally:
+            _GRACEFUL.clear()
             if progress is not None:
                 progress.stop(job)
         if metrics is not None:
@@ -485,9 +499,12 @@ def _emit(data: dict[str, Any], as_json: bool, render: Any) -> None:
 @click.argument("directory", type=str)
 @click.argument("checkpoint_id", metavar="[ID]", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--spec", type=click.Path(dir_okay=False, path_type=Path),
+              help="The run's spec: a Kafka source's lag per partition (broker's end offset "
+                   "minus the checkpoint's) when the broker answers.")
 @_PIPELINE_OPT
 def inspect_cmd(directory: str, checkpoint_id: str | None, as_json: bool,
-                pipeline_name: str | None) -> None:
+                spec: Path | None, pipeline_name: str | None) -> None:
     """Show what checkpoint ID (default: the newest) in DIRECTORY holds, and its verdict.
 
     Positions and watermarks per partition, open windows, state size, receipts, age,
@@ -501,6 +518,10 @@ def inspect_cmd(directory: str, checkpoint_id: str | None, as_json: bool,
     try:
         cid = resolve_id(store, checkpoint_id)
         data = inspect_checkpoint(store, cid)
+        if spec is not None:
+            from sealstream.cli._inspect import add_kafka_lag
+
+            add_kafka_lag(data, spec)
     except SealstreamError as err:
         _fail(err)
         return

@@ -22,6 +22,7 @@ Example::
     'tumbling'
 """
 
+from sealstream.pipeline.kafka import KafkaSourceSpec
 from sealstream.pipeline.model import (
     ABSENT,
     AGGREGATE_FUNCTIONS,
@@ -44,6 +45,7 @@ from sealstream.pipeline.model import (
     definition_diff,
     parse_aggregate,
 )
+from sealstream.pipeline.nats import NatsSourceSpec
 from sealstream.pipeline.source import FileSource, SourceKind
 from sealstream.pipeline.spec import (
     load_spec,
@@ -66,8 +68,10 @@ __all__ = [
     "Checkpoints",
     "DEFAULT_BATCH_SIZE",
     "FileSource",
+    "KafkaSourceSpec",
     "MAX_SETTING",
     "NUMERIC_FUNCTIONS",
+    "NatsSourceSpec",
     "Output",
     "Pipeline",
     "RESERVED_OUTPUT_NAMES",

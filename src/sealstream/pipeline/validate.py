@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from sealstream.errors import SpecError
+from sealstream.pipeline.kafka import KafkaSourceSpec
 from sealstream.pipeline.model import (
     Checkpoints,
     Output,
@@ -18,6 +19,7 @@ from sealstream.pipeline.model import (
     Watermark,
     parse_aggregate,
 )
+from sealstream.pipeline.nats import NatsSourceSpec
 from sealstream.pipeline.source import FileSource
 
 
@@ -73,7 +75,8 @@ def _check_types(p: Pipeline) -> None:
         return SpecError(f"{setting}: expected {want}, got {type(got).__name__} {got!r:.60}")
 
     parts: list[tuple[str, object, tuple[type, ...], str]] = [
-        ("source", p.source, (FileSource,), "a FileSource"),
+        ("source", p.source, (FileSource, KafkaSourceSpec, NatsSourceSpec),
+         "a FileSource, KafkaSourceSpec or NatsSourceSpec"),
         ("window", p.window, (Tumbling, Sliding, Session), "a Tumbling, Sliding or Session"),
         ("watermark", p.watermark, (Watermark,), "a Watermark"),
         ("sink", p.sink, (Output,), "an Output"),
@@ -105,9 +108,10 @@ def validate(p: Pipeline) -> None:
         _check_path("checkpoint.url", p.checkpoint.url)
     if not isinstance(p.name, str) or not p.name.strip():
         raise SpecError(f"pipeline.name: must be a non-empty string, got {p.name!r}")
-    if p.source.kind not in ("jsonl", "csv", "parquet"):
-        raise SpecError(f"source.kind: {p.source.kind!r} is not one of jsonl, csv, parquet")
-    if not p.source.paths:
+    if p.source.kind not in ("jsonl", "csv", "parquet", "kafka", "nats"):
+        raise SpecError(f"source.kind: {p.source.kind!r} is not one of jsonl, csv, parquet, "
+                        "kafka, nats")
+    if not p.source.paths and p.source.kind not in ("kafka", "nats"):
         raise SpecError("source.paths: at least one input file is needed")
     keys = p.source.key_fields or (p.source.key,)
     if not keys:
@@ -130,6 +134,8 @@ def validate(p: Pipeline) -> None:
     if p.workers is not None:
         _positive("pipeline.workers", p.workers)
     _positive("watermark.max_delay_ms", p.watermark.max_delay_ms, zero_ok=True)
+    if p.watermark.idle_ms is not None:
+        _positive("watermark.idle_ms", p.watermark.idle_ms)
     w = p.window
     _positive("window.allowed_lateness_ms", w.allowed_lateness_ms, zero_ok=True)
     if isinstance(w, Tumbling):

@@ -491,6 +491,7 @@ class KafkaSink(Sink):
                     p.poll(0.05)
                     p.flush(self._timeout())
                     produce(topic, v, k, headers=[(ID_HEADER, i), (TOKEN_HEADER, tok)])
+            _sink_point("kafka_in_transaction")
             p.commit_transaction(self._timeout())
 
         self._retrying("commit a transaction to", once)
@@ -586,3 +587,22 @@ class KafkaSink(Sink):
 
 def _nothing() -> None:
     return None
+
+
+_points: Any = None
+
+
+def _sink_point(name: str) -> None:
+    """The sink's own crash/pause point (``kafka_in_transaction``: the epoch's rows are
+    produced, the transaction is not committed yet), driven by the same environment
+    variables as :mod:`sealstream._runtime.crash`."""
+    global _points
+    if _points is None:
+        if not (os.environ.get("SEALSTREAM_CRASH_AT") or os.environ.get("SEALSTREAM_PAUSE_AT")):
+            _points = False
+            return
+        from sealstream._runtime.crash import CrashPoints
+
+        _points = CrashPoints()
+    if _points:
+        _points(name)

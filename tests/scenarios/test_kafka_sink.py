@@ -1,0 +1,170 @@
+"""Stories with Kafka outputs (results, late events, bad records): run, SIGKILL at a
+named step of the commit protocol (or at random instants, or with the newest
+checkpoints corrupted), restart, and each topic read ``read_committed`` holds each
+row exactly once, equal to an uninterrupted run. A zombie is fenced."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _kafka_story import assert_topics_match, kafka_spec
+from _story import make_input, reference_run, run, run_killed_randomly, uninterrupted, write_spec
+
+from sealstream._runtime.crash import POINTS
+
+pytestmark = pytest.mark.usefixtures("kafka")
+
+expected = uninterrupted(errors=True, bad_every=97)
+
+
+def _story(d: Path, bootstrap: str, **kw: Any) -> tuple[Path, dict[str, str]]:
+    names = make_input(d, bad_every=97)
+    spec = write_spec(d, names, errors=True, **kw)
+    return spec, kafka_spec(spec, bootstrap)
+
+
+@pytest.mark.parametrize("point", [p for p in POINTS if p != "after_write_suppress"]
+                         + ["kafka_in_transaction"])
+def test_kill_at_each_protocol_step_then_resume(tmp_path: Path, expected: Path, kafka: Any,
+                                                point: str) -> None:
+    spec, topics = _story(tmp_path, kafka.bootstrap)
+    crashed = run(spec, crash_at=f"{point}:2")
+    assert crashed.returncode == -9, f"{point} was not reached: {crashed.stderr}"
+    resumed = run(spec)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_topics_match(kafka.bootstrap, topics, expected)
+
+
+def test_two_crashes_then_a_finished_rerun_produces_nothing(tmp_path: Path, expected: Path,
+                                                            kafka: Any) -> None:
+    spec, topics = _story(tmp_path, kafka.bootstrap)
+    assert run(spec, crash_at="kafka_in_transaction:3").returncode == -9
+    assert run(spec, crash_at="after_commit_results:2").returncode == -9
+    assert run(spec).returncode == 0
+    assert_topics_match(kafka.bootstrap, topics, expected)
+    again = run(spec)
+    assert again.returncode == 0, again.stderr
+    assert_topics_match(kafka.bootstrap, topics, expected)
+    assert not [p for p in tmp_path.glob("staging-*/*")], "staged epochs left behind"
+
+
+@pytest.mark.parametrize("damage", ["delete_newest", "flip_manifest_byte", "delete_state"])
+def test_corrupted_newest_checkpoints_fall_back_without_duplicates(
+        tmp_path: Path, expected: Path, kafka: Any, damage: str) -> None:
+    """Epochs committed to Kafka after the checkpoint recovery falls back to are
+    read back from the topic and not produced again."""
+    spec, topics = _story(tmp_path, kafka.bootstrap, keep=20)
+    assert run(spec, crash_at="after_retention:5").returncode == -9
+    cps = sorted((tmp_path / "ckpt").glob("cp-*"))
+    assert len(cps) >= 3
+    for cp in cps[-2:]:  # the two newest: the fallback passes two committed epochs
+        if damage == "delete_newest":
+            shutil.rmtree(cp)
+        elif damage == "flip_manifest_byte":
+            m = next(cp.glob("manifest*"))
+            data = bytearray(m.read_bytes())
+            data[len(data) // 2] ^= 0x01
+            m.write_bytes(bytes(data))
+        else:
+            for f in cp.iterdir():
+                if f.name.startswith(("state", "delta")):
+                    f.unlink()
+    resumed = run(spec)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_topics_match(kafka.bootstrap, topics, expected)
+
+
+def test_random_sigkills(tmp_path: Path, kafka: Any) -> None:
+    """SIGKILL at random instants (a few seeds; SEALSTREAM_CHAOS_SEEDS=N for more)."""
+    story = {"events": 1500, "every_events": 200, "batch_size": 100, "bad_every": 97,
+             "errors": True}
+    ref = reference_run(tmp_path / "ref", **story)
+    assert ref.exists()
+    for seed in range(int(os.environ.get("SEALSTREAM_CHAOS_SEEDS", "1"))):
+        d = tmp_path / f"killed{seed}"
+        names = make_input(d, events=1500, bad_every=97)
+        spec = write_spec(d, names, every_events=200, batch_size=100, errors=True)
+        topics = kafka_spec(spec, kafka.bootstrap)
+        # calibrate on this very job (the Kafka outputs make it slower than the reference)
+        started = time.monotonic()
+        calib = run(spec)
+        assert calib.returncode == 0, calib.stderr
+        typical = time.monotonic() - started
+        shutil.rmtree(d)
+        names = make_input(d, events=1500, bad_every=97)
+        spec = write_spec(d, names, every_events=200, batch_size=100, errors=True)
+        topics = kafka_spec(spec, kafka.bootstrap)
+        kills = run_killed_randomly(spec, random.Random(seed), typical,
+                                    reset=lambda spec=spec: _fresh_topics(spec, kafka))
+        assert kills >= 1
+        topics = _topics_of(spec)
+        assert_topics_match(kafka.bootstrap, topics, tmp_path / "ref")
+
+
+def _topics_of(spec: Path) -> dict[str, str]:
+    import tomllib
+
+    doc = tomllib.loads(spec.read_text())
+    return {s: doc[s]["topic"] for s in ("sink", "late", "errors")}
+
+
+def _fresh_topics(spec: Path, kafka: Any) -> None:
+    """Set the job back to its start: new, empty topics (the spec is rewritten)."""
+    import re
+
+    text = spec.read_text()
+    for old in _topics_of(spec).values():
+        text = text.replace(f'topic = "{old}"', f'topic = "{kafka.new_topic(2)}"')
+    spec.write_text(re.sub(r"\n", "\n", text))
+
+
+def test_a_zombie_is_fenced_and_its_results_never_become_visible(
+        tmp_path: Path, expected: Path, kafka: Any) -> None:
+    """Instance A stops inside its second epoch's transaction (rows produced, not
+    committed). Instance B of the same job starts (its own checkpoint directory, as
+    on another machine): its transactional producer fences A and aborts A's open
+    transaction, and B runs to the end. A goes on, is refused by the broker and
+    stops with a one-line error; the topics hold B's results exactly once."""
+    spec, topics = _story(tmp_path, kafka.bootstrap)
+    env = dict(os.environ)
+    env.pop("SEALSTREAM_CRASH_AT", None)
+    env["SEALSTREAM_PAUSE_AT"] = "kafka_in_transaction:2"
+    a = subprocess.Popen([sys.executable, "-m", "sealstream", "run", str(spec), "--quiet"],
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_stopped(a.pid)
+        b_dir = tmp_path / "b"
+        b_dir.mkdir()
+        shutil.copytree(tmp_path / "in", b_dir / "in")
+        b_spec = b_dir / "spec.toml"
+        b_spec.write_text(spec.read_text())
+        kafka_spec(b_spec, kafka.bootstrap, topics)
+        b = run(b_spec)
+        assert b.returncode == 0, b.stderr
+    finally:
+        os.kill(a.pid, signal.SIGCONT)
+        _, err = a.communicate(timeout=120)
+    assert a.returncode == 1, err
+    assert "fenced" in err or "taken over" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert_topics_match(kafka.bootstrap, topics, expected)
+
+
+def _wait_stopped(pid: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        if state == "T":
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"process {pid} did not stop at its pause point")

@@ -110,6 +110,7 @@ _STAGED_RE = re.compile(r"\.part-([0-9]{12,}-[A-Za-z0-9]{1,64})\.arrow")
 _SHARED_PREFIXES = ("security.", "sasl.", "ssl.", "socket.", "broker.", "client.",
                     "metadata.", "api.version", "reconnect.", "retry.backoff")
 _log = logging.getLogger("sealstream.kafka")
+_log.addHandler(logging.NullHandler())  # the client's chatter stays off stderr
 
 
 def _token_epoch(token: str) -> int | None:

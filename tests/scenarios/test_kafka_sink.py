@@ -20,6 +20,7 @@ from _kafka_story import assert_topics_match, kafka_spec
 from _story import make_input, reference_run, run, run_killed_randomly, uninterrupted, write_spec
 
 from sealstream._runtime.crash import POINTS
+from sealstream.testing.kafka_read import read_committed
 
 pytestmark = pytest.mark.usefixtures("kafka")
 
@@ -184,3 +185,71 @@ def _wait_stopped(pid: int, timeout_s: float = 60.0) -> None:
             return
         time.sleep(0.02)
     raise AssertionError(f"process {pid} did not stop at its pause point")
+
+
+def test_a_transaction_the_broker_aborted_for_its_timeout_is_produced_again(
+        tmp_path: Path, expected: Path, kafka: Any) -> None:
+    """The run stops inside an epoch's transaction for longer than
+    transaction.timeout.ms. The broker then aborts the transaction and bumps the
+    producer's epoch (Kafka >= 2.5, KAFKA-6119); the test broker does not expire
+    transactions by itself, so the test does what its coordinator would do: an
+    InitProducerId for the same transactional.id. The run goes on, is refused, and
+    stops with a one-line error; the rows were never visible, and the next run
+    produces the staged epoch again."""
+    from confluent_kafka import Producer
+
+    spec, topics = _story(tmp_path, kafka.bootstrap)
+    text = spec.read_text().replace(
+        'path = "staging-out"',
+        'path = "staging-out"\n[sink.settings]\n"transaction.timeout.ms" = 5000', 1)
+    spec.write_text(text)
+    env = dict(os.environ)
+    env.pop("SEALSTREAM_CRASH_AT", None)
+    env["SEALSTREAM_PAUSE_AT"] = "kafka_in_transaction:3"
+    a = subprocess.Popen([sys.executable, "-m", "sealstream", "run", str(spec), "--quiet"],
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_stopped(a.pid)
+        before = read_committed(kafka.bootstrap, topics["sink"])
+        # what the coordinator does to a transaction that outlived its timeout
+        for output in ("results", "late", "errors"):
+            Producer({"bootstrap.servers": kafka.bootstrap,
+                      "transactional.id": f"sealstream-story-{output}"}).init_transactions(30)
+    finally:
+        os.kill(a.pid, signal.SIGCONT)
+        _, err = a.communicate(timeout=120)
+    assert a.returncode == 1, err
+    assert "transaction.timeout.ms" in err and len(err.strip().splitlines()) == 1, err
+    assert len(read_committed(kafka.bootstrap, topics["sink"])) == len(before)
+    resumed = run(spec)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_topics_match(kafka.bootstrap, topics, expected)
+
+
+def test_inspect_shows_the_committed_offsets_per_epoch(tmp_path: Path, kafka: Any) -> None:
+    import json
+
+    spec, topics = _story(tmp_path, kafka.bootstrap, keep=20)
+    assert run(spec, crash_at="after_retention:4").returncode == -9
+    seen = []
+    for cid in (1, 2, 3, 4):
+        res = subprocess.run([sys.executable, "-m", "sealstream", "checkpoints", "inspect",
+                              str(tmp_path / "ckpt"), str(cid), "--json"],
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        outs = {o["output"]: o for o in json.loads(res.stdout)["outputs"]}
+        assert set(outs) == {"results", "late", "errors"}
+        k = outs["results"]["kafka"]
+        assert k["topic"] == topics["sink"]
+        seen.append((outs["results"]["epoch"], sum(k["committed_offsets"].values())))
+    epochs = [e for e, _ in seen]
+    assert epochs == sorted(epochs) and len(set(epochs)) == 4
+    offsets = [o for _, o in seen]
+    assert offsets == sorted(offsets) and offsets[-1] > offsets[0]
+    # read back from the 4th checkpoint's offsets: only epochs from the 4th on
+    msgs = read_committed(kafka.bootstrap, topics["sink"])
+    res = subprocess.run([sys.executable, "-m", "sealstream", "checkpoints", "inspect",
+                          str(tmp_path / "ckpt"), "4"], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0 and "Kafka outputs" in res.stdout, res.stdout
+    assert msgs

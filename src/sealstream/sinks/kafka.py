@@ -251,7 +251,16 @@ class KafkaSink(Sink):
         return Consumer(conf)
 
     def _timeout(self) -> float:
-        return max(1.0, min(30.0, self.retry_s))
+        """Seconds one request (metadata, offsets, init_transactions) may take."""
+        return max(1.0, min(10.0, self.retry_s))
+
+    def _commit_timeout(self) -> float:
+        """Seconds a transaction's commit (which flushes its rows) may take: as long as
+        the broker lets the transaction live."""
+        try:
+            return max(1.0, int(self.settings.get("transaction.timeout.ms", "60000")) / 1000)
+        except ValueError:
+            return 60.0
 
     def _retrying(self, what: str, fn: Callable[[], Any]) -> Any:
         """``fn()``, again with back-off while the broker fails, for ``retry_s`` at most."""
@@ -489,11 +498,10 @@ class KafkaSink(Sink):
                 try:
                     produce(topic, v, k, headers=[(ID_HEADER, i), (TOKEN_HEADER, tok)])
                 except BufferError:
-                    p.poll(0.05)
-                    p.flush(self._timeout())
+                    p.flush(self._commit_timeout())
                     produce(topic, v, k, headers=[(ID_HEADER, i), (TOKEN_HEADER, tok)])
             _sink_point("kafka_in_transaction")
-            p.commit_transaction(self._timeout())
+            p.commit_transaction(self._commit_timeout())
 
         self._retrying("commit a transaction to", once)
         known[token] = _token_epoch(token) or 0

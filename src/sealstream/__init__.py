@@ -24,6 +24,8 @@ from sealstream.errors import (
     SinkError,
     SourceChangedError,
     SourceError,
+    SourceExpiredError,
+    SourceUnavailableError,
     SpecError,
 )
 
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
     from sealstream.pipeline import (
         Checkpoints,
         FileSource,
+        KafkaSourceSpec,
         Output,
         Pipeline,
         Session,
@@ -48,6 +51,7 @@ _LAZY = {
     "Checkpoints": "sealstream.pipeline",
     "FileSource": "sealstream.pipeline",
     "Job": "sealstream._runtime.engine",
+    "KafkaSourceSpec": "sealstream.pipeline",
     "Output": "sealstream.pipeline",
     "Pipeline": "sealstream.pipeline",
     "RunSummary": "sealstream._runtime.engine",
@@ -96,6 +100,7 @@ __all__ = [
     "Checkpoints",
     "FileSource",
     "Job",
+    "KafkaSourceSpec",
     "LockHeldError",
     "NoValidCheckpointError",
     "Output",
@@ -107,6 +112,8 @@ __all__ = [
     "Sliding",
     "SourceChangedError",
     "SourceError",
+    "SourceExpiredError",
+    "SourceUnavailableError",
     "SpecError",
     "Tumbling",
     "Watermark",

@@ -72,6 +72,7 @@ class Checkpointing:
     operator: WindowOperator | None
     wm: WatermarkState
     positions: list[SourcePosition]
+    merger: Any
     counters: Counters
     ck_stats: CheckpointStats
     stop_when: Callable[[Any], bool] | None
@@ -224,6 +225,9 @@ class Checkpointing:
             "sinks": self._sink_entries(epoch, tokens),
             "counters": self.counters.to_json(),
         }
+        mark = self._plan_mark_now()
+        if mark is not None:  # a live run: the last recorded step this checkpoint includes
+            body["plan"] = mark
         body = copy.deepcopy(body)
         body["watermark"] = wm_json
         # a sink in the store's database commits in the transaction that publishes
@@ -389,6 +393,27 @@ class Checkpointing:
             return None
         return encode_table(pl.concat(frames, how="diagonal_relaxed"))
 
+    def _plan_mark_now(self) -> dict[str, Any] | None:
+        """A live run's ``plan`` entry for a checkpoint taken now (None: not live)."""
+        mark = getattr(self.merger, "plan_mark", None)
+        return dict(mark()) if callable(mark) else None
+
+    @staticmethod
+    def _prune_plans(store: CheckpointStore) -> None:
+        """Step plans go with the checkpoints they belong to: the records of steps at
+        or before the oldest checkpoint kept are no longer needed by any recovery."""
+        steps = store.plan_steps()
+        if not steps:
+            return
+        ids = store.ids()
+        if not ids:
+            return
+        oldest = store.read_manifest(ids[0])
+        mark = oldest.get("plan") if oldest else None
+        if not isinstance(mark, dict) or not isinstance(mark.get("step"), int):
+            return
+        store.delete_plans([s for s in steps if s <= mark["step"]])
+
     @staticmethod
     def _needed_by(store: CheckpointStore, kept: list[int]) -> set[int]:
         """The checkpoints holding files that the ``kept`` checkpoints reference."""
@@ -440,3 +465,4 @@ class Checkpointing:
                 self._verified.discard(cid)
             else:
                 store.move_aside(cid, "superseded-invalid")
+        self._prune_plans(store)

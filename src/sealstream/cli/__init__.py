@@ -54,7 +54,18 @@ class _Interrupted(BaseException):
         return 128 + self.signum
 
 
+#: the live run that a first SIGINT/SIGTERM stops gracefully (docs/live.md)
+_GRACEFUL: list[Any] = []
+
+
 def _on_signal(signum: int, frame: object) -> None:
+    # a live run: the first signal asks it to finish its step, write and commit a final
+    # checkpoint and exit 0; a second one stops at once (below)
+    if _GRACEFUL and _GRACEFUL[0].stop_requested is None:
+        _GRACEFUL[0].stop_requested = signum
+        click.echo(f"sealstream: {signal.Signals(signum).name}: finishing the step and "
+                   "writing a final checkpoint (send it again to stop at once)", err=True)
+        return
     # only the first signal stops the command; later ones would cut the cleanup
     # short (a checkpoint being written finishes, the lock is released)
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -162,9 +173,12 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
                     click.echo(json.dumps({"event": "metrics", "pipeline": pipeline.name,
                                            "url": url}), err=True)
         hooks.extend(h for h in (metrics, progress) if h is not None)
+        if job.live:
+            _GRACEFUL[:] = [job]
         try:
             summary = job.run()
         finally:
+            _GRACEFUL.clear()
             if progress is not None:
                 progress.stop(job)
         if metrics is not None:

@@ -44,6 +44,7 @@ from sealstream.pipeline.model import (
     definition_diff,
     parse_aggregate,
 )
+from sealstream.pipeline.kafka import KafkaSourceSpec
 from sealstream.pipeline.source import FileSource, SourceKind
 from sealstream.pipeline.spec import (
     load_spec,
@@ -65,6 +66,7 @@ __all__ = [
     "Checkpoints",
     "DEFAULT_BATCH_SIZE",
     "FileSource",
+    "KafkaSourceSpec",
     "MAX_SETTING",
     "NUMERIC_FUNCTIONS",
     "Output",

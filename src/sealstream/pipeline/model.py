@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import polars as pl
 
 from sealstream.errors import SpecError
+from sealstream.pipeline.kafka import KafkaSourceSpec
 from sealstream.pipeline.source import FileSource
 from sealstream.sources._base import FieldKind, FieldPlan
 
@@ -53,6 +54,9 @@ class Watermark:
     """Bounded out-of-orderness: ``W_p = max(event time seen in p) - max_delay_ms``."""
 
     max_delay_ms: int = 0
+    #: live runs: a partition quiet this long (processing time) leaves the global
+    #: minimum; when all are, W advances with the wall clock (docs/live.md)
+    idle_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -175,7 +179,7 @@ class Pipeline:
     """A complete, validated pipeline definition. See the module docstring."""
 
     name: str
-    source: FileSource
+    source: FileSource | KafkaSourceSpec
     window: Window
     aggregates: Mapping[str, str]
     sink: Output
@@ -230,7 +234,10 @@ class Pipeline:
             "pipeline": self.name,
             "source": {
                 "kind": self.source.kind,
-                "partitions": [n for n, _ in self.source.partitions()],
+                "partitions": (list(self.source.paths) if self.source.follow
+                               else [self.source.topic]
+                               if isinstance(self.source, KafkaSourceSpec)
+                               else [n for n, _ in self.source.partitions()]),
                 "key": (self.source.key if isinstance(self.source.key, str)
                         else list(self.source.key)),
                 "time": self.source.time,

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from sealstream.errors import SpecError
+from sealstream.pipeline.kafka import KAFKA_SETTINGS, kafka_source_from_dict
 from sealstream.pipeline.model import (
     DEFAULT_BATCH_SIZE,
     Checkpoints,
@@ -25,8 +26,9 @@ from sealstream.pipeline.validate import check_bad_ratio, check_max_age
 
 _SECTIONS: dict[str, set[str]] = {
     "pipeline": {"name", "batch_size", "max_bad_ratio"},
-    "source": {"kind", "paths", "path", "key", "time"},
-    "watermark": {"max_delay_ms"},
+    "source": {"kind", "paths", "path", "key", "time", "follow", "stop", "fail_after_ms",
+               "poll_ms", *KAFKA_SETTINGS},
+    "watermark": {"max_delay_ms", "idle_ms"},
     "window": {"kind", "size_ms", "slide_ms", "gap_ms", "allowed_lateness_ms"},
     "transform": {"where", "fields"},
     "aggregates": set(),
@@ -128,23 +130,11 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
                      if "max_bad_ratio" in pl_sec else None)
 
     kind = _get(src, "source", "kind", str, _MISSING)
-    if "paths" in src and "path" in src:
-        raise SpecError("source: give either paths or path, not both")
-    raw_paths = src.get("paths", src.get("path"))
-    if raw_paths is None:
-        raise SpecError("source.paths: required setting is missing")
-    if isinstance(raw_paths, str):
-        raw_paths = [raw_paths]
-    if not isinstance(raw_paths, list) or not all(isinstance(x, str) for x in raw_paths):
-        raise SpecError(f"source.paths: expected a list of file paths, got {raw_paths!r}")
-    source = FileSource(
-        kind=kind,
-        paths=tuple(raw_paths),
-        key=_key(src),
-        time=_get(src, "source", "time", str, _MISSING),
-        base_dir=base_dir,
-    )
-    wm = Watermark(_get(data.get("watermark", {}), "watermark", "max_delay_ms", int, 0))
+    source = (kafka_source_from_dict(src) if kind == "kafka"
+              else _file_source(src, kind, base_dir))
+    wsec = data.get("watermark", {})
+    wm = Watermark(_get(wsec, "watermark", "max_delay_ms", int, 0),
+                   idle_ms=_get(wsec, "watermark", "idle_ms", int, None))
 
     wkind = _get(win, "window", "kind", str, _MISSING)
     lateness = _get(win, "window", "allowed_lateness_ms", int, 0)
@@ -218,6 +208,33 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
         max_bad_ratio=max_bad_ratio,
         where=where,
         fields=fields,
+    )
+
+
+def _file_source(src: dict[str, Any], kind: Any, base_dir: Path) -> FileSource:
+    """``[source]`` of a file kind -> :class:`FileSource`."""
+    for name in sorted(KAFKA_SETTINGS - {"stop", "fail_after_ms", "poll_ms"}):
+        if name in src:
+            raise SpecError(f"source.{name}: a setting of kind = \"kafka\", not of {kind!r}")
+    if "paths" in src and "path" in src:
+        raise SpecError("source: give either paths or path, not both")
+    raw_paths = src.get("paths", src.get("path"))
+    if raw_paths is None:
+        raise SpecError("source.paths: required setting is missing")
+    if isinstance(raw_paths, str):
+        raw_paths = [raw_paths]
+    if not isinstance(raw_paths, list) or not all(isinstance(x, str) for x in raw_paths):
+        raise SpecError(f"source.paths: expected a list of file paths, got {raw_paths!r}")
+    return FileSource(
+        kind=kind,
+        paths=tuple(raw_paths),
+        key=_key(src),
+        time=_get(src, "source", "time", str, _MISSING),
+        base_dir=base_dir,
+        follow=_get(src, "source", "follow", bool, False),
+        stop=_get(src, "source", "stop", str, None),
+        fail_after_ms=_get(src, "source", "fail_after_ms", int, None),
+        poll_ms=_get(src, "source", "poll_ms", int, 200),
     )
 
 

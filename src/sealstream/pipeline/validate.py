@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from sealstream.errors import SpecError
+from sealstream.pipeline.kafka import KafkaSourceSpec
 from sealstream.pipeline.model import (
     Checkpoints,
     Output,
@@ -94,7 +95,7 @@ def _check_types(p: Pipeline) -> None:
         return SpecError(f"{setting}: expected {want}, got {type(got).__name__} {got!r:.60}")
 
     parts: list[tuple[str, object, tuple[type, ...], str]] = [
-        ("source", p.source, (FileSource,), "a FileSource"),
+        ("source", p.source, (FileSource, KafkaSourceSpec), "a FileSource or KafkaSourceSpec"),
         ("window", p.window, (Tumbling, Sliding, Session), "a Tumbling, Sliding or Session"),
         ("watermark", p.watermark, (Watermark,), "a Watermark"),
         ("sink", p.sink, (Output,), "an Output"),
@@ -126,9 +127,10 @@ def validate(p: Pipeline) -> None:
         _check_path("checkpoint.url", p.checkpoint.url)
     if not isinstance(p.name, str) or not p.name.strip():
         raise SpecError(f"pipeline.name: must be a non-empty string, got {p.name!r}")
-    if p.source.kind not in ("jsonl", "csv", "parquet"):
-        raise SpecError(f"source.kind: {p.source.kind!r} is not one of jsonl, csv, parquet")
-    if not p.source.paths:
+    if p.source.kind not in ("jsonl", "csv", "parquet", "kafka"):
+        raise SpecError(f"source.kind: {p.source.kind!r} is not one of jsonl, csv, parquet, "
+                        "kafka")
+    if not p.source.paths and p.source.kind != "kafka":
         raise SpecError("source.paths: at least one input file is needed")
     keys = p.source.key_fields or (p.source.key,)
     if not keys:
@@ -149,6 +151,8 @@ def validate(p: Pipeline) -> None:
             raise SpecError(f"sink.kind: a compound key (source.key as a list) is written by "
                             f"jsonl and stdout sinks for now, not {p.sink.kind!r}")
     _positive("watermark.max_delay_ms", p.watermark.max_delay_ms, zero_ok=True)
+    if p.watermark.idle_ms is not None:
+        _positive("watermark.idle_ms", p.watermark.idle_ms)
     w = p.window
     _positive("window.allowed_lateness_ms", w.allowed_lateness_ms, zero_ok=True)
     if isinstance(w, Tumbling):

@@ -22,6 +22,7 @@ Example::
     'tumbling'
 """
 
+from sealstream.pipeline.kafka import KafkaSourceSpec
 from sealstream.pipeline.model import (
     ABSENT,
     AGGREGATE_FUNCTIONS,
@@ -44,7 +45,6 @@ from sealstream.pipeline.model import (
     definition_diff,
     parse_aggregate,
 )
-from sealstream.pipeline.kafka import KafkaSourceSpec
 from sealstream.pipeline.source import FileSource, SourceKind
 from sealstream.pipeline.spec import (
     load_spec,

@@ -29,7 +29,7 @@ def main() -> int:
                      timestamp_extractor=event_time)
     t_out = app.topic(dst, value_serializer="json", key_serializer="str")
     sdf = app.dataframe(t_in)
-    sdf = sdf.tumbling_window(duration_ms=60_000, grace_ms=1_000).agg(
+    sdf = sdf.tumbling_window(duration_ms=60_000, grace_ms=5_000).agg(
         n=Count(), total=Sum("amount")).final()
     sdf.to_topic(t_out)
     t0 = time.perf_counter()

@@ -52,7 +52,7 @@ bench-quix:
 	@if ! $(QUIX_VENV)/bin/python -c "import quixstreams" 2>/dev/null; then \
 	  echo "bench-quix: installing quixstreams into $(QUIX_VENV) (once)"; \
 	  ( $(PYTHON) -m venv $(QUIX_VENV) && \
-	    $(QUIX_VENV)/bin/python -m pip install --quiet "quixstreams>=3.28,<4"  # as the bench-quix extra ) || \
+	    $(QUIX_VENV)/bin/python -m pip install --quiet "quixstreams>=3.28,<4" ) || \
 	  echo "bench-quix: could not install quixstreams; the Quix Streams peer will be skipped"; \
 	fi
 

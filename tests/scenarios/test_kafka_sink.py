@@ -49,17 +49,6 @@ def test_killed_at_every_protocol_step_in_turn(tmp_path: Path, expected: Path,
     assert_topics_match(kafka.bootstrap, topics, expected)
 
 
-@pytest.mark.parametrize("point", ["after_manifest_publish", "kafka_in_transaction"])
-def test_kill_at_each_protocol_step_then_resume(tmp_path: Path, expected: Path, kafka: Any,
-                                                point: str) -> None:
-    spec, topics = _story(tmp_path, kafka.bootstrap)
-    crashed = run(spec, crash_at=f"{point}:2")
-    assert crashed.returncode == -9, f"{point} was not reached: {crashed.stderr}"
-    resumed = run(spec)
-    assert resumed.returncode == 0, resumed.stderr
-    assert_topics_match(kafka.bootstrap, topics, expected)
-
-
 def test_two_crashes_then_a_finished_rerun_produces_nothing(tmp_path: Path, expected: Path,
                                                             kafka: Any) -> None:
     spec, topics = _story(tmp_path, kafka.bootstrap)
@@ -73,26 +62,45 @@ def test_two_crashes_then_a_finished_rerun_produces_nothing(tmp_path: Path, expe
     assert not [p for p in tmp_path.glob("staging-*/*")], "staged epochs left behind"
 
 
-@pytest.mark.parametrize("damage", ["delete_newest", "flip_manifest_byte"])
 def test_corrupted_newest_checkpoints_fall_back_without_duplicates(
-        tmp_path: Path, expected: Path, kafka: Any, damage: str) -> None:
+        tmp_path: Path, expected: Path, kafka: Any) -> None:
     """Epochs committed to Kafka after the checkpoint recovery falls back to are
-    read back from the topic and not produced again."""
+    read back from the topic and not produced again. Before the damage, ``checkpoints
+    inspect`` shows each checkpoint's committed offsets, growing epoch by epoch."""
     spec, topics = _story(tmp_path, kafka.bootstrap, keep=20)
     assert run(spec, crash_at="after_retention:5").returncode == -9
     cps = sorted((tmp_path / "ckpt").glob("cp-*"))
     assert len(cps) >= 3
+    _check_inspect(tmp_path, topics, [int(cps[0].name[3:]), int(cps[-1].name[3:])])
     for cp in cps[-2:]:  # the two newest: the fallback passes two committed epochs
-        if damage == "delete_newest":
-            shutil.rmtree(cp)
-        elif damage == "flip_manifest_byte":
-            m = cp / "MANIFEST.json"
-            data = bytearray(m.read_bytes())
-            data[len(data) // 2] ^= 0x01
-            m.write_bytes(bytes(data))
+        m = cp / "MANIFEST.json"
+        data = bytearray(m.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        m.write_bytes(bytes(data))
     resumed = run(spec)
     assert resumed.returncode == 0, resumed.stderr
     assert_topics_match(kafka.bootstrap, topics, expected)
+
+
+def _check_inspect(d: Path, topics: dict[str, str], ids: list[int]) -> None:
+    import json
+
+    seen = []
+    for cid in ids:
+        res = subprocess.run([sys.executable, "-m", "sealstream", "checkpoints", "inspect",
+                              str(d / "ckpt"), str(cid), "--json"],
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        outs = {o["output"]: o for o in json.loads(res.stdout)["outputs"]}
+        assert set(outs) == {"results", "late", "errors"}
+        k = outs["results"]["kafka"]
+        assert k["topic"] == topics["sink"]
+        seen.append((outs["results"]["epoch"], sum(k["committed_offsets"].values())))
+    assert seen[0][0] < seen[-1][0] and seen[0][1] < seen[-1][1], seen
+    res = subprocess.run([sys.executable, "-m", "sealstream", "checkpoints", "inspect",
+                          str(d / "ckpt"), str(ids[-1])], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0 and "Kafka outputs" in res.stdout, res.stdout
 
 
 def test_random_sigkills(tmp_path: Path, kafka: Any) -> None:
@@ -115,7 +123,7 @@ def test_random_sigkills(tmp_path: Path, kafka: Any) -> None:
         names = make_input(d, events=800, bad_every=97)
         spec = write_spec(d, names, every_events=150, batch_size=50, errors=True)
         topics = kafka_spec(spec, kafka.bootstrap)
-        kills = run_killed_randomly(spec, random.Random(seed), typical,
+        kills = run_killed_randomly(spec, random.Random(seed), typical, max_rounds=3,
                                     reset=lambda spec=spec: _fresh_topics(spec, kafka))
         assert kills >= 1
         topics = _topics_of(spec)
@@ -219,32 +227,3 @@ def test_a_transaction_the_broker_aborted_for_its_timeout_is_produced_again(
     resumed = run(spec)
     assert resumed.returncode == 0, resumed.stderr
     assert_topics_match(kafka.bootstrap, topics, expected)
-
-
-def test_inspect_shows_the_committed_offsets_per_epoch(tmp_path: Path, kafka: Any) -> None:
-    import json
-
-    spec, topics = _story(tmp_path, kafka.bootstrap, keep=20)
-    assert run(spec, crash_at="after_retention:4").returncode == -9
-    seen = []
-    for cid in (1, 2, 3, 4):
-        res = subprocess.run([sys.executable, "-m", "sealstream", "checkpoints", "inspect",
-                              str(tmp_path / "ckpt"), str(cid), "--json"],
-                             capture_output=True, text=True, timeout=60)
-        assert res.returncode == 0, res.stderr
-        outs = {o["output"]: o for o in json.loads(res.stdout)["outputs"]}
-        assert set(outs) == {"results", "late", "errors"}
-        k = outs["results"]["kafka"]
-        assert k["topic"] == topics["sink"]
-        seen.append((outs["results"]["epoch"], sum(k["committed_offsets"].values())))
-    epochs = [e for e, _ in seen]
-    assert epochs == sorted(epochs) and len(set(epochs)) == 4
-    offsets = [o for _, o in seen]
-    assert offsets == sorted(offsets) and offsets[-1] > offsets[0]
-    # read back from the 4th checkpoint's offsets: only epochs from the 4th on
-    msgs = read_committed(kafka.bootstrap, topics["sink"])
-    res = subprocess.run([sys.executable, "-m", "sealstream", "checkpoints", "inspect",
-                          str(tmp_path / "ckpt"), "4"], capture_output=True, text=True,
-                         timeout=60)
-    assert res.returncode == 0 and "Kafka outputs" in res.stdout, res.stdout
-    assert msgs

@@ -47,8 +47,7 @@ def test_killed_at_every_protocol_step_in_turn(tmp_path: Path, kafka: Any,
     """The steps where the Kafka output's state changes (every named step with
     SEALSTREAM_CHAOS_SEEDS set above 1: a Kafka-source run takes seconds to start)."""
     spec, topics = _job(tmp_path, kafka, story)
-    points = ["after_sink_prepare", "after_manifest_publish", "kafka_in_transaction",
-              "after_commit_late", "after_retention"]
+    points = ["after_manifest_publish", "kafka_in_transaction", "after_commit_late"]
     if int(os.environ.get("SEALSTREAM_CHAOS_SEEDS", "1")) > 1:
         points = [p for p in POINTS if p != "after_write_suppress"] + ["kafka_in_transaction"]
     for point in points:
@@ -75,7 +74,7 @@ def test_random_sigkills(tmp_path: Path, kafka: Any, story: dict[str, Any]) -> N
             spec.write_text(text)
 
         kills = run_killed_randomly(spec, random.Random(100 + seed), story["seconds"],
-                                    reset=fresh)
+                                    max_rounds=3, reset=fresh)
         assert kills >= 1
         import tomllib
 

@@ -221,7 +221,7 @@ def test_metrics_endpoint_while_running(big_spec: Path) -> None:
         assert {n: types[n] for n in GAUGES} == dict.fromkeys(GAUGES, "gauge")
         for (name, labels), _value in samples.items():
             assert dict(labels)["pipeline"] == "metrics-test"
-            if name == "sealstream_partition_watermark_ms":
+            if name in ("sealstream_partition_watermark_ms", "sealstream_watermark_holder"):
                 assert dict(labels)["partition"] in names
             else:
                 assert labels == (pl,), (name, labels)

@@ -69,7 +69,7 @@ class WatermarkState:
     global_ms: int = NEG_INF
     last_offset: list[int | None] = field(default_factory=list)
     #: live runs with ``idle_ms``: partitions that are idle leave the global minimum
-    #: (section 11); empty when no partition ever was
+    #: (docs/live.md); empty when no partition ever was
     idle: list[bool] = field(default_factory=list)
     #: a live run's partitions can appear later: without any yet, W is what it was
     #: (a bounded run without partitions has ended: +inf)
@@ -111,6 +111,19 @@ class WatermarkState:
         if not active:
             return self.global_ms
         return max(self.global_ms, min(self.partition_ms(p) for p in active))
+
+    def holder(self) -> int | None:
+        """The partition holding ``W`` back: the one whose watermark is the minimum
+        (the lowest index on a tie), None when ``W`` is not held by any (infinite, an
+        advance above every partition, every partition idle or exhausted)."""
+        active = [p for p in range(len(self.max_time))
+                  if not self.is_idle(p) and not self.exhausted[p]]
+        if not active:
+            return None
+        low = min(active, key=lambda p: (self.partition_ms(p), p))
+        if self.partition_ms(low) < self.global_ms or self.partition_ms(low) >= POS_INF:
+            return None
+        return low
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {

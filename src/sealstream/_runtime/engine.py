@@ -768,8 +768,10 @@ class Job(Checkpointing):
         if "errors" not in self.sinks:
             first = bad.row(0, named=True)
             name = self.names[first["_p"]]
+            where = (f"offset {first['_offset']}" if self.p.source.kind == "kafka"
+                     else f"line {first['_line']}")
             raise BadRecordError(
-                f"{name}: line {first['_line']}: {first['_reason']} "
+                f"{name}: {where}: {first['_reason']} "
                 "(add an [errors] output to divert bad records instead of stopping)"
             )
         self.counters.bad_records += bad.height

@@ -12,6 +12,7 @@ import contextlib
 import copy
 import hashlib
 import json
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -43,6 +44,9 @@ from sealstream.watermark import WatermarkState
 from sealstream.windows.operator import WindowOperator
 
 ROLES = ("results", "late", "errors")
+#: set (to anything) to keep every step plan of live runs instead of pruning them
+#: with their checkpoints: for audits, and to re-run a recorded plan from its start
+KEEP_PLANS_ENV = "SEALSTREAM_KEEP_PLANS"
 
 
 @dataclass
@@ -55,6 +59,8 @@ class _InFlight:
     started: float
     blocked_s: float  # processing-thread time spent capturing it
     future: Future[tuple[dict[str, Any], int]]
+    #: a live run: the checkpoint's positions, for the source's consumer group
+    positions: dict[str, int] | None = None
 
 
 class Checkpointing:
@@ -264,7 +270,11 @@ class Checkpointing:
                 future.set_result(write())
             except BaseException as exc:  # noqa: BLE001 - re-raised by _await_checkpoint
                 future.set_exception(exc)
-        self._inflight = _InFlight(cid, epoch, tokens, t0, time.monotonic() - t0, future)
+        group_positions = ({n: p.next_offset for n, p in zip(self.names, self.positions,
+                                                             strict=True)}
+                           if getattr(self, "live", False) else None)
+        self._inflight = _InFlight(cid, epoch, tokens, t0, time.monotonic() - t0, future,
+                                   group_positions)
         if cfg is None or not cfg.asynchronous or self.stop_when is not None:
             self._await_checkpoint(store)
 
@@ -341,6 +351,9 @@ class Checkpointing:
             self.crash(f"after_commit_{role}")
         self._retain(store, job.cid)
         self.crash("after_retention")
+        commit_group = getattr(getattr(self.merger, "source", None), "commit_group", None)
+        if job.positions and callable(commit_group):
+            commit_group(job.positions)  # best effort, for lag tools; never read back
         dt = (time.monotonic() - job.started) * 1000
         st = self.ck_stats
         st.count += 1
@@ -402,6 +415,8 @@ class Checkpointing:
     def _prune_plans(store: CheckpointStore) -> None:
         """Step plans go with the checkpoints they belong to: the records of steps at
         or before the oldest checkpoint kept are no longer needed by any recovery."""
+        if os.environ.get(KEEP_PLANS_ENV):  # audits and tests: keep the whole plan
+            return
         steps = store.plan_steps()
         if not steps:
             return

@@ -58,7 +58,7 @@ class StepPlan:
 
     ``ranges``: partition name -> ``(from, to)`` positions (``to`` excluded); a
     partition absent from it reads nothing in the step. ``idle``: the partitions
-    that are idle during the step (section 11). ``advance_ms``: the wall-clock
+    that are idle during the step (docs/live.md). ``advance_ms``: the wall-clock
     advance of ``W`` applied after the step's events (None: none). ``now_ms``: the
     wall clock when the step was planned (informative). ``partitions``: every
     partition known at the step, in index order (new names are growth).

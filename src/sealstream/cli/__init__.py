@@ -484,9 +484,12 @@ def _emit(data: dict[str, Any], as_json: bool, render: Any) -> None:
 @click.argument("directory", type=str)
 @click.argument("checkpoint_id", metavar="[ID]", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--spec", type=click.Path(dir_okay=False, path_type=Path),
+              help="The run's spec: a Kafka source's lag per partition (broker's end offset "
+                   "minus the checkpoint's) when the broker answers.")
 @_PIPELINE_OPT
 def inspect_cmd(directory: str, checkpoint_id: str | None, as_json: bool,
-                pipeline_name: str | None) -> None:
+                spec: Path | None, pipeline_name: str | None) -> None:
     """Show what checkpoint ID (default: the newest) in DIRECTORY holds, and its verdict.
 
     Positions and watermarks per partition, open windows, state size, receipts, age,
@@ -500,6 +503,10 @@ def inspect_cmd(directory: str, checkpoint_id: str | None, as_json: bool,
     try:
         cid = resolve_id(store, checkpoint_id)
         data = inspect_checkpoint(store, cid)
+        if spec is not None:
+            from sealstream.cli._inspect import add_kafka_lag
+
+            add_kafka_lag(data, spec)
     except SealstreamError as err:
         _fail(err)
         return

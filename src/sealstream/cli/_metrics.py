@@ -46,6 +46,11 @@ class Snapshot:
     """``time.monotonic()`` when the last checkpoint was written."""
     last_checkpoint_unix: float | None = None
     open_windows: int | None = None
+    #: a broker source: whether it is reached now, and each partition's lag in records
+    source_connected: bool | None = None
+    partition_lag_records: tuple[tuple[str, int], ...] = ()
+    #: the partition holding the watermark back (None: none holds it)
+    holder: str | None = None
     taken_at: float = field(default_factory=time.monotonic)
 
 
@@ -55,6 +60,7 @@ def snapshot(job: Job) -> Snapshot:
     operator = getattr(job, "operator", None)
     open_windows = getattr(operator, "open_windows", None) if operator is not None else None
     has_ck = st.last_id is not None and st.count > 0
+    connected, lags = _source_status(job)
     return Snapshot(
         pipeline=job.p.name,
         events=c.events,
@@ -72,7 +78,23 @@ def snapshot(job: Job) -> Snapshot:
             if has_ck and st.last_at is not None else None
         ),
         open_windows=int(open_windows) if isinstance(open_windows, int) else None,
+        source_connected=connected,
+        partition_lag_records=tuple((n, lag) for n, lag in lags if lag is not None),
+        holder=_holder_name(job),
     )
+
+
+def _source_status(job: Job) -> tuple[bool | None, list[tuple[str, int | None]]]:
+    if job.p.source.kind != "kafka":
+        return None, []
+    from sealstream.sources.kafka import source_status
+
+    return source_status(getattr(job, "merger", None))
+
+
+def _holder_name(job: Job) -> str | None:
+    q = job.wm.holder()
+    return job.names[q] if q is not None and q < len(job.names) else None
 
 
 def _escape(value: str) -> str:
@@ -111,6 +133,12 @@ _METRICS: tuple[tuple[str, str, str], ...] = (
     ("sealstream_last_checkpoint_timestamp_seconds", "gauge",
      "When the last checkpoint was written (Unix time; the age for --metrics-file readers)."),
     ("sealstream_open_windows", "gauge", "Windows holding state, not yet fired."),
+    ("sealstream_source_connected", "gauge",
+     "1 when the source's broker is reached, 0 while it is not (broker sources only)."),
+    ("sealstream_partition_lag_records", "gauge",
+     "Records of each source partition after the run's position (the broker's end offset)."),
+    ("sealstream_watermark_holder", "gauge",
+     "1 for the partition holding the global watermark back (absent when none does)."),
 )
 
 
@@ -131,6 +159,9 @@ def render(snap: Snapshot, now: float | None = None) -> str:
         "sealstream_partition_watermark_ms": [
             (f'{pl},partition="{_escape(name)}"', ms) for name, ms in snap.partitions
         ],
+        "sealstream_watermark_holder": (
+            [] if snap.holder is None else [(f'{pl},partition="{_escape(snap.holder)}"', 1)]
+        ),
         "sealstream_last_checkpoint_duration_seconds": (
             [] if snap.last_checkpoint_ms is None else [(pl, snap.last_checkpoint_ms / 1000)]
         ),
@@ -145,6 +176,12 @@ def render(snap: Snapshot, now: float | None = None) -> str:
             [] if snap.last_checkpoint_unix is None else [(pl, snap.last_checkpoint_unix)]
         ),
         "sealstream_open_windows": [] if snap.open_windows is None else [(pl, snap.open_windows)],
+        "sealstream_source_connected": (
+            [] if snap.source_connected is None else [(pl, int(snap.source_connected))]
+        ),
+        "sealstream_partition_lag_records": [
+            (f'{pl},partition="{_escape(name)}"', lag) for name, lag in snap.partition_lag_records
+        ],
     }
     lines: list[str] = []
     for name, kind, help_text in _METRICS:

@@ -276,7 +276,15 @@ class KafkaPartition:
         nothing is there yet; never None: a topic does not end)."""
         from confluent_kafka import KafkaError
 
-        msgs = self._consumer.consume(max(1, max_records), max(0, timeout_ms) / 1000)
+        # what the client holds now; when it holds nothing, wait (at most timeout_ms)
+        # for the first message only, then take what came with it (consume(n, t) would
+        # wait the whole timeout for n messages)
+        want = max(1, max_records)
+        msgs = self._consumer.consume(want, 0)
+        if not msgs and timeout_ms > 0:
+            msgs = self._consumer.consume(1, timeout_ms / 1000)
+            if msgs and want > 1:
+                msgs += self._consumer.consume(want - 1, 0)
         if not msgs:
             self._probe()
             return self._empty()
@@ -347,6 +355,19 @@ class KafkaPartition:
         """Records available after the position (from the broker's end offset)."""
         end = self.end()
         return None if end is None else max(0, end - self._position)
+
+    def cached_lag(self) -> int | None:
+        """Records after the position, from the end offset the client last saw (no
+        request to the broker: cheap enough for every refresh of a progress panel)."""
+        from confluent_kafka import KafkaException
+
+        try:
+            marks = self._consumer.get_watermark_offsets(self._tp, cached=True)
+        except (KafkaException, RuntimeError):
+            return None
+        if marks is None or int(marks[1]) < 0:
+            return None
+        return max(0, int(marks[1]) - self._position)
 
     def close(self) -> None:
         self._consumer.close()
@@ -533,3 +554,43 @@ def is_message_field(name: str) -> bool:
 
 
 __all__ = ["KafkaPartition", "KafkaSettings", "KafkaSource", "partition_name"]
+
+
+def end_offsets(settings: KafkaSettings, names: list[str],
+                timeout_ms: int = 3_000) -> dict[str, int] | None:
+    """The broker's end offsets (last stable offsets) of partitions ``names``, or None
+    when the broker does not answer within ``timeout_ms`` (for ``checkpoints inspect``)."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    link = _Link(settings.bootstrap, timeout_ms)
+    c = _consumer(settings.consumer_config(), link)
+    out: dict[str, int] = {}
+    try:
+        for name in names:
+            topic, num = parse_partition_name(name)
+            marks = c.get_watermark_offsets(TopicPartition(topic, num), timeout=timeout_ms / 1000)
+            if marks is None:
+                return None
+            out[name] = int(marks[1])
+    except (KafkaException, SourceError):
+        return None
+    finally:
+        c.close()
+    return out
+
+
+def source_status(merger: object) -> tuple[bool | None, list[tuple[str, int | None]]]:
+    """For a progress panel and metrics: whether every partition of a live run's
+    merger reaches its broker (None: not a broker source) and each partition's lag in
+    records (None: unknown), from what the clients already know."""
+    cursors = getattr(merger, "cursors", None) or []
+    names = list(getattr(merger, "names", []) or [])
+    connected: bool | None = None
+    lags: list[tuple[str, int | None]] = []
+    for name, cur in zip(names, cursors, strict=False):
+        part = getattr(cur, "part", None)
+        if not isinstance(part, KafkaPartition):
+            continue
+        connected = part.connected if connected is None else connected and part.connected
+        lags.append((name, part.cached_lag()))
+    return connected, lags

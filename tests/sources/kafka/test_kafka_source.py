@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from sealstream.errors import SourceError, SourceExpiredError, SourceUnavailable
 from sealstream.sources import FieldPlan
 from sealstream.sources._base import Chunk
 from sealstream.sources._live import LivePartition, LiveSource
-from sealstream.sources.kafka import KafkaPartition, KafkaSettings, KafkaSource
+from sealstream.sources.kafka import KafkaPartition, KafkaSettings, KafkaSource, source_status
 
 ck = pytest.importorskip("confluent_kafka")
 PLAN = FieldPlan(key="user", time="ts", fields={"amount": "numeric"})
@@ -290,6 +291,8 @@ def test_broker_stopped_and_restarted_mid_run(own_kafka: Any) -> None:
         return not part.connected
 
     _wait_for(lost, "the partition to notice the broker is gone")
+    merger = SimpleNamespace(names=[part.name], cursors=[SimpleNamespace(part=part)])
+    assert source_status(merger)[0] is False  # what the panel and metrics show
     own_kafka.broker.start()
     produce(own_kafka.bootstrap, topic, [_event(i) for i in range(5, 10)])
     deadline = time.monotonic() + 60
@@ -299,6 +302,7 @@ def test_broker_stopped_and_restarted_mid_run(own_kafka: Any) -> None:
         assert c is not None
         got += c.events["__off"].to_list()
     assert got == list(range(10)) and part.connected
+    assert source_status(merger) == (True, [(part.name, 0)])
     part.close()
     src.close()
 
@@ -330,3 +334,12 @@ def test_group_gets_positions_for_lag_tools(source: tuple[Any, str]) -> None:
     assert [tp.offset for tp in got] == [7, 3]
     c.close()
     src.close()
+
+
+def test_metrics_show_the_broker_link_and_lag() -> None:
+    from sealstream.cli._metrics import Snapshot, render
+
+    text = render(Snapshot(pipeline="p", source_connected=False,
+                           partition_lag_records=(("t/0", 3),)))
+    assert 'sealstream_source_connected{pipeline="p"} 0' in text
+    assert 'sealstream_partition_lag_records{pipeline="p",partition="t/0"} 3' in text

@@ -533,6 +533,7 @@ def inspect_checkpoint(
         "receipts": _receipts(loaded),
         "counters": _dict(doc.get("counters")) or None,
         "aggregates": _dict(definition.get("aggregates")) or None,
+        "outputs": _outputs(doc),
         "files": loaded.files,
         "problems": problems,
         "distributed": _distributed(doc, loaded),
@@ -556,6 +557,30 @@ def _distributed(doc: Mapping[str, Any], loaded: _Loaded) -> dict[str, Any] | No
                       "sha256_ok": fact.get("sha256_ok")})
     return {"workers": _int(dist.get("workers")), "routing": _dict(dist.get("routing")),
             "parts": parts}
+
+
+def _outputs(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per output: the epoch the checkpoint prepared, its commit tokens, and for a
+    Kafka output the topic with each partition's end offset when the checkpoint was
+    taken (every earlier epoch is committed below it; this epoch's transaction, once
+    committed, lies above it)."""
+    from sealstream.sinks.kafka import parse_location
+
+    out = []
+    for role, entry in sorted(_dict(doc.get("sinks")).items()):
+        e = _dict(entry)
+        row: dict[str, Any] = {"output": str(role), "epoch": _int(e.get("epoch")),
+                               "tokens": [str(t) for t in _list(e.get("tokens"))],
+                               "kafka": None, "path": None}
+        kafka = parse_location(e.get("path"))
+        if kafka is not None:
+            row["kafka"] = {"topic": kafka[0],
+                            "committed_offsets": {str(p): o for p, o in
+                                                  sorted(kafka[1].items())}}
+        elif isinstance(e.get("path"), str):
+            row["path"] = e["path"]
+        out.append(row)
+    return out
 
 
 # --------------------------------------------------------------------------- diff

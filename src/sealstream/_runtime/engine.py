@@ -101,6 +101,7 @@ from sealstream.sinks import open_sink
 from sealstream.sinks._base import JSON_LINE
 from sealstream.sinks.database import DatabaseSink, same_database
 from sealstream.sinks.jsonl import JsonlDirSink
+from sealstream.sinks.kafka import KafkaSink
 from sealstream.sources._base import (
     OFFSET,
     PARTITION,
@@ -307,9 +308,11 @@ class Job(Checkpointing):
         results = self.sinks["results"]
         if isinstance(results, JsonlDirSink):  # a compound key: its lines name each field
             results.key_fields = self.p.source.key_fields
-        for sink in self.sinks.values():
+        for role, sink in self.sinks.items():
             if isinstance(sink, DatabaseSink):
                 sink.pipeline = self.p.name  # its staged rows and its table are its own
+            elif isinstance(sink, KafkaSink):
+                sink.set_job(self.p.name, role)  # its transactional.id: one per job and output
 
     def _start_sources(self, positions: list[SourcePosition]) -> None:
         if self.live:

@@ -143,6 +143,17 @@ def render_inspect(data: dict[str, Any]) -> None:
                        _s(p["watermark_iso"]), _s(wm_iso(p["max_time_ms"])), _s(p["exhausted"]),
                        *((_s(p.get("lag")),) if lag else ()))
         console.print(pt)
+    kafka = [o for o in data.get("outputs", []) if o["kafka"] is not None]
+    if kafka:
+        kt = Table(title="Kafka outputs (epochs before this one are committed below these "
+                         "offsets)")
+        for col in ("output", "topic", "epoch", "committed offsets", "tokens"):
+            kt.add_column(col, overflow="fold")
+        for o in kafka:
+            offs = ", ".join(f"p{p}={v}" for p, v in o["kafka"]["committed_offsets"].items())
+            kt.add_row(o["output"], o["kafka"]["topic"], _s(o["epoch"]), offs or "-",
+                       ", ".join(o["tokens"]) or "-")
+        console.print(kt)
     if data["files"]:
         ft = Table(title="files")
         for col in ("role", "path", "bytes", "recorded", "sha256"):

@@ -120,14 +120,20 @@ class Aggregate:
 
 @dataclass(frozen=True)
 class Output:
-    """A directory output (``jsonl`` or ``parquet``), ``stdout``, or a database table
-    (``sqlite`` or ``postgresql``: ``url`` and ``table``; results only)."""
+    """A directory output (``jsonl`` or ``parquet``), ``stdout``, a database table
+    (``sqlite`` or ``postgresql``: ``url`` and ``table``; results only), or a Kafka
+    topic (``kafka``: ``bootstrap``, ``topic``, client ``settings``; ``path`` is then
+    the optional local staging directory)."""
 
-    kind: Literal["jsonl", "parquet", "stdout", "sqlite", "postgresql"]
+    kind: Literal["jsonl", "parquet", "stdout", "sqlite", "postgresql", "kafka"]
     path: str | None = None
     base_dir: Path = Path(".")
     url: str | None = None
     table: str | None = None
+    bootstrap: str | None = None
+    topic: str | None = None
+    #: librdkafka settings of a kafka output, as (name, value) pairs
+    settings: tuple[tuple[str, str], ...] = ()
 
     @property
     def resolved(self) -> Path:

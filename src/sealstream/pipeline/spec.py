@@ -33,13 +33,31 @@ _SECTIONS: dict[str, set[str]] = {
     "window": {"kind", "size_ms", "slide_ms", "gap_ms", "allowed_lateness_ms"},
     "transform": {"where", "fields"},
     "aggregates": set(),
-    "sink": {"kind", "path", "url", "table"},
-    "late": {"kind", "path", "url", "table"},
-    "errors": {"kind", "path", "url", "table"},
+    "sink": {"kind", "path", "url", "table", "bootstrap", "topic", "settings"},
+    "late": {"kind", "path", "url", "table", "bootstrap", "topic", "settings"},
+    "errors": {"kind", "path", "url", "table", "bootstrap", "topic", "settings"},
     "checkpoint": {"path", "url", "every_events", "every_ms", "keep", "incremental",
                    "full_every", "asynchronous", "max_age_s"},
 }
 _REQUIRED = ("pipeline", "source", "window", "aggregates", "sink")
+
+
+def _settings(table: dict[str, Any], sec: str) -> tuple[tuple[str, str], ...]:
+    """A kafka output's client settings: a table of names to strings, numbers or booleans."""
+    raw = table.get("settings", {})
+    if not isinstance(raw, dict):
+        raise SpecError(f"{sec}.settings: expected a table of client settings, "
+                        f'e.g. {{"linger.ms" = 5}}')
+    out = []
+    for k, v in raw.items():
+        if isinstance(v, bool):
+            v = "true" if v else "false"
+        elif isinstance(v, int | float | str):
+            v = str(v)
+        else:
+            raise SpecError(f"{sec}.settings.{k}: expected a string, number or boolean")
+        out.append((str(k), v))
+    return tuple(out)
 
 
 def load_spec(path: str | Path) -> Pipeline:
@@ -154,7 +172,10 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
         opath = _get(data[sec], sec, "path", str, None)
         return Output(kind=okind, path=opath, base_dir=base_dir,
                       url=_get(data[sec], sec, "url", str, None),
-                      table=_get(data[sec], sec, "table", str, None))
+                      table=_get(data[sec], sec, "table", str, None),
+                      bootstrap=_get(data[sec], sec, "bootstrap", str, None),
+                      topic=_get(data[sec], sec, "topic", str, None),
+                      settings=_settings(data[sec], sec))
 
     ckpt = None
     if "checkpoint" in data:

@@ -236,6 +236,7 @@ class AgentCheckpointStore:
         ex, ns = checkpoint.execution_id, checkpoint.namespace
         body = checkpoint.body()
         with self.rows.transaction() as tx:
+            tx.lock_history(ex, ns)
             names = [r.name for r in tx.scan("cp", ex, ns)]
             head = self._meta(tx, ex, ns).get("head") or ""
             self.check_kind(tx, ex, ns, head, KIND_AGENT)
@@ -350,6 +351,7 @@ class AgentCheckpointStore:
 
     def _set_meta(self, tx: RowTx, ex: str, ns: str, *, head: str | None = None,
                   floor: str | None = None, dropped: Sequence[str] = ()) -> None:
+        tx.lock_history(ex, ns)
         meta = self._meta(tx, ex, ns)
         new: dict[str, Any] = {"head": meta.get("head") or "", "floor": meta.get("floor") or "",
                                "dropped": sorted(set(meta.get("dropped") or []) | set(dropped))}

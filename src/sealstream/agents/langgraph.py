@@ -46,11 +46,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
+import functools
 import hashlib
+import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -83,6 +86,8 @@ from sealstream.agents.store import RowStore, RowTx
 from sealstream.errors import CheckpointError, SpecError
 
 __all__ = ["SealstreamSaver"]
+
+_T = TypeVar("_T")
 
 
 class _WaitForCheckpoint(Exception):
@@ -124,8 +129,23 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
         self.store = store if isinstance(store, AgentCheckpointStore) else AgentCheckpointStore(
             store, key=key, encryption_key=encryption_key)
         self.writes_wait_s = writes_wait_s
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._workers_lock = threading.Lock()
+        # checkpoints committed by this saver (recent ones) and async writers waiting
+        # for one: a pending write waits for its checkpoint's save without asking the
+        # database again and again (it still asks now and then: another process may
+        # be the one that saves it)
+        self._committed: dict[tuple[str, str, str], None] = {}
+        self._waiting: dict[tuple[str, str, str], list[asyncio.Future[None]]] = {}
+        # when this saver last committed a checkpoint of a thread: a write keeps
+        # waiting while its thread's earlier checkpoints are still being saved
+        self._progress: dict[tuple[str, str], float] = {}
 
     def close(self) -> None:
+        with self._workers_lock:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
         self.store.close()
 
     # ------------------------------------------------------------ helpers
@@ -259,6 +279,7 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
             name = _blob_name(channel, version, blob)
             channels[channel], blobs[name] = name, blob
         with self.store.rows.transaction() as tx:
+            tx.lock_history(thread, ns)
             self.store.check_kind(tx, thread, ns,
                                   self.store._meta(tx, thread, ns).get("head") or "",
                                   KIND_LANGGRAPH)
@@ -285,11 +306,25 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
             self.store._commit(tx, thread, ns, str(checkpoint["id"]), kind=KIND_LANGGRAPH,
                                parent=str(parent) if parent else None, body=body, blobs=blobs,
                                reuse=reuse, writes=True, created_ms=now_ms(), overwrite=True)
+        self._saved((thread, ns, str(checkpoint["id"])))
         return {"configurable": {"thread_id": thread, "checkpoint_ns": ns,
                                  "checkpoint_id": checkpoint["id"]}}
 
-    def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
-                   task_id: str, task_path: str = "") -> None:
+    def _saved(self, key: tuple[str, str, str]) -> None:
+        with self._workers_lock:
+            self._committed[key] = None
+            self._progress[key[:2]] = time.monotonic()
+            if len(self._progress) > 4096:
+                del self._progress[next(iter(self._progress))]
+            if len(self._committed) > 4096:
+                del self._committed[next(iter(self._committed))]
+            waiters = self._waiting.pop(key, [])
+        for fut in waiters:
+            fut.get_loop().call_soon_threadsafe(_resolve, fut)
+
+    def _write_rows(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                    task_id: str, task_path: str
+                    ) -> tuple[str, str, str, list[tuple[str, bool, dict[str, Any]]]]:
         conf = config["configurable"]
         thread, ns = str(conf["thread_id"]), str(conf.get("checkpoint_ns", ""))
         cid = str(conf["checkpoint_id"])
@@ -299,24 +334,47 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
             rows.append((write_name(cid, task_id, idx), channel in WRITES_IDX_MAP,
                          {"checkpoint": cid, "task_id": task_id, "task_path": task_path,
                           "idx": idx, "channel": channel, "value": _typed(self._dumps(value))}))
-        deadline = time.monotonic() + self.writes_wait_s
-        while True:
-            try:
-                with self.store.rows.transaction() as tx:
-                    self._put_writes(tx, thread, ns, cid, rows)
-                return
-            except _WaitForCheckpoint:
-                if time.monotonic() > deadline:
-                    raise CheckpointError(
-                        f"pending writes for checkpoint {cid!r} of {thread!r}/{ns!r}: that "
-                        f"checkpoint was not committed within {self.writes_wait_s} s; writes "
-                        "are never stored without their checkpoint") from None
-                time.sleep(0.005)
+        return thread, ns, cid, rows
+
+    def _try_put_writes(self, thread: str, ns: str, cid: str,
+                        rows: Sequence[tuple[str, bool, dict[str, Any]]]) -> bool:
+        """One attempt: True when committed, False when the checkpoint is not yet."""
+        try:
+            with self.store.rows.transaction() as tx:
+                self._put_writes(tx, thread, ns, cid, rows)
+            return True
+        except _WaitForCheckpoint:
+            return False
+
+    def _overdue(self, thread: str, ns: str, start: float) -> bool:
+        """Whether a write has waited ``writes_wait_s`` since it began or since this
+        saver last committed a checkpoint of its thread, whichever is later."""
+        with self._workers_lock:
+            last = max(start, self._progress.get((thread, ns), start))
+        return time.monotonic() > last + self.writes_wait_s
+
+    def _not_committed(self, thread: str, ns: str, cid: str) -> CheckpointError:
+        return CheckpointError(
+            f"pending writes for checkpoint {cid!r} of {thread!r}/{ns!r}: that checkpoint "
+            f"was not committed within {self.writes_wait_s} s; writes are never stored "
+            "without their checkpoint")
+
+    def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                   task_id: str, task_path: str = "") -> None:
+        thread, ns, cid, rows = self._write_rows(config, writes, task_id, task_path)
+        start = time.monotonic()
+        pause = 0.001
+        while not self._try_put_writes(thread, ns, cid, rows):
+            if self._overdue(thread, ns, start):
+                raise self._not_committed(thread, ns, cid)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     def _put_writes(self, tx: RowTx, thread: str, ns: str, cid: str,
                     rows: Sequence[tuple[str, bool, dict[str, Any]]]) -> None:
         keys = self.store.keys
         iaddr = ("wi", thread, ns, cid)
+        tx.lock_history(thread, ns)
         if tx.get(*iaddr, lock=True) is None:
             raise _WaitForCheckpoint
         row = self.store._read(tx, iaddr)
@@ -391,13 +449,33 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
                     self._put_writes(tx, dst, row.ns, row.name, writes)
 
     # ------------------------------------------------------------ async API
+    # Every async method runs its transactions on the saver's own workers (one for
+    # SQLite, whose transactions are serialized anyway; the pool size for
+    # PostgreSQL), never on the event loop's default executor, and nothing ever
+    # waits on a worker: a pending write whose checkpoint is not committed yet gives
+    # its worker back and waits in the event loop, so the save it waits for always
+    # finds a worker (LangGraph's durability="async" saves in the background while
+    # the next step's writes arrive).
+    def _workers(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._workers_lock:
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=max(1, self.store.rows.parallelism),
+                    thread_name_prefix="sealstream-saver")
+            return self._executor
+
+    async def _call(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._workers(),
+                                          functools.partial(fn, *args, **kwargs))
+
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        return await asyncio.to_thread(self.get_tuple, config)
+        return await self._call(self.get_tuple, config)
 
     async def alist(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
                     before: RunnableConfig | None = None, limit: int | None = None
                     ) -> AsyncIterator[CheckpointTuple]:
-        items = await asyncio.to_thread(
+        items = await self._call(
             lambda: list(self.list(config, filter=filter, before=before, limit=limit)))
         for item in items:
             yield item
@@ -405,23 +483,54 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
                    metadata: CheckpointMetadata, new_versions: ChannelVersions
                    ) -> RunnableConfig:
-        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+        return await self._call(self.put, config, checkpoint, metadata, new_versions)
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                           task_id: str, task_path: str = "") -> None:
-        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+        thread, ns, cid, rows = self._write_rows(config, writes, task_id, task_path)
+        key = (thread, ns, cid)
+        start = time.monotonic()
+        pause = 0.01
+        while True:
+            with self._workers_lock:
+                fut: asyncio.Future[None] | None = None
+                if key not in self._committed:
+                    fut = asyncio.get_running_loop().create_future()
+                    self._waiting.setdefault(key, []).append(fut)
+            if fut is not None:  # wait in the event loop, holding no worker
+                try:
+                    await asyncio.wait_for(fut, timeout=pause)
+                except TimeoutError:
+                    pass
+                finally:
+                    with self._workers_lock:
+                        waiters = self._waiting.get(key, [])
+                        if fut in waiters:
+                            waiters.remove(fut)
+                            if not waiters:
+                                del self._waiting[key]
+                pause = min(pause * 2, 0.25)
+            if await self._call(self._try_put_writes, thread, ns, cid, rows):
+                return
+            if self._overdue(thread, ns, start):
+                raise self._not_committed(thread, ns, cid)
 
     async def adelete_thread(self, thread_id: str) -> None:
-        await asyncio.to_thread(self.delete_thread, thread_id)
+        await self._call(self.delete_thread, thread_id)
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        await asyncio.to_thread(self.delete_for_runs, run_ids)
+        await self._call(self.delete_for_runs, run_ids)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+        await self._call(self.copy_thread, source_thread_id, target_thread_id)
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
+        await self._call(self.prune, thread_ids, strategy=strategy)
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 def _judge_digest(plain: bytes) -> str:

@@ -111,16 +111,25 @@ class RowTx(abc.ABC):
         """Rows of a space (one execution, or all with None; names starting with
         ``prefix``), ordered by execution, namespace and name (bytewise)."""
 
+    def lock_history(self, execution: str, ns: str) -> None:
+        """Serialize writers of one history until the transaction ends (a no-op where
+        transactions are serialized anyway: SQLite's ``BEGIN IMMEDIATE``)."""
+        return None
+
 
 class RowStore(abc.ABC):
     """A database of rows; see the module docstring.
 
-    One connection per store, shared by threads: transactions are serialized by a
-    lock (LangGraph saves from background threads).
+    SQLite: one connection per store, shared by threads, transactions serialized by
+    a lock. PostgreSQL: a connection pool (``pool_size`` connections), transactions
+    run concurrently; writers of one history serialize on a transaction-scoped
+    advisory lock (:meth:`RowTx.lock_history`).
     """
 
     location: str
     _lock: threading.RLock
+    #: how many transactions may usefully run at once (the saver's async worker count)
+    parallelism: int = 1
 
     @abc.abstractmethod
     def transaction(self) -> contextlib.AbstractContextManager[RowTx]:
@@ -330,6 +339,14 @@ class SqliteRowStore(RowStore):
 class _PgTx(RowTx):
     def __init__(self, conn: Any) -> None:
         self._c = conn
+        self._locked: set[tuple[str, str]] = set()
+
+    def lock_history(self, execution: str, ns: str) -> None:
+        if (execution, ns) in self._locked:
+            return
+        key = int.from_bytes(lock_digest("history:" + execution, ns)[:8], "big", signed=True)
+        self._c.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
+        self._locked.add((execution, ns))
 
     def get(self, space: str, execution: str, ns: str, name: str,
             *, lock: bool = False) -> bytes | None:
@@ -372,47 +389,60 @@ class _PgTx(RowTx):
 class PostgresRowStore(RowStore):
     """Rows in a PostgreSQL database (psycopg 3), for shared deployments.
 
+    A pool of up to ``pool_size`` connections (psycopg_pool): transactions of
+    different threads (and of the async saver's workers) run concurrently.
     Needs the ``postgres`` extra (``pip install sealstream[postgres]``).
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, pool_size: int = 8) -> None:
         self.url = url
         self.location = _redact(url)
-        self._conn: Any = None
+        self.parallelism = max(1, int(pool_size))
+        self._pool: Any = None
         self._lock = threading.RLock()
 
     def _db(self) -> Any:
-        if self._conn is None or self._conn.closed:
-            try:
-                import psycopg
-            except ImportError:
-                raise CheckpointError(
-                    "PostgreSQL agent stores need psycopg: pip install 'sealstream[postgres]'"
-                ) from None
-            try:
-                conn = psycopg.connect(self.url, autocommit=True, connect_timeout=10)
-                conn.execute(_PG_SCHEMA)
-            except psycopg.Error as exc:
-                raise CheckpointError(
-                    f"cannot open agent store {self.location}: {str(exc).strip()}") from None
-            self._conn = conn
-        return self._conn
+        with self._lock:
+            if self._pool is None:
+                try:
+                    import psycopg
+                    from psycopg_pool import ConnectionPool
+                except ImportError:
+                    raise CheckpointError(
+                        "PostgreSQL agent stores need psycopg and psycopg-pool: "
+                        "pip install 'sealstream[postgres]'") from None
+                try:
+                    with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as c:
+                        c.execute(_PG_SCHEMA)
+                    pool = ConnectionPool(
+                        self.url, min_size=1, max_size=self.parallelism, open=False,
+                        kwargs={"autocommit": True, "connect_timeout": 10}, timeout=30.0,
+                        name="sealstream-agents")
+                    pool.open(wait=True, timeout=30.0)
+                except psycopg.Error as exc:
+                    raise CheckpointError(
+                        f"cannot open agent store {self.location}: {str(exc).strip()}"
+                    ) from None
+                except Exception as exc:  # psycopg_pool.PoolTimeout
+                    raise CheckpointError(
+                        f"cannot open agent store {self.location}: {exc}") from None
+                self._pool = pool
+            return self._pool
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[RowTx]:
-        with self._lock:
-            yield from self._transaction()
-
-    def _transaction(self) -> Iterator[RowTx]:
         import psycopg
+        from psycopg_pool import PoolTimeout
 
-        conn = self._db()
+        pool = self._db()
         try:
-            with conn.transaction():
+            with pool.connection() as conn, conn.transaction():
                 yield _PgTx(conn)
         except psycopg.Error as exc:
             raise CheckpointError(
                 f"agent store {self.location}: {str(exc).strip()}") from None
+        except PoolTimeout as exc:
+            raise CheckpointError(f"agent store {self.location}: {exc}") from None
 
     @contextlib.contextmanager
     def execution_lock(self, execution: str, ns: str, *, timeout: float = 0.0
@@ -440,9 +470,9 @@ class PostgresRowStore(RowStore):
 
     def close(self) -> None:
         with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
 
 
 def _redact(url: str) -> str:

@@ -47,11 +47,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import concurrent.futures
+import dataclasses
 import functools
 import hashlib
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -88,6 +91,7 @@ from sealstream.errors import CheckpointError, SpecError
 __all__ = ["SealstreamSaver"]
 
 _T = TypeVar("_T")
+_log = logging.getLogger("sealstream.agents")
 
 
 class _WaitForCheckpoint(Exception):
@@ -121,13 +125,13 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
     def __init__(self, store: AgentCheckpointStore | RowStore | str | Path, *,
                  serde: SerializerProtocol | None = None, key: bytes | None | object = FROM_ENV,
                  encryption_key: bytes | None | object = FROM_ENV,
-                 writes_wait_s: float = 10.0) -> None:
+                 writes_wait_s: float = 10.0, fallback: str = "refuse") -> None:
         if getattr(serde, "pickle_fallback", False):
             raise SpecError("SealstreamSaver refuses a serializer with pickle fallback: "
                             "loading a checkpoint must never execute code")
         super().__init__(serde=serde or _safe_serde())
         self.store = store if isinstance(store, AgentCheckpointStore) else AgentCheckpointStore(
-            store, key=key, encryption_key=encryption_key)
+            store, key=key, encryption_key=encryption_key, fallback=fallback)
         self.writes_wait_s = writes_wait_s
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._workers_lock = threading.Lock()
@@ -187,26 +191,50 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
         if doc["parent"]:
             parent = {"configurable": {"thread_id": thread, "checkpoint_ns": ns,
                                        "checkpoint_id": doc["parent"]}}
+        metadata = self._loads(body["metadata"])
+        if loaded.fell_back_past:
+            metadata = {**metadata, "sealstream_fell_back_past": [
+                v.to_json() for v in loaded.fell_back_past]}
         return CheckpointTuple(
             config={"configurable": {"thread_id": thread, "checkpoint_ns": ns,
                                      "checkpoint_id": cid}},
-            checkpoint=checkpoint, metadata=self._loads(body["metadata"]),
+            checkpoint=checkpoint, metadata=metadata,
             parent_config=parent,  # type: ignore[arg-type]
             pending_writes=writes,
         )
 
-    def _latest_id(self, tx: RowTx, thread: str, ns: str) -> str | None:
-        ids = [r.name for r in tx.scan("cp", thread, ns)]
-        meta = self.store._meta(tx, thread, ns)
-        head = meta.get("head") or ""
-        if head and head not in ids:
-            raise AgentCheckpointError(AgentVerdict(
-                thread, ns, head, _judge.PARTIAL, "NO_MANIFEST",
-                f"checkpoint {head!r} of {thread!r}/{ns!r} is the signed head of its history "
-                "but its rows are gone"))
-        if not ids and not head:
+    def _latest(self, tx: RowTx, thread: str, ns: str) -> Loaded | None:
+        """The thread's head checkpoint (constant-time in its history's length); when
+        it is gone or does not verify, the saver's ``fallback`` policy decides."""
+        cid, problem = self.store.head(tx, thread, ns)
+        if cid is None and problem is None:
             return None
-        return max(ids)
+        if cid is not None:
+            ev = self.store._evidence(tx, thread, ns, cid)
+            verdict = _judge.judge(ev, self.store.keys.sign)
+            if verdict.ok:
+                return self.store._load(tx, thread, ns, cid)
+            problem = verdict
+        assert problem is not None
+        if self.store.fallback == "refuse":
+            raise AgentCheckpointError(replace(problem, message=(
+                f"{problem.message}; refusing to fall back silently (repair with "
+                "`sealstream agents repair`, or SealstreamSaver(..., fallback='verified'))")))
+        skipped = [problem]
+        for name, _, _ in tx.keys("cp", thread, ns):
+            if name == cid:
+                continue
+            verdict = _judge.judge(self.store._evidence(tx, thread, ns, name),
+                                   self.store.keys.sign)
+            if verdict.ok:
+                _log.warning("thread %r/%r: falling back to checkpoint %r past %s", thread,
+                             ns, name, "; ".join(f"{v.checkpoint_id}: {v.verdict} "
+                                                 f"({v.reason})" for v in skipped))
+                loaded = self.store._load(tx, thread, ns, name)
+                assert loaded is not None
+                return _replace_loaded(loaded, fell_back_past=tuple(skipped))
+            skipped.append(verdict)
+        raise AgentCheckpointError(skipped[0])
 
     # ------------------------------------------------------------ sync API
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
@@ -215,45 +243,61 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
         cid = get_checkpoint_id(config)
         with self.store.rows.transaction() as tx:
             if cid is None:
-                cid = self._latest_id(tx, thread, ns)
-                if cid is None:
-                    return None
+                loaded = self._latest(tx, thread, ns)
             elif tx.get("cp", thread, ns, cid) is None:
                 return None
-            loaded = self.store._load(tx, thread, ns, cid)
+            else:
+                loaded = self.store._load(tx, thread, ns, cid)
         return None if loaded is None else self._tuple(loaded)
 
     def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
              before: RunnableConfig | None = None, limit: int | None = None
              ) -> Iterator[CheckpointTuple]:
+        """Checkpoints newest first. A checkpoint that does not verify is skipped and
+        reported (log warning ``sealstream.agents``; :meth:`problems`), never fatal:
+        one damaged checkpoint or thread never hides the others. ``limit`` without a
+        ``filter`` reads only ``limit`` checkpoints."""
         conf = (config or {}).get("configurable", {})
         thread = conf.get("thread_id")
         ns = conf.get("checkpoint_ns")
         only = conf.get("checkpoint_id")
         before_id = get_checkpoint_id(before) if before else None
+        th = None if thread is None else str(thread)
+        cns = None if ns is None else str(ns)
+        out: list[CheckpointTuple] = []
         with self.store.rows.transaction() as tx:
-            rows = tx.scan("cp", None if thread is None else str(thread),
-                           None if ns is None else str(ns))
-            # like get_tuple: a history whose signed head is gone is refused, not
-            # listed from what is left (nor is any row that fails authentication)
-            metas = tx.scan("meta", None if thread is None else str(thread),
-                            None if ns is None else str(ns))
-            for ex, cns in sorted({(r.execution, r.ns) for r in [*rows, *metas]}):
-                self._latest_id(tx, ex, cns)
-            keys = sorted(((r.name, r.execution, r.ns) for r in rows), reverse=True)
-            keys = [k for k in keys if (only is None or k[0] == only)
-                    and (before_id is None or k[0] < before_id)]
-            out: list[CheckpointTuple] = []
-            for cid, ex, cns in keys:
-                if limit is not None and len(out) >= limit:
+            # with a limit, read that many keys first; only when some of them are
+            # skipped (damaged, filtered out) read all keys (names only, no data)
+            keys = tx.keys("cp", th, cns, before=before_id,
+                           limit=None if (limit is None or filter or only) else limit)
+            done = 0
+            while True:
+                for cid, ex, c_ns in keys[done:]:
+                    if limit is not None and len(out) >= limit:
+                        break
+                    if only is not None and cid != str(only):
+                        continue
+                    try:
+                        loaded = self.store._load(tx, ex, c_ns, cid)
+                    except AgentCheckpointError as err:
+                        _log.warning("list: skipping checkpoint %r of %r/%r: %s", cid, ex,
+                                     c_ns, err)
+                        continue
+                    assert loaded is not None
+                    tup = self._tuple(loaded)
+                    if filter and any(tup.metadata.get(k) != v for k, v in filter.items()):
+                        continue
+                    out.append(tup)
+                if limit is None or len(out) >= limit or len(keys) < limit or done:
                     break
-                loaded = self.store._load(tx, ex, cns, cid)
-                assert loaded is not None
-                tup = self._tuple(loaded)
-                if filter and any(tup.metadata.get(k) != v for k, v in filter.items()):
-                    continue
-                out.append(tup)
+                done = len(keys)
+                keys = tx.keys("cp", th, cns, before=before_id)
         yield from out
+
+    def problems(self, thread_id: str, checkpoint_ns: str = "") -> list[AgentVerdict]:
+        """Every verdict of the thread's history that is not ``ATOMIC_CHECKPOINT``
+        (damaged or missing checkpoints, a missing or damaged head marker)."""
+        return [v for v in self.store.history(str(thread_id), checkpoint_ns) if not v.ok]
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
@@ -383,10 +427,10 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
             assert bad is not None
             raise AgentCheckpointError(bad)
         listed = dict(index["writes"])
-        for name, replace, doc in rows:
+        for name, overwrite, doc in rows:
             addr = ("w", thread, ns, name)
             plain = seal_plain(keys, addr, doc)
-            if replace:
+            if overwrite:
                 tx.upsert(*addr, wrap(keys, addr, plain))
             elif not tx.insert(*addr, wrap(keys, addr, plain)):
                 continue  # already written (a retried task): keep the first
@@ -417,7 +461,12 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
         with self.store.rows.transaction() as tx:
             doomed: dict[tuple[str, str], list[str]] = {}
             for row in tx.scan("cp", None):
-                loaded = self.store._load(tx, row.execution, row.ns, row.name)
+                try:
+                    loaded = self.store._load(tx, row.execution, row.ns, row.name)
+                except AgentCheckpointError as err:  # its run id cannot be trusted
+                    _log.warning("delete_for_runs: checkpoint %r of %r/%r left alone: %s",
+                                 row.name, row.execution, row.ns, err)
+                    continue
                 assert loaded is not None
                 metadata = self._loads(loaded.manifest["body"]["metadata"])
                 if str(metadata.get("run_id")) in wanted:
@@ -431,7 +480,12 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
         src, dst = str(source_thread_id), str(target_thread_id)
         with self.store.rows.transaction() as tx:
             for row in tx.scan("cp", src):
-                loaded = self.store._load(tx, src, row.ns, row.name)
+                try:
+                    loaded = self.store._load(tx, src, row.ns, row.name)
+                except AgentCheckpointError as err:  # never re-signed into the copy
+                    _log.warning("copy_thread: checkpoint %r of %r/%r not copied: %s",
+                                 row.name, src, row.ns, err)
+                    continue
                 assert loaded is not None
                 doc = loaded.manifest
                 names = [n for n in doc["blobs"]]
@@ -526,6 +580,10 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         await self._call(self.prune, thread_ids, strategy=strategy)
+
+
+def _replace_loaded(loaded: Loaded, *, fell_back_past: tuple[AgentVerdict, ...]) -> Loaded:
+    return dataclasses.replace(loaded, fell_back_past=fell_back_past)
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

@@ -111,6 +111,17 @@ class RowTx(abc.ABC):
         """Rows of a space (one execution, or all with None; names starting with
         ``prefix``), ordered by execution, namespace and name (bytewise)."""
 
+    def keys(self, space: str, execution: str | None, ns: str | None = None, *,
+             before: str | None = None, limit: int | None = None,
+             newest_first: bool = True) -> list[tuple[str, str, str]]:
+        """``(name, execution, ns)`` of rows, without their data, ordered by name
+        (then execution, namespace), newest (largest) first; names below ``before``;
+        at most ``limit``: constant work for a bounded ``limit``."""
+        rows = [(r.name, r.execution, r.ns) for r in self.scan(space, execution, ns)]
+        rows = sorted((k for k in rows if before is None or k[0] < before),
+                      reverse=newest_first)
+        return rows if limit is None else rows[:limit]
+
     def lock_history(self, execution: str, ns: str) -> None:
         """Serialize writers of one history until the transaction ends (a no-op where
         transactions are serialized anyway: SQLite's ``BEGIN IMMEDIATE``)."""
@@ -212,10 +223,31 @@ def _where(space: str, execution: str | None, ns: str | None,
     return sql, args
 
 
+def _keys_sql(space: str, execution: str | None, ns: str | None, before: str | None,
+              limit: int | None, newest_first: bool, mark: str, collate: str
+              ) -> tuple[str, list[Any]]:
+    where, args = _where(space, execution, ns, None, mark)
+    if before is not None:
+        where += f" AND name{collate} < {mark}"
+        args.append(before)
+    order = "DESC" if newest_first else "ASC"
+    sql = (f"SELECT name, execution, ns FROM agent_rows WHERE {where} ORDER BY "
+           f"name{collate} {order}, execution{collate} {order}, ns{collate} {order}")
+    if limit is not None:
+        sql += f" LIMIT {int(limit)}"
+    return sql, args
+
+
 # ---------------------------------------------------------------------- SQLite
 class _SqliteTx(RowTx):
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._c = conn
+
+    def keys(self, space: str, execution: str | None, ns: str | None = None, *,
+             before: str | None = None, limit: int | None = None,
+             newest_first: bool = True) -> list[tuple[str, str, str]]:
+        sql, args = _keys_sql(space, execution, ns, before, limit, newest_first, "?", "")
+        return [(r[0], r[1], r[2]) for r in self._c.execute(sql, args).fetchall()]
 
     def get(self, space: str, execution: str, ns: str, name: str,
             *, lock: bool = False) -> bytes | None:
@@ -340,6 +372,13 @@ class _PgTx(RowTx):
     def __init__(self, conn: Any) -> None:
         self._c = conn
         self._locked: set[tuple[str, str]] = set()
+
+    def keys(self, space: str, execution: str | None, ns: str | None = None, *,
+             before: str | None = None, limit: int | None = None,
+             newest_first: bool = True) -> list[tuple[str, str, str]]:
+        sql, args = _keys_sql(space, execution, ns, before, limit, newest_first, "%s",
+                              ' COLLATE "C"')
+        return [(r[0], r[1], r[2]) for r in self._c.execute(sql, args).fetchall()]
 
     def lock_history(self, execution: str, ns: str) -> None:
         if (execution, ns) in self._locked:

@@ -70,6 +70,7 @@ from langgraph.checkpoint.base import (
     get_serializable_checkpoint_metadata,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.event_hooks import register_serde_event_listener
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from sealstream.agents import judge as _judge
@@ -108,6 +109,35 @@ def _safe_serde() -> JsonPlusSerializer:
         ) from None
 
 
+_blocked = threading.local()
+
+
+def _on_serde_event(event: Any) -> None:
+    """Collects, for the thread reading, the types LangGraph's serializer refused to
+    rebuild (it would otherwise hand back a plain dict in their place)."""
+    found = getattr(_blocked, "types", None)
+    if found is not None and str(event.get("kind", "")).endswith("blocked"):
+        found.append(f"{event.get('module')}.{event.get('name')}")
+
+
+register_serde_event_listener(_on_serde_event)
+
+_PLAIN = (str, int, float, bool, type(None), bytes)
+
+
+def _plain(value: Any) -> bool:
+    """Whether ``value`` is JSON-like (checked two levels deep): no custom type in it."""
+    if isinstance(value, _PLAIN):
+        return True
+    if type(value) in (list, tuple):
+        return all(isinstance(v, _PLAIN) or (type(v) in (list, dict) and not v)
+                   for v in value)
+    if type(value) is dict:
+        return all(isinstance(v, _PLAIN) or (type(v) in (list, dict) and not v)
+                   for v in value.values())
+    return False
+
+
 def _typed(pair: tuple[str, bytes]) -> list[str]:
     return [pair[0], base64.b64encode(pair[1]).decode("ascii")]
 
@@ -125,11 +155,22 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
     def __init__(self, store: AgentCheckpointStore | RowStore | str | Path, *,
                  serde: SerializerProtocol | None = None, key: bytes | None | object = FROM_ENV,
                  encryption_key: bytes | None | object = FROM_ENV,
-                 writes_wait_s: float = 10.0, fallback: str = "refuse") -> None:
+                 writes_wait_s: float = 10.0, fallback: str = "refuse",
+                 allowed_types: Sequence[type] = ()) -> None:
         if getattr(serde, "pickle_fallback", False):
             raise SpecError("SealstreamSaver refuses a serializer with pickle fallback: "
                             "loading a checkpoint must never execute code")
-        super().__init__(serde=serde or _safe_serde())
+        if isinstance(allowed_types, type | str) or not all(
+                isinstance(t, type) for t in allowed_types):
+            raise SpecError("allowed_types: expected a list of classes (dataclasses, "
+                            f"pydantic models), got {allowed_types!r}")
+        chosen = serde or _safe_serde()
+        if allowed_types:
+            if not isinstance(chosen, JsonPlusSerializer):
+                raise SpecError("allowed_types needs LangGraph's JsonPlusSerializer; "
+                                "configure your own serializer's allow-list instead")
+            chosen = chosen.with_msgpack_allowlist(list(allowed_types))
+        super().__init__(serde=chosen)
         self.store = store if isinstance(store, AgentCheckpointStore) else AgentCheckpointStore(
             store, key=key, encryption_key=encryption_key, fallback=fallback)
         self.writes_wait_s = writes_wait_s
@@ -154,13 +195,30 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
 
     # ------------------------------------------------------------ helpers
     def _dumps(self, value: Any) -> tuple[str, bytes]:
-        return self.serde.dumps_typed(value)
+        typed = self.serde.dumps_typed(value)
+        if not _plain(value):  # a custom type must come back as itself after a restart
+            self._checked_loads(typed, "refusing to store")
+        return typed
+
+    def _checked_loads(self, typed: tuple[str, bytes], doing: str) -> Any:
+        _blocked.types = []
+        try:
+            value = self.serde.loads_typed(typed)
+            found = list(_blocked.types)
+        finally:
+            _blocked.types = None
+        if found:
+            raise CheckpointError(
+                f"{doing} a value of type {', '.join(sorted(set(found)))}: it is not an "
+                "allowed type and would come back as a plain dict; register it: "
+                "SealstreamSaver(..., allowed_types=[...]) (no pickle)")
+        return value
 
     def _loads(self, typed: Sequence[str]) -> Any:
         kind, data = str(typed[0]), base64.b64decode(typed[1])
         if kind == "pickle":
             raise CheckpointError("a stored value is a pickle; refused (no code execution)")
-        return self.serde.loads_typed((kind, data))
+        return self._checked_loads((kind, data), "cannot read back")
 
     def _blob_value(self, data: bytes) -> tuple[bool, Any]:
         kind, _, raw = data.partition(b"\n")
@@ -168,7 +226,7 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
             return False, None
         if kind == b"pickle":
             raise CheckpointError("a stored value is a pickle; refused (no code execution)")
-        return True, self.serde.loads_typed((kind.decode(), raw))
+        return True, self._checked_loads((kind.decode(), raw), "cannot read back")
 
     def _tuple(self, loaded: Loaded) -> CheckpointTuple:
         doc = loaded.manifest

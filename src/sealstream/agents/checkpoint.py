@@ -587,6 +587,47 @@ class AgentCheckpointStore:
             else:
                 tx.delete("meta", execution_id, namespace)
 
+    def repair(self, execution_id: str | None = None, *, dry_run: bool = False
+               ) -> list[dict[str, Any]]:
+        """Re-establish a verified head in every history (or one execution's) that
+        needs it: move checkpoints that do not verify aside as evidence
+        (:meth:`quarantine`), record checkpoints whose rows are gone as dropped, and
+        re-sign the head marker on the newest remaining checkpoint. ``dry_run``:
+        only report. Returns one entry per history repaired (or to repair)."""
+        histories: set[tuple[str, str]] = set()
+        for space in ("cp", "meta"):
+            with self.rows.transaction() as tx:
+                histories |= {(k[1], k[2]) for k in tx.keys(space, execution_id)}
+        out: list[dict[str, Any]] = []
+        for ex, ns in sorted(histories):
+            verdicts = self.history(ex, ns)
+            present = set(self.ids(ex, ns))
+            damaged = sorted(v.checkpoint_id for v in verdicts
+                             if not v.ok and v.checkpoint_id in present)
+            gone = sorted(v.checkpoint_id for v in verdicts if not v.ok
+                          and v.checkpoint_id not in present and v.checkpoint_id != "(head)")
+            with self.rows.transaction() as tx:
+                before, problem = self.head(tx, ex, ns)
+            if not damaged and not gone and problem is None and all(v.ok for v in verdicts):
+                continue
+            entry = {"execution": ex, "namespace": ns, "head_before": before,
+                     "moved_aside": damaged, "gone": gone,
+                     "problems": [v.to_json() for v in verdicts if not v.ok],
+                     "dry_run": dry_run}
+            if not dry_run:
+                if damaged:
+                    self.quarantine(ex, damaged, ns)
+                with self.rows.transaction() as tx:
+                    if tx.keys("cp", ex, ns, limit=1):
+                        self._set_meta(tx, ex, ns, dropped=gone, reset_head=True)
+                    else:
+                        tx.delete("meta", ex, ns)
+                    entry["head_after"] = self.head(tx, ex, ns)[0]
+                _log.warning("repaired history %r/%r: moved aside %s, gone %s, head %s",
+                             ex, ns, damaged, gone, entry["head_after"])
+            out.append(entry)
+        return out
+
     def quarantined(self, execution_id: str, namespace: str = "") -> list[str]:
         """Ids of checkpoints moved aside as evidence (by prune or repair)."""
         with self.rows.transaction() as tx:

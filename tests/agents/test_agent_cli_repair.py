@@ -60,3 +60,19 @@ def test_cli_lists_verifies_and_repairs_an_agent_store(
     assert got is not None and got.config["configurable"]["checkpoint_id"] == ids[-2]
     assert saver.store.quarantined(T) == [ids[-1]]
     saver.close()
+
+
+def test_positional_idempotency_keys_tell_two_identical_calls_apart(tmp_path: Path) -> None:
+    from sealstream.agents import Tool
+
+    calls: list[str] = []
+    tool = Tool("charge", lambda key, args: calls.append(key) or {"ok": key[:6]})
+    db = tmp_path / "agents.db"
+    for attempt in range(2):  # the second attempt re-runs the step after a "restart"
+        ledger = EffectLedger(db, "e", key=b"k", encryption_key=None)
+        ledger.begin_step(7)
+        for _ in range(2):  # the same tool with the same arguments, twice in a loop
+            ledger.perform(tool, None, {"amount": 1})
+        ledger.close()
+        assert len(calls) == 2, attempt  # two effects, never repeated on the re-run
+    assert calls[0] != calls[1]

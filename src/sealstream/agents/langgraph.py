@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import builtins
 import concurrent.futures
 import dataclasses
 import functools
@@ -352,7 +353,7 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
                 keys = tx.keys("cp", th, cns, before=before_id)
         yield from out
 
-    def problems(self, thread_id: str, checkpoint_ns: str = "") -> list[AgentVerdict]:
+    def problems(self, thread_id: str, checkpoint_ns: str = "") -> builtins.list[AgentVerdict]:
         """Every verdict of the thread's history that is not ``ATOMIC_CHECKPOINT``
         (damaged or missing checkpoints, a missing or damaged head marker)."""
         return [v for v in self.store.history(str(thread_id), checkpoint_ns) if not v.ok]
@@ -426,7 +427,7 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
 
     def _write_rows(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                     task_id: str, task_path: str
-                    ) -> tuple[str, str, str, list[tuple[str, bool, dict[str, Any]]]]:
+                    ) -> tuple[str, str, str, builtins.list[tuple[str, bool, dict[str, Any]]]]:
         conf = config["configurable"]
         thread, ns = str(conf["thread_id"]), str(conf.get("checkpoint_ns", ""))
         cid = str(conf["checkpoint_id"])

@@ -45,10 +45,10 @@ def _tables(location: str) -> set[str]:
         try:
             import psycopg
 
-            with psycopg.connect(location, connect_timeout=10) as conn:
-                rows = conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = "
-                                    "current_schema()").fetchall()
-                return {str(r[0]) for r in rows}
+            with psycopg.connect(location, connect_timeout=10) as pg:
+                found = pg.execute("SELECT tablename FROM pg_tables WHERE schemaname = "
+                                   "current_schema()").fetchall()
+                return {str(r[0]) for r in found}
         except Exception:  # not reachable: let the stream commands report it
             return set()
     return set()

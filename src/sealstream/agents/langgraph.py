@@ -269,11 +269,10 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
         if cid is None and problem is None:
             return None
         if cid is not None:
-            ev = self.store._evidence(tx, thread, ns, cid)
-            verdict = _judge.judge(ev, self.store.keys.sign)
-            if verdict.ok:
+            try:
                 return self.store._load(tx, thread, ns, cid)
-            problem = verdict
+            except AgentCheckpointError as err:
+                problem = err.verdict
         assert problem is not None
         if self.store.fallback == "refuse":
             raise AgentCheckpointError(replace(problem, message=(

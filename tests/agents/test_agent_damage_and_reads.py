@@ -161,3 +161,15 @@ def test_head_by_id_and_a_page_of_list_cost_the_same_at_any_history_length(
     (head1, id1, list1), (head2, id2, list2) = costs
     assert head2 <= head1 + 2 and id2 <= id1 + 2 and list2 <= list1 + 2, costs
     saver.close()
+
+
+def test_retention_by_age_keeps_the_newest_verified_always(tmp_path: Path) -> None:
+    store = AgentCheckpointStore(tmp_path / "a.db", key=KEY, encryption_key=None)
+    saved = [store.save(AgentCheckpoint("e", state={"n": i})) for i in range(3)]
+    assert store.prune("e", keep_last=10, max_age_s=3600) == []  # all young
+    assert store.prune("e", keep_last=10, max_age_s=0) == [
+        saved[0].checkpoint_id, saved[1].checkpoint_id]  # all old: the newest stays
+    latest = store.latest("e")
+    assert latest is not None and latest.state == {"n": 2}
+    assert [v.ok for v in store.history("e")] == [True]
+    store.close()

@@ -382,13 +382,20 @@ class AgentCheckpointStore:
             {k: v if isinstance(v, str) else None for k, v in parents.items()},
             meta, self.keys.sign)
 
-    def prune(self, execution_id: str, namespace: str = "", *, keep_last: int) -> list[str]:
-        """Delete all but the newest ``keep_last`` checkpoints (0: all) with their
-        writes and the blobs nothing kept refers to, in one transaction; raise the
-        signed retention floor. Returns the deleted ids."""
+    def prune(self, execution_id: str, namespace: str = "", *, keep_last: int,
+              max_age_s: float | None = None) -> list[str]:
+        """Keep the newest ``keep_last`` verified checkpoints (0: delete all) and,
+        with ``max_age_s``, only those of them created less than ``max_age_s``
+        seconds ago (the newest verified one is always kept); delete the others with
+        their writes and the blobs nothing kept refers to, move damaged ones aside
+        (:meth:`quarantine`), in one transaction; raise the signed retention floor.
+        Returns the ids deleted or moved aside."""
         _check.count("keep_last", keep_last)
+        if max_age_s is not None and (isinstance(max_age_s, bool) or not isinstance(
+                max_age_s, int | float) or max_age_s < 0):
+            raise SpecError(f"max_age_s: expected a number of seconds >= 0, got {max_age_s!r}")
         with self.rows.transaction() as tx:
-            return self._prune(tx, execution_id, namespace, keep_last)
+            return self._prune(tx, execution_id, namespace, keep_last, max_age_s)
 
     def delete_execution(self, execution_id: str) -> None:
         """Delete every checkpoint, blob, write and marker of the execution (all
@@ -524,7 +531,8 @@ class AgentCheckpointStore:
         writes = [d for _, r in sorted(ev.writes.items()) if (d := _loads(r.data)) is not None]
         return Loaded(verdict, verdict.manifest, blobs, writes)
 
-    def _prune(self, tx: RowTx, ex: str, ns: str, keep_last: int) -> list[str]:
+    def _prune(self, tx: RowTx, ex: str, ns: str, keep_last: int,
+               max_age_s: float | None = None) -> list[str]:
         """Retention counting only verified checkpoints: keep the newest ``keep_last``
         verified ones (0: delete everything), move every damaged checkpoint aside as
         evidence (:meth:`quarantine`), delete the older verified ones."""
@@ -540,6 +548,11 @@ class AgentCheckpointStore:
             verified = [cid for cid in ids if verdicts[cid].ok]
             damaged = [cid for cid in ids if not verdicts[cid].ok]
             kept = verified[-keep_last:]
+            if max_age_s is not None and kept:
+                cutoff = now_ms() - max_age_s * 1000
+                young = [cid for cid in kept[:-1]
+                         if int((verdicts[cid].manifest or {}).get("created_ms", 0)) >= cutoff]
+                kept = [*young, kept[-1]]
             doomed = [cid for cid in verified if cid not in kept]
         if not doomed and not damaged:
             return []

@@ -173,3 +173,25 @@ def test_retention_by_age_keeps_the_newest_verified_always(tmp_path: Path) -> No
     assert latest is not None and latest.state == {"n": 2}
     assert [v.ok for v in store.history("e")] == [True]
     store.close()
+
+
+def test_key_rotation_keeps_old_checkpoints_verifiable_under_their_key_id(
+        tmp_path: Path) -> None:
+    from sealstream.agents import KeyRing
+
+    db = tmp_path / "a.db"
+    store = AgentCheckpointStore(db, key=b"old-key", encryption_key=None)
+    first = store.save(AgentCheckpoint("e", state={"n": 1}))  # before key ids
+    store.close()
+    ring = KeyRing("k2", {"k1": b"old-key", "k2": b"new-key"}, unnamed="k1")
+    store = AgentCheckpointStore(db, key=ring, encryption_key=None)
+    second = store.save(AgentCheckpoint("e", state={"n": 2}))
+    assert [v.reason for v in store.history("e")] == ["OK", "OK"]
+    assert store.load("e", first.checkpoint_id).state == {"n": 1}
+    store.close()
+    store = AgentCheckpointStore(db, key=KeyRing("k2", {"k2": b"new-key"}),
+                                 encryption_key=None)  # the old key retired
+    assert store.load("e", second.checkpoint_id).state == {"n": 2}
+    with pytest.raises(AgentCheckpointError, match="UNKNOWN_KEY_ID"):
+        store.load("e", first.checkpoint_id)
+    store.close()

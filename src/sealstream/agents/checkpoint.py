@@ -415,7 +415,9 @@ class AgentCheckpointStore:
             raise AgentCheckpointError(other_kind(doc, kind))
 
     def _read(self, tx: RowTx, addr: Address) -> RowRead:
-        stored = tx.get(*addr)
+        return self._opened(addr, tx.get(*addr))
+
+    def _opened(self, addr: Address, stored: bytes | None) -> RowRead:
         if stored is None:
             return RowRead(addr, None)
         try:
@@ -498,7 +500,8 @@ class AgentCheckpointStore:
         self._set_meta(tx, ex, ns, head=cid)
 
     def _evidence(self, tx: RowTx, ex: str, ns: str, cid: str) -> CheckpointEvidence:
-        manifest = self._read(tx, ("cp", ex, ns, cid))
+        raw_cp, raw_wi, raw_writes = tx.checkpoint_rows(ex, ns, cid, f"{_esc(cid)}|")
+        manifest = self._opened(("cp", ex, ns, cid), raw_cp)
         doc = _loads(manifest.data)
         blobs: dict[str, RowRead] = {}
         index = None
@@ -506,12 +509,13 @@ class AgentCheckpointStore:
         if doc is not None:
             entries = doc.get("blobs")
             if isinstance(entries, dict):
-                for name in entries:
-                    if isinstance(name, str):
-                        blobs[name] = self._read(tx, ("blob", ex, ns, name))
+                names = [n for n in entries if isinstance(n, str)]
+                found = tx.get_many("blob", ex, ns, names)
+                for name in names:
+                    blobs[name] = self._opened(("blob", ex, ns, name), found.get(name))
             if doc.get("writes"):
-                index = self._read(tx, ("wi", ex, ns, cid))
-                for row in _scan_writes(tx, ex, ns, cid):
+                index = self._opened(("wi", ex, ns, cid), raw_wi)
+                for row in raw_writes:
                     addr = (row.space, row.execution, row.ns, row.name)
                     try:
                         writes[row.name] = RowRead(addr, unwrap(self.keys, addr, row.data))

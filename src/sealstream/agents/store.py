@@ -122,6 +122,24 @@ class RowTx(abc.ABC):
                       reverse=newest_first)
         return rows if limit is None else rows[:limit]
 
+    def checkpoint_rows(self, execution: str, ns: str, cid: str, writes_prefix: str
+                        ) -> tuple[bytes | None, bytes | None, list[Row]]:
+        """A checkpoint's manifest, writes index and pending writes (names starting
+        with ``writes_prefix``), in as few round trips as the backend allows."""
+        return (self.get("cp", execution, ns, cid), self.get("wi", execution, ns, cid),
+                [r for r in self.scan("w", execution, ns, writes_prefix)
+                 if r.name.startswith(writes_prefix)])
+
+    def get_many(self, space: str, execution: str, ns: str, names: Sequence[str]
+                 ) -> dict[str, bytes]:
+        """The rows named ``names`` that exist."""
+        out = {}
+        for name in names:
+            data = self.get(space, execution, ns, name)
+            if data is not None:
+                out[name] = data
+        return out
+
     def lock_history(self, execution: str, ns: str) -> None:
         """Serialize writers of one history until the transaction ends (a no-op where
         transactions are serialized anyway: SQLite's ``BEGIN IMMEDIATE``)."""
@@ -379,6 +397,35 @@ class _PgTx(RowTx):
         sql, args = _keys_sql(space, execution, ns, before, limit, newest_first, "%s",
                               ' COLLATE "C"')
         return [(r[0], r[1], r[2]) for r in self._c.execute(sql, args).fetchall()]
+
+    def checkpoint_rows(self, execution: str, ns: str, cid: str, writes_prefix: str
+                        ) -> tuple[bytes | None, bytes | None, list[Row]]:
+        end = writes_prefix[:-1] + chr(ord(writes_prefix[-1]) + 1)
+        rows = self._c.execute(
+            "SELECT space, name, data FROM agent_rows WHERE execution = %s AND ns = %s AND "
+            "((space = 'cp' AND name = %s) OR (space = 'wi' AND name = %s) OR "
+            "(space = 'w' AND name COLLATE \"C\" >= %s AND name COLLATE \"C\" < %s)) "
+            "ORDER BY space, name COLLATE \"C\"",
+            (execution, ns, cid, cid, writes_prefix, end)).fetchall()
+        cp = wi = None
+        writes = []
+        for space, name, data in rows:
+            if space == "cp":
+                cp = _blob(data)
+            elif space == "wi":
+                wi = _blob(data)
+            elif name.startswith(writes_prefix):
+                writes.append(Row("w", execution, ns, name, _blob(data)))
+        return cp, wi, writes
+
+    def get_many(self, space: str, execution: str, ns: str, names: Sequence[str]
+                 ) -> dict[str, bytes]:
+        if not names:
+            return {}
+        rows = self._c.execute(
+            "SELECT name, data FROM agent_rows WHERE space = %s AND execution = %s AND "
+            "ns = %s AND name = ANY(%s)", (space, execution, ns, list(names))).fetchall()
+        return {r[0]: _blob(r[1]) for r in rows}
 
     def lock_history(self, execution: str, ns: str) -> None:
         if (execution, ns) in self._locked:

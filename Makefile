@@ -35,6 +35,7 @@ bench: $(STAMP) bench-flink bench-quix
 	$(PY) -m bench.live
 	$(PY) -m bench.nats
 	$(PY) -m bench.kafka_eos
+	$(PY) -m bench.agents
 
 # The PyFlink peer runs in its own venv (apache-flink pins its own pyarrow, numpy
 # and pandas). Best effort: without Java or the package the peer is skipped.

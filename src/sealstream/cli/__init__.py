@@ -429,8 +429,11 @@ def list_cmd(directory: str, as_json: bool, pipeline_name: str | None) -> None:
 
     DIRECTORY is a checkpoint directory or a store URL (sqlite:///FILE,
     postgresql://HOST/DB)."""
+    from sealstream.cli import _agents
     from sealstream.cli._report import list_checkpoints, render_list
 
+    if _agents.is_agent_store(directory):
+        raise _Exit(_agents.run(directory, "list", as_json))
     store = _store(directory, pipeline_name)
     try:
         data = list_checkpoints(store)
@@ -459,8 +462,11 @@ def verify_cmd(directory: str, as_json: bool, spec: Path | None, max_age: float 
 
     DIRECTORY is a checkpoint directory or a store URL (sqlite:///FILE,
     postgresql://HOST/DB)."""
+    from sealstream.cli import _agents
     from sealstream.cli._report import render_verify, verify_checkpoints
 
+    if _agents.is_agent_store(directory):
+        raise _Exit(_agents.run(directory, "verify", as_json))
     pipeline = None
     if spec is not None:
         from sealstream.pipeline import load_spec
@@ -511,9 +517,12 @@ def inspect_cmd(directory: str, checkpoint_id: str | None, as_json: bool,
     signer, pipeline and fingerprint. Works on partial or corrupt checkpoints too.
     The verdict uses SEALSTREAM_CHECKPOINT_KEY from the environment.
     """
+    from sealstream.cli import _agents
     from sealstream.cli._inspect import render_inspect
     from sealstream.inspect import inspect_checkpoint, resolve_id
 
+    if _agents.is_agent_store(directory):
+        raise _Exit(_agents.run(directory, "inspect", as_json, checkpoint_id))
     store = _store(directory, pipeline_name)
     try:
         cid = resolve_id(store, checkpoint_id)
@@ -605,6 +614,15 @@ def prune_cmd(directory: str, keep: int, dry_run: bool, as_json: bool,
         click.echo(f"sealstream: error: no checkpoint in {directory} is ATOMIC_CHECKPOINT; "
                    "nothing was pruned (see `sealstream checkpoints verify`)", err=True)
         raise _Exit(1)
+
+
+def _add_agents() -> None:
+    from sealstream.cli._agents import agents
+
+    cli.add_command(agents)
+
+
+_add_agents()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -95,8 +95,8 @@ class Checkpointing:
 
     @staticmethod
     def _judge(store: CheckpointStore, cid: int, policy: guard.Policy) -> guard.Verdict:
-        return guard.judge(store.evidence(cid, policy.key),
-                           store.verified_parent(cid, policy.key), policy)
+        return guard.judge_resumable(store.evidence(cid, policy.key),
+                                     store.verified_parent(cid, policy.key), policy)
 
     # ================================================================ receipts
     def _receipt(self, role: str, frame: pl.DataFrame) -> None:

@@ -110,6 +110,10 @@ class WindowCheckpoint:
     source: CheckpointSource | None = field(default=None, compare=False)
     #: what the view found out while building it (e.g. a checkpoint without roots)
     notes: tuple[str, ...] = field(default=(), compare=False)
+    #: "open" (in the state), "emitted" (a receipt found), "absent" (neither: never seen,
+    #: or emitted before every retained checkpoint), "unknown" (state unreadable), or
+    #: "" for a hand-built one
+    status: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -293,6 +297,8 @@ def window_checkpoint(store: CheckpointStore | str | Path, *, key: str, start_ms
         checkpoint_epoch=float(doc.get("created_ms", 0)) / 1000,
         source=CheckpointSource(st, cid, start_ms, end_ms, key),
         notes=tuple(notes),
+        status=("unknown" if row_json == "<unreadable>" else "open" if row_json is not None
+                else "emitted" if receipt is not None else "absent"),
     )
 
 

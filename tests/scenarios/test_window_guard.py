@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _story import (
@@ -292,3 +293,53 @@ def test_damaged_suppression_set_is_rebuilt_from_the_sinks(
     assert res.returncode == 0, res.stderr
     assert json.loads(summary.read_text())["resumed_from"] == cid
     assert_same_output(d, expected)
+
+
+# --------------------------------------------------------------------------- require_receipts
+def _reseal(manifest: Path, change: Any) -> None:
+    from sealstream.checkpoint.manifest import seal
+
+    doc = json.loads(manifest.read_text())
+    doc.pop("signature")
+    change(doc)
+    manifest.write_bytes(seal(doc, None))
+
+
+def test_require_receipts_refuses_a_checkpoint_without_signed_roots(
+    tmp_path: Path, crashed: Path, expected: Path
+) -> None:
+    """A checkpoint written before Merkle receipts (no receipt_roots) still loads; with
+    require_receipts (spec, or --require-receipts on run/replay/verify) it is PARTIAL
+    NO_RECEIPT_ROOTS and recovery falls back to one that signs its root. A signed root
+    that does not match the receipts is INCONSISTENT."""
+    d = _copy(crashed, tmp_path / "job")
+    cps = sorted((d / "ckpt").glob("cp-*"))
+    _reseal(cps[-1] / "MANIFEST.json", lambda doc: doc.pop("receipt_roots"))
+    store = LocalCheckpointStore(d / "ckpt")
+    assert verify_checkpoints(store, None)["checkpoints"][-1]["verdict"] == "ATOMIC_CHECKPOINT"
+    entry = verify_checkpoints(store, None, None, True)["checkpoints"][-1]
+    assert (entry["verdict"], entry["reason"]) == ("PARTIAL_CHECKPOINT_REJECT",
+                                                   "NO_RECEIPT_ROOTS")
+    res = _cli("checkpoints", "verify", str(d / "ckpt"), "--require-receipts", "--json")
+    assert res.returncode == 1 and json.loads(res.stdout)["resume_from"] == int(
+        cps[-2].name[3:])
+    # the spec's setting
+    spec = d / "spec.toml"
+    spec.write_text(spec.read_text().replace("[checkpoint]\n",
+                                             "[checkpoint]\nrequire_receipts = true\n"))
+    summary = tmp_path / "summary.json"
+    res = run(spec, "--summary-json", str(summary))
+    assert res.returncode == 0, res.stderr
+    got = json.loads(summary.read_text())
+    assert got["resumed_from"] == int(cps[-2].name[3:])
+    assert [r["reason"] for r in got["rejected"]] == ["NO_RECEIPT_ROOTS"]
+    assert_same_output(d, expected)
+    # a root that does not match the epoch's receipts, signed all the same
+    newest = sorted((d / "ckpt").glob("cp-*"))[-1]
+
+    def forge(doc: dict[str, Any]) -> None:
+        doc["receipt_roots"]["results"]["root"] = "0" * 64
+
+    _reseal(newest / "MANIFEST.json", forge)
+    entry = verify_checkpoints(store, None)["checkpoints"][-1]
+    assert (entry["verdict"], entry["reason"]) == ("INCONSISTENT_STATE", "RECEIPTS_MISMATCH")

@@ -441,6 +441,7 @@ class Job(Checkpointing):
             key=self.key, pipeline=self.p.name, fingerprint=self.fingerprint,
             max_age_ms=None if max_age_s is None else round(max_age_s * 1000),
             now_ms=None if max_age_s is None else int(time.time() * 1000),
+            require_receipt_roots=cfg is not None and cfg.require_receipts,
         )
         verdicts: list[guard.Verdict] = []
         for cid in reversed(ids):

@@ -38,7 +38,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sealstream.checkpoint.manifest import RECEIPTS_NAME, load_json, path_problem, signature_ok
+from sealstream.checkpoint.manifest import (
+    RECEIPTS_NAME,
+    ROOTS_FIELD,
+    load_json,
+    path_problem,
+    signature_ok,
+)
 
 ATOMIC = "ATOMIC_CHECKPOINT"
 PARTIAL = "PARTIAL_CHECKPOINT_REJECT"
@@ -117,6 +123,9 @@ class Policy:
     fingerprint: str | None = None
     max_age_ms: int | None = None
     now_ms: int | None = None
+    #: a checkpoint must sign its epoch's Merkle receipt root (``[checkpoint]
+    #: require_receipts``); one written before Merkle receipts is PARTIAL
+    require_receipt_roots: bool = False
 
 
 @dataclass(frozen=True)
@@ -317,6 +326,19 @@ def _judge(ev: Evidence, parent: Mapping[str, Any] | None, policy: Policy) -> Ve
     if ev.receipts.get("summary") != doc["receipts"]:
         return _verdict(ev, INCONSISTENT, "RECEIPTS_MISMATCH",
                         f"checkpoint {cid}: receipts do not match the manifest's summary", doc)
+    roots = doc.get(ROOTS_FIELD)
+    if roots is not None:
+        last = (ev.receipts.get("epochs") or [{}])[-1]
+        res = last.get("results", {}) if isinstance(last, dict) else {}
+        if not isinstance(roots, dict) or roots.get("epoch") != last.get("epoch") \
+                or roots.get("results") != {"count": res.get("count"), "root": res.get("root")}:
+            return _verdict(ev, INCONSISTENT, "RECEIPTS_MISMATCH",
+                            f"checkpoint {cid}: the signed receipt root does not match the "
+                            "epoch's receipts", doc)
+    elif policy.require_receipt_roots:
+        return _verdict(ev, PARTIAL, "NO_RECEIPT_ROOTS",
+                        f"checkpoint {cid} predates Merkle receipts: its manifest signs no "
+                        "receipt root, and receipts are required", doc)
     lateness = int(doc.get("lateness_ms", 0))
     w_global = int(wm["global_ms"])
     for rec in ev.receipts.get("epochs", []):

@@ -43,6 +43,8 @@ STATE_NAME = "state.arrow"
 DELTA_NAME = "state.delta.arrow"
 RECEIPTS_NAME = "receipts.json"
 SUPPRESS_NAME = "suppress.arrow"
+#: the manifest field that signs the epoch's Merkle receipt root (checkpoint.receipts)
+ROOTS_FIELD = "receipt_roots"
 #: the sorted result ids of the checkpoint's epoch: the leaves of its Merkle receipt
 RECEIPT_IDS_NAME = "receipt-ids.arrow"
 KEY_ENV = "SEALSTREAM_CHECKPOINT_KEY"

@@ -33,6 +33,7 @@ from typing import Any
 import polars as pl
 import polars_hash as plh
 
+from sealstream.checkpoint.manifest import ROOTS_FIELD as ROOTS_FIELD
 from sealstream.checkpoint.manifest import signature_ok
 from sealstream.state.codec import decode_table, encode_table
 
@@ -118,9 +119,9 @@ def verify_path(result_id: str, index: int, count: int, siblings: list[str],
 
 
 # --------------------------------------------------------------------------- in checkpoints
-#: the manifest field that signs the epoch's Merkle root: ``{"epoch": E, "results":
-#: {"count": N, "root": HEX}}``. Checkpoints written before Merkle receipts lack it.
-ROOTS_FIELD = "receipt_roots"
+#: the manifest field that signs the epoch's Merkle root (:data:`ROOTS_FIELD`):
+#: ``{"epoch": E, "results": {"count": N, "root": HEX}}``. Checkpoints written before
+#: Merkle receipts lack it.
 PROOF_FORMAT = 1
 
 

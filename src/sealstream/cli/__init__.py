@@ -91,6 +91,9 @@ def cli() -> None:
               metavar="SECONDS",
               help="Do not resume from a checkpoint older than this (STALE); "
                    "default: [checkpoint] max_age_s, else any age.")
+@click.option("--require-receipts", "require_receipts", is_flag=True,
+              help="Resume only from checkpoints that sign their epoch's Merkle receipt "
+                   "root (default: [checkpoint] require_receipts).")
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing but warnings and errors.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the run summary as JSON (on stderr when results go to stdout).")
@@ -101,7 +104,7 @@ def cli() -> None:
               help="Write the Prometheus metrics to this file (atomically) after every "
                    "checkpoint, e.g. for node_exporter's textfile collector.")
 def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int | None,
-        max_bad_ratio: float | None, max_age: float | None,
+        max_bad_ratio: float | None, max_age: float | None, require_receipts: bool,
         quiet: bool, as_json: bool, metrics_port: int | None,
         metrics_file: Path | None) -> None:
     """Run the pipeline described by SPEC (a TOML file) to the end of its input.
@@ -114,7 +117,12 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
     """
     from sealstream._runtime.engine import Job
     from sealstream.cli._progress import Progress, print_summary, warn_unseen_fields
-    from sealstream.pipeline import load_spec, with_batch_size, with_max_age
+    from sealstream.pipeline import (
+        load_spec,
+        with_batch_size,
+        with_max_age,
+        with_require_receipts,
+    )
 
     if TYPE_CHECKING:
         from sealstream.cli._metrics import Metrics
@@ -126,6 +134,8 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
             pipeline = with_batch_size(pipeline, batch_size)
         if max_age is not None:
             pipeline = with_max_age(pipeline, max_age)
+        if require_receipts:
+            pipeline = with_require_receipts(pipeline)
         limit = pipeline.max_bad_ratio if max_bad_ratio is None else max_bad_ratio
         human = sys.stderr if _results_on_stdout(pipeline) else sys.stdout
         for option, target in (("--metrics-file", metrics_file),
@@ -279,10 +289,13 @@ def _resume_note(job: Any) -> str:
               metavar="SECONDS",
               help="Refuse a --from checkpoint older than this (STALE); "
                    "default: [checkpoint] max_age_s, else any age.")
+@click.option("--require-receipts", "require_receipts", is_flag=True,
+              help="Resume only from checkpoints that sign their epoch's Merkle receipt "
+                   "root (default: [checkpoint] require_receipts).")
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run summary as JSON.")
-def replay(spec: Path, origin: str, to: Path, max_age: float | None, quiet: bool,
-           as_json: bool) -> None:
+def replay(spec: Path, origin: str, to: Path, max_age: float | None, require_receipts: bool,
+           quiet: bool, as_json: bool) -> None:
     """Re-run SPEC from --from into the isolated destination --to.
 
     Live outputs and live checkpoints are never written (the live checkpoint is only
@@ -290,12 +303,14 @@ def replay(spec: Path, origin: str, to: Path, max_age: float | None, quiet: bool
     """
     from sealstream._runtime.replay import replay as run_replay
     from sealstream.cli._progress import Progress, print_summary
-    from sealstream.pipeline import load_spec, with_max_age
+    from sealstream.pipeline import load_spec, with_max_age, with_require_receipts
 
     try:
         pipeline = load_spec(spec)
         if max_age is not None:
             pipeline = with_max_age(pipeline, max_age)
+        if require_receipts:
+            pipeline = with_require_receipts(pipeline)
         human = sys.stderr if _results_on_stdout(pipeline) else sys.stdout
         progress = None if (quiet or as_json) else Progress.for_terminal()
         try:
@@ -424,9 +439,13 @@ def list_cmd(directory: str, as_json: bool, pipeline_name: str | None) -> None:
               metavar="SECONDS",
               help="A checkpoint older than this is STALE (default: the --spec's "
                    "[checkpoint] max_age_s, else any age).")
+@click.option("--require-receipts", "require_receipts", is_flag=True,
+              help="A checkpoint that does not sign its epoch's Merkle receipt root is "
+                   "PARTIAL (NO_RECEIPT_ROOTS) (default: the --spec's [checkpoint] "
+                   "require_receipts).")
 @_PIPELINE_OPT
 def verify_cmd(directory: str, as_json: bool, spec: Path | None, max_age: float | None,
-               pipeline_name: str | None) -> None:
+               require_receipts: bool, pipeline_name: str | None) -> None:
     """Judge every checkpoint in DIRECTORY; exit 0 only if all are ATOMIC_CHECKPOINT.
 
     DIRECTORY is a checkpoint directory or a store URL (sqlite:///FILE,
@@ -446,9 +465,11 @@ def verify_cmd(directory: str, as_json: bool, spec: Path | None, max_age: float 
         pipeline_name = pipeline.name
     if max_age is None and pipeline is not None and pipeline.checkpoint is not None:
         max_age = pipeline.checkpoint.max_age_s
+    if pipeline is not None and pipeline.checkpoint is not None:
+        require_receipts = require_receipts or pipeline.checkpoint.require_receipts
     store = _store(directory, pipeline_name, named=named)
     try:
-        data = verify_checkpoints(store, pipeline, max_age)
+        data = verify_checkpoints(store, pipeline, max_age, require_receipts)
     except SealstreamError as err:
         _fail(err)
         return

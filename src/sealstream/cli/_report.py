@@ -48,8 +48,10 @@ def list_checkpoints(store: CheckpointStore) -> dict[str, Any]:
 
 
 def verify_checkpoints(store: CheckpointStore, pipeline: Pipeline | None,
-                       max_age_s: float | None = None) -> dict[str, Any]:
-    """Every checkpoint's verdict; ``max_age_s``: older ones are STALE."""
+                       max_age_s: float | None = None,
+                       require_receipts: bool = False) -> dict[str, Any]:
+    """Every checkpoint's verdict; ``max_age_s``: older ones are STALE;
+    ``require_receipts``: ones without signed receipt roots are PARTIAL."""
     import time
 
     policy = guard.Policy(
@@ -58,6 +60,7 @@ def verify_checkpoints(store: CheckpointStore, pipeline: Pipeline | None,
         fingerprint=pipeline.fingerprint() if pipeline else None,
         max_age_ms=None if max_age_s is None else round(max_age_s * 1000),
         now_ms=None if max_age_s is None else int(time.time() * 1000),
+        require_receipt_roots=require_receipts,
     )
     results = []
     resume = None

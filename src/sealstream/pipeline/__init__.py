@@ -50,6 +50,7 @@ from sealstream.pipeline.spec import (
     pipeline_from_dict,
     with_batch_size,
     with_max_age,
+    with_require_receipts,
 )
 from sealstream.pipeline.validate import (
     MAX_SETTING,
@@ -89,4 +90,5 @@ __all__ = [
     "validate",
     "with_batch_size",
     "with_max_age",
+    "with_require_receipts",
 ]

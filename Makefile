@@ -30,6 +30,7 @@ bench: $(STAMP) bench-flink
 	$(PY) -m bench.store_cost
 	$(PY) -m bench.incremental
 	$(PY) -m bench.transforms
+	$(PY) -m bench.receipts
 
 # The PyFlink peer runs in its own venv (apache-flink pins its own pyarrow, numpy
 # and pandas). Best effort: without Java or the package the peer is skipped.

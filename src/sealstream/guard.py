@@ -50,7 +50,13 @@ import polars as pl
 
 from sealstream.checkpoint import guard as _guard
 from sealstream.checkpoint import receipts as _receipts
-from sealstream.checkpoint.manifest import ALG_HMAC, ALG_PLAIN, checkpoint_key, signature_ok
+from sealstream.checkpoint.manifest import (
+    ALG_HMAC,
+    ALG_PLAIN,
+    checkpoint_key,
+    path_problem,
+    signature_ok,
+)
 from sealstream.checkpoint.store import CheckpointStore, LocalCheckpointStore
 from sealstream.errors import CheckpointError, SpecError
 from sealstream.sources._base import KEY, KEY_IS_INT
@@ -214,8 +220,24 @@ def _newest(store: CheckpointStore) -> int:
     return ids[-1]
 
 
-def _find_receipt(store: CheckpointStore, upto: int, pipeline: Any,
-                  window_id: str) -> tuple[str | None, list[str]]:
+def _trusted(doc: Mapping[str, Any], cid: int, key: bytes | None) -> str | None:
+    """Why the files ``doc`` names must not be read (None: they may): its signature does
+    not verify under ``key``, or it names a file no writer produces."""
+    ok, code = signature_ok(dict(doc), key)
+    if not ok:
+        return f"{code}: checkpoint {cid}'s manifest does not verify; its files were not read"
+    files = doc.get("files")
+    if not isinstance(files, dict):
+        return f"MANIFEST_INCOMPLETE: checkpoint {cid} names no files"
+    for role, entry in files.items():
+        rel = entry.get("path") if isinstance(entry, dict) else None
+        if not isinstance(rel, str) or path_problem(cid, str(role), rel) is not None:
+            return f"FILE_PATH_INVALID: checkpoint {cid} names an unexpected {role} file"
+    return None
+
+
+def _find_receipt(store: CheckpointStore, upto: int, pipeline: Any, window_id: str,
+                  key: bytes | None) -> tuple[str | None, list[str]]:
     """The proof (compact JSON) of ``window_id`` from the newest retained checkpoint
     at or before ``upto`` whose receipt ids hold it; notes on what could not be read."""
     notes: list[str] = []
@@ -228,6 +250,10 @@ def _find_receipt(store: CheckpointStore, upto: int, pipeline: Any,
         assert isinstance(files, dict)
         if not isinstance(roots, dict):
             notes.append(f"NO_RECEIPT_ROOTS: checkpoint {cid} predates Merkle receipts")
+            continue
+        untrusted = _trusted(doc, cid, key)
+        if untrusted is not None:
+            notes.append(untrusted)
             continue
         entry = files.get("receipt_ids")
         if not isinstance(entry, dict):
@@ -251,12 +277,18 @@ def _find_receipt(store: CheckpointStore, upto: int, pipeline: Any,
 
 
 def window_checkpoint(store: CheckpointStore | str | Path, *, key: str, start_ms: int,
-                      end_ms: int, checkpoint_id: int | None = None) -> WindowCheckpoint:
+                      end_ms: int, checkpoint_id: int | None = None,
+                      signing_key: bytes | None | Any = _FROM_ENV) -> WindowCheckpoint:
     """The :class:`WindowCheckpoint` of window ``[start_ms, end_ms)`` of ``key`` in a real
     checkpoint (default: the newest published one): open (its state row's hash and the
     watermark) or emitted (its receipt: an inclusion proof from the checkpoint whose epoch
     committed it). Reads what it can; :meth:`WindowCheckpointGuard.evaluate_checkpoint`
-    verifies it. A numeric ``key`` matches an integer key, else the string."""
+    verifies it. A numeric ``key`` matches an integer key, else the string.
+
+    Nothing the manifest names is read unless its signature verifies under
+    ``signing_key`` (default: ``SEALSTREAM_CHECKPOINT_KEY``) and every name is one a
+    writer produces; each file's SHA-256 is checked before it is parsed."""
+    sk: bytes | None = checkpoint_key() if signing_key is _FROM_ENV else signing_key
     st = _open_store(store)
     cid = _newest(st) if checkpoint_id is None else checkpoint_id
     doc = st.read_manifest(cid)
@@ -268,6 +300,9 @@ def window_checkpoint(store: CheckpointStore | str | Path, *, key: str, start_ms
     row_json: str | None = None
     kint = "false"
     try:
+        untrusted = _trusted(doc, cid, sk)
+        if untrusted is not None:
+            raise ValueError(untrusted)
         state, _meta = incremental.load_chain(doc["files"], st.read)
         rows = state.filter((pl.col(KEY) == key) & (pl.col(WSTART) == start_ms)
                             & (pl.col(WEND) == end_ms))
@@ -284,7 +319,7 @@ def window_checkpoint(store: CheckpointStore | str | Path, *, key: str, start_ms
     window_id = f"{key}|{kint}|{start_ms}|{end_ms}"
     receipt = None
     if row_json is None:
-        receipt, more = _find_receipt(st, cid, doc.get("pipeline"), window_id)
+        receipt, more = _find_receipt(st, cid, doc.get("pipeline"), window_id, sk)
         notes.extend(more)
     state_sha = doc.get("state", {}).get("sha256") if isinstance(doc.get("state"),
                                                                    dict) else None
@@ -390,7 +425,8 @@ class _Evaluation:
                 return self._refuse(INC, "SIGNATURE_MISMATCH", "the atomicity signature is "
                                     "not the checkpoint's")
             fresh = window_checkpoint(src.store, key=src.key, start_ms=src.start_ms,
-                                      end_ms=src.end_ms, checkpoint_id=src.checkpoint_id)
+                                      end_ms=src.end_ms, checkpoint_id=src.checkpoint_id,
+                                      signing_key=self.key)
             if fresh.watermark_epoch != cp.watermark_epoch:
                 return self._refuse(INC, "WATERMARK_INCOHERENT",
                                     f"watermark {cp.watermark_epoch} is not the checkpoint's "
@@ -428,7 +464,10 @@ class _Evaluation:
                                 f"max_checkpoint_age_sec {pol.max_checkpoint_age_sec:g}")
         wm = cp.watermark_epoch
         done = (" (its result was emitted: do not emit it again)"
-                if cp.output_emission_receipt else "")
+                if cp.output_emission_receipt else
+                " (the checkpoint holds no state and no retained receipt for it: never seen, "
+                "or emitted before every retained checkpoint)" if cp.status == "absent"
+                else "")
         if rebuild:
             return self._manifest(
                 P, _guard.REBUILDABLE_REASON,

@@ -283,6 +283,18 @@ def _load(store: CheckpointStore, cid: int) -> _Loaded:
                     out.receipts_error = "receipts are not JSON"
     if doc is not None and "state" not in files:
         out.state_error = "the manifest names no state file"
+    parts = incremental.part_roles(files)
+    if parts and out.state is not None:  # a distributed run's state: one part per worker
+        try:
+            broken = [r for r in parts if datas.get(r) is None]
+            if broken:
+                raise ValueError(f"its {', '.join(broken)} file cannot be used")
+            out.state = incremental.concat_parts(
+                out.state, [decode_table(datas[r] or b"")[0] for r in parts])
+            out.state_bytes = (out.state_bytes or 0) + sum(len(datas[r] or b"") for r in parts)
+        except ValueError as exc:
+            out.state = None
+            out.state_error = f"state cannot be rebuilt from its parts ({exc})"
     base, deltas = incremental.chain_roles(files)
     if base is not None and out.state is not None:  # a delta: materialise the chain
         try:
@@ -357,6 +369,48 @@ def _partitions(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
             "exhausted": exhausted[i] if i < len(exhausted) else None,
         })
     return out
+
+
+#: how long `checkpoints inspect` waits for a broker's end offsets
+LAG_TIMEOUT_S = 2.0
+
+
+def with_broker_lag(doc: Mapping[str, Any], parts: list[dict[str, Any]]
+                    ) -> list[dict[str, Any]]:
+    """Each partition's ``lag`` (records between its saved position and the broker's
+    end offset now) for a checkpoint of a Kafka source whose broker answers within
+    :data:`LAG_TIMEOUT_S`; None otherwise (and for other sources)."""
+    for p in parts:
+        p["lag"] = None
+    source = _dict(doc.get("source"))
+    if source.get("kind") != "kafka" or not parts:
+        return parts
+    try:
+        from confluent_kafka import Consumer, KafkaException, TopicPartition
+    except ImportError:
+        return parts
+    consumer = None
+    try:
+        consumer = Consumer({"bootstrap.servers": str(source.get("bootstrap")),
+                             "group.id": "sealstream-inspect", "enable.auto.commit": False,
+                             "isolation.level": "read_committed", "log_level": 0,
+                             "socket.timeout.ms": int(LAG_TIMEOUT_S * 1000)})
+        for p in parts:
+            name, offset = p.get("partition"), p.get("next_offset")
+            if not isinstance(name, str) or "/" not in name or offset is None:
+                continue
+            topic, _, num = name.rpartition("/")
+            if not num.isdigit():
+                continue
+            _low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, int(num)), timeout=LAG_TIMEOUT_S)
+            p["lag"] = max(0, int(high) - int(offset))
+    except (KafkaException, ValueError, TypeError, RuntimeError):
+        pass  # unreachable: no lag shown
+    finally:
+        if consumer is not None:
+            consumer.close()
+    return parts
 
 
 def _windows(loaded: _Loaded) -> dict[str, Any]:
@@ -467,7 +521,7 @@ def inspect_checkpoint(
             "max_delay_ms": _int(wm.get("max_delay_ms")),
             "lateness_ms": _int(doc.get("lateness_ms")),
         },
-        "partitions": _partitions(doc),
+        "partitions": with_broker_lag(doc, _partitions(doc)),
         "windows": _windows(loaded),
         "state": {
             "bytes": loaded.state_bytes,
@@ -479,9 +533,54 @@ def inspect_checkpoint(
         "receipts": _receipts(loaded),
         "counters": _dict(doc.get("counters")) or None,
         "aggregates": _dict(definition.get("aggregates")) or None,
+        "outputs": _outputs(doc),
         "files": loaded.files,
         "problems": problems,
+        "distributed": _distributed(doc, loaded),
     }
+
+
+def _distributed(doc: Mapping[str, Any], loaded: _Loaded) -> dict[str, Any] | None:
+    """A distributed run's checkpoint: its worker count, key routing, and each worker's
+    part of the state (rows as recorded; the file, its size and whether it verified)."""
+    dist = _dict(doc.get("distributed"))
+    if not dist:
+        return None
+    facts = {f.get("role"): f for f in loaded.files}
+    parts = []
+    for entry in _list(dist.get("parts")):
+        e = _dict(entry)
+        worker = _int(e.get("worker"))
+        fact = _dict(facts.get(f"{incremental.PART_ROLE}{worker}"))
+        parts.append({"worker": worker, "state_rows": _int(e.get("state_rows")),
+                      "path": fact.get("path"), "bytes": fact.get("bytes"),
+                      "sha256_ok": fact.get("sha256_ok")})
+    return {"workers": _int(dist.get("workers")), "routing": _dict(dist.get("routing")),
+            "parts": parts}
+
+
+def _outputs(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per output: the epoch the checkpoint prepared, its commit tokens, and for a
+    Kafka output the topic with each partition's end offset when the checkpoint was
+    taken (every earlier epoch is committed below it; this epoch's transaction, once
+    committed, lies above it)."""
+    from sealstream.sinks.kafka import parse_location
+
+    out = []
+    for role, entry in sorted(_dict(doc.get("sinks")).items()):
+        e = _dict(entry)
+        row: dict[str, Any] = {"output": str(role), "epoch": _int(e.get("epoch")),
+                               "tokens": [str(t) for t in _list(e.get("tokens"))],
+                               "kafka": None, "path": None}
+        kafka = parse_location(e.get("path"))
+        if kafka is not None:
+            row["kafka"] = {"topic": kafka[0],
+                            "committed_offsets": {str(p): o for p, o in
+                                                  sorted(kafka[1].items())}}
+        elif isinstance(e.get("path"), str):
+            row["path"] = e["path"]
+        out.append(row)
+    return out
 
 
 # --------------------------------------------------------------------------- diff

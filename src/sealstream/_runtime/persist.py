@@ -12,6 +12,7 @@ import contextlib
 import copy
 import hashlib
 import json
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -45,6 +46,9 @@ from sealstream.watermark import WatermarkState
 from sealstream.windows.operator import WindowOperator
 
 ROLES = ("results", "late", "errors")
+#: set (to anything) to keep every step plan of live runs instead of pruning them
+#: with their checkpoints: for audits, and to re-run a recorded plan from its start
+KEEP_PLANS_ENV = "SEALSTREAM_KEEP_PLANS"
 
 
 @dataclass
@@ -57,6 +61,8 @@ class _InFlight:
     started: float
     blocked_s: float  # processing-thread time spent capturing it
     future: Future[tuple[dict[str, Any], int]]
+    #: a live run: the checkpoint's positions, for the source's consumer group
+    positions: dict[str, int] | None = None
 
 
 class Checkpointing:
@@ -74,6 +80,7 @@ class Checkpointing:
     operator: WindowOperator | None
     wm: WatermarkState
     positions: list[SourcePosition]
+    merger: Any
     counters: Counters
     ck_stats: CheckpointStats
     stop_when: Callable[[Any], bool] | None
@@ -92,6 +99,10 @@ class Checkpointing:
     _inflight: _InFlight | None
     _verified: set[int]
     _receipt_ids: pl.Series | None = None  # the last closed epoch's sorted result ids
+
+    def manifest_extra(self) -> dict[str, Any]:
+        """More entries for the manifest (signed with it): a distributed job's workers."""
+        return {}
 
     @staticmethod
     def _judge(store: CheckpointStore, cid: int, policy: guard.Policy) -> guard.Verdict:
@@ -231,7 +242,14 @@ class Checkpointing:
             "receipts": {},  # the writer thread digests them
             "sinks": self._sink_entries(epoch, tokens),
             "counters": self.counters.to_json(),
+            **self.manifest_extra(),
         }
+        mark = self._plan_mark_now()
+        if mark is not None:  # a live run: the last recorded step this checkpoint includes
+            body["plan"] = mark
+        where = self._source_address()
+        if where is not None:  # a broker: where `checkpoints inspect` asks for lag
+            body["source"] = where
         body = copy.deepcopy(body)
         body["watermark"] = wm_json
         # a sink in the store's database commits in the transaction that publishes
@@ -270,7 +288,11 @@ class Checkpointing:
                 future.set_result(write())
             except BaseException as exc:  # noqa: BLE001 - re-raised by _await_checkpoint
                 future.set_exception(exc)
-        self._inflight = _InFlight(cid, epoch, tokens, t0, time.monotonic() - t0, future)
+        group_positions = ({n: p.next_offset for n, p in zip(self.names, self.positions,
+                                                             strict=True)}
+                           if getattr(self, "live", False) else None)
+        self._inflight = _InFlight(cid, epoch, tokens, t0, time.monotonic() - t0, future,
+                                   group_positions)
         if cfg is None or not cfg.asynchronous or self.stop_when is not None:
             self._await_checkpoint(store)
 
@@ -350,6 +372,9 @@ class Checkpointing:
             self.crash(f"after_commit_{role}")
         self._retain(store, job.cid)
         self.crash("after_retention")
+        commit_group = getattr(getattr(self.merger, "source", None), "commit_group", None)
+        if job.positions and callable(commit_group):
+            commit_group(job.positions)  # best effort, for lag tools; never read back
         dt = (time.monotonic() - job.started) * 1000
         st = self.ck_stats
         st.count += 1
@@ -385,6 +410,9 @@ class Checkpointing:
         on next (its base snapshot and the deltas since)."""
         if not self._incremental:
             return
+        if incremental.part_roles(files):  # a state in parts (a distributed run's):
+            self._chain = None  # the next checkpoint is a full snapshot
+            return
         base, deltas = incremental.chain_roles(files)
         if base is None:  # a full snapshot: the new base
             self._chain = {incremental.BASE_ROLE: dict(files["state"])}
@@ -401,6 +429,39 @@ class Checkpointing:
         if not frames:
             return None
         return encode_table(pl.concat(frames, how="diagonal_relaxed"))
+
+    def _plan_mark_now(self) -> dict[str, Any] | None:
+        """A live run's ``plan`` entry for a checkpoint taken now (None: not live)."""
+        mark = getattr(self.merger, "plan_mark", None)
+        return dict(mark()) if callable(mark) else None
+
+    def _source_address(self) -> dict[str, Any] | None:
+        """``{"kind": "kafka", "bootstrap": ..., "topic": ...}`` for a Kafka source
+        (never client settings: they may hold credentials); None otherwise."""
+        settings = getattr(getattr(self.merger, "source", None), "settings", None)
+        bootstrap = getattr(settings, "bootstrap", None)
+        topic = getattr(settings, "topic", None)
+        if isinstance(bootstrap, str) and isinstance(topic, str):
+            return {"kind": "kafka", "bootstrap": bootstrap, "topic": topic}
+        return None
+
+    @staticmethod
+    def _prune_plans(store: CheckpointStore) -> None:
+        """Step plans go with the checkpoints they belong to: the records of steps at
+        or before the oldest checkpoint kept are no longer needed by any recovery."""
+        if os.environ.get(KEEP_PLANS_ENV):  # audits and tests: keep the whole plan
+            return
+        steps = store.plan_steps()
+        if not steps:
+            return
+        ids = store.ids()
+        if not ids:
+            return
+        oldest = store.read_manifest(ids[0])
+        mark = oldest.get("plan") if oldest else None
+        if not isinstance(mark, dict) or not isinstance(mark.get("step"), int):
+            return
+        store.delete_plans([s for s in steps if s <= mark["step"]])
 
     @staticmethod
     def _needed_by(store: CheckpointStore, kept: list[int]) -> set[int]:
@@ -453,3 +514,4 @@ class Checkpointing:
                 self._verified.discard(cid)
             else:
                 store.move_aside(cid, "superseded-invalid")
+        self._prune_plans(store)

@@ -132,8 +132,11 @@ def replay_pipeline(p: Pipeline, dest: Path) -> Pipeline:
         keep=live.keep if live else 3,
         base_dir=dest,
     )
+    # a live source is replayed as a backfill: to the end positions seen at start
+    source = replace(p.source, stop="end") if p.source.live else p.source
     return replace(
         p,
+        source=source,
         sink=sink,
         late=_redirect(p.late, dest, SUBDIRS["late"]),
         errors=_redirect(p.errors, dest, SUBDIRS["errors"]),

@@ -67,6 +67,15 @@ _ROLE_NAMES = {
     "base": (STATE_NAME,),
 }
 _DELTA_ROLE = "delta:"
+#: a part of the state (a distributed run: one per worker), ``part:<i>`` in
+#: ``state.part-<i>.arrow``; the ``state`` file then holds no rows, only the schema
+#: and the watermark
+_PART_ROLE = "part:"
+
+
+def part_name(index: int) -> str:
+    """The file name of the state's part ``index``."""
+    return f"state.part-{index:04d}.arrow"
 
 
 def load_json(data: bytes | str, what: str = "document") -> Any:
@@ -101,6 +110,11 @@ def path_problem(cid: int, role: str, path: str) -> str | None:
         if not role[len(_DELTA_ROLE):].isdigit() or int(role[len(_DELTA_ROLE):]) != owner:
             return "is not the delta file of the checkpoint its role names"
         names: tuple[str, ...] = (DELTA_NAME,)
+    elif role.startswith(_PART_ROLE):
+        index = role[len(_PART_ROLE):]
+        if not index.isdigit() or len(index) > 4:
+            return f"has an unknown role {role!r}"
+        names = (part_name(int(index)),)
     elif role in _ROLE_NAMES:
         names = _ROLE_NAMES[role]
     else:

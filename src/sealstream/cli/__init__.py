@@ -55,7 +55,18 @@ class _Interrupted(BaseException):
         return 128 + self.signum
 
 
+#: the live run that a first SIGINT/SIGTERM stops gracefully (docs/live.md)
+_GRACEFUL: list[Any] = []
+
+
 def _on_signal(signum: int, frame: object) -> None:
+    # a live run: the first signal asks it to finish its step, write and commit a final
+    # checkpoint and exit 0; a second one stops at once (below)
+    if _GRACEFUL and _GRACEFUL[0].stop_requested is None:
+        _GRACEFUL[0].stop_requested = signum
+        click.echo(f"sealstream: {signal.Signals(signum).name}: finishing the step and "
+                   "writing a final checkpoint (send it again to stop at once)", err=True)
+        return
     # only the first signal stops the command; later ones would cut the cleanup
     # short (a checkpoint being written finishes, the lock is released)
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -103,10 +114,15 @@ def cli() -> None:
 @click.option("--metrics-file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the Prometheus metrics to this file (atomically) after every "
                    "checkpoint, e.g. for node_exporter's textfile collector.")
+@click.option("--workers", type=click.IntRange(min=1, max=4096), metavar="N",
+              help="Run as N Ray workers (default: [pipeline] workers, else one process); "
+                   "see docs/scale-out.md.")
+@click.option("--ray", "ray_address", metavar="ADDRESS",
+              help="The Ray cluster for --workers (default: a local one for the run).")
 def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int | None,
         max_bad_ratio: float | None, max_age: float | None, require_receipts: bool,
         quiet: bool, as_json: bool, metrics_port: int | None,
-        metrics_file: Path | None) -> None:
+        metrics_file: Path | None, workers: int | None, ray_address: str | None) -> None:
     """Run the pipeline described by SPEC (a TOML file) to the end of its input.
 
     On a terminal, shows live progress on stderr; otherwise logs one JSON line per
@@ -122,6 +138,7 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
         with_batch_size,
         with_max_age,
         with_require_receipts,
+        with_workers,
     )
 
     if TYPE_CHECKING:
@@ -134,6 +151,10 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
             pipeline = with_batch_size(pipeline, batch_size)
         if max_age is not None:
             pipeline = with_max_age(pipeline, max_age)
+        if workers is not None:
+            pipeline = with_workers(pipeline, workers)
+        if ray_address is not None and pipeline.workers is None:
+            raise SpecError("--ray: needs --workers N (or [pipeline] workers)")
         if require_receipts:
             pipeline = with_require_receipts(pipeline)
         limit = pipeline.max_bad_ratio if max_bad_ratio is None else max_bad_ratio
@@ -150,8 +171,14 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
                 h(j)
 
         want_metrics = metrics_port is not None or metrics_file is not None
-        job = Job(pipeline, start_over=start_over,
-                  progress=on_batch if (want_metrics or progress) else None)
+        on_step = on_batch if (want_metrics or progress) else None
+        if pipeline.workers is not None:  # only then: Ray costs seconds to import
+            from sealstream.distributed import DistributedJob
+
+            job = DistributedJob(pipeline, address=ray_address, start_over=start_over,
+                                 progress=on_step)
+        else:
+            job = Job(pipeline, start_over=start_over, progress=on_step)
         if want_metrics:
             # only then: http.server and friends cost about 0.05 s to import
             from sealstream.cli._metrics import Metrics, MetricsServer
@@ -173,9 +200,12 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
                     click.echo(json.dumps({"event": "metrics", "pipeline": pipeline.name,
                                            "url": url}), err=True)
         hooks.extend(h for h in (metrics, progress) if h is not None)
+        if job.live:
+            _GRACEFUL[:] = [job]
         try:
             summary = job.run()
         finally:
+            _GRACEFUL.clear()
             if progress is not None:
                 progress.stop(job)
         if metrics is not None:
@@ -492,9 +522,12 @@ def _emit(data: dict[str, Any], as_json: bool, render: Any) -> None:
 @click.argument("directory", type=str)
 @click.argument("checkpoint_id", metavar="[ID]", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--spec", type=click.Path(dir_okay=False, path_type=Path),
+              help="The run's spec: a Kafka source's lag per partition (broker's end offset "
+                   "minus the checkpoint's) when the broker answers.")
 @_PIPELINE_OPT
 def inspect_cmd(directory: str, checkpoint_id: str | None, as_json: bool,
-                pipeline_name: str | None) -> None:
+                spec: Path | None, pipeline_name: str | None) -> None:
     """Show what checkpoint ID (default: the newest) in DIRECTORY holds, and its verdict.
 
     Positions and watermarks per partition, open windows, state size, receipts, age,
@@ -508,6 +541,10 @@ def inspect_cmd(directory: str, checkpoint_id: str | None, as_json: bool,
     try:
         cid = resolve_id(store, checkpoint_id)
         data = inspect_checkpoint(store, cid)
+        if spec is not None:
+            from sealstream.cli._inspect import add_kafka_lag
+
+            add_kafka_lag(data, spec)
     except SealstreamError as err:
         _fail(err)
         return

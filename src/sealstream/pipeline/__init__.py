@@ -22,6 +22,7 @@ Example::
     'tumbling'
 """
 
+from sealstream.pipeline.kafka import KafkaSourceSpec
 from sealstream.pipeline.model import (
     ABSENT,
     AGGREGATE_FUNCTIONS,
@@ -44,6 +45,7 @@ from sealstream.pipeline.model import (
     definition_diff,
     parse_aggregate,
 )
+from sealstream.pipeline.nats import NatsSourceSpec
 from sealstream.pipeline.source import FileSource, SourceKind
 from sealstream.pipeline.spec import (
     load_spec,
@@ -51,6 +53,7 @@ from sealstream.pipeline.spec import (
     with_batch_size,
     with_max_age,
     with_require_receipts,
+    with_workers,
 )
 from sealstream.pipeline.validate import (
     MAX_SETTING,
@@ -66,8 +69,10 @@ __all__ = [
     "Checkpoints",
     "DEFAULT_BATCH_SIZE",
     "FileSource",
+    "KafkaSourceSpec",
     "MAX_SETTING",
     "NUMERIC_FUNCTIONS",
+    "NatsSourceSpec",
     "Output",
     "Pipeline",
     "RESERVED_OUTPUT_NAMES",
@@ -91,4 +96,5 @@ __all__ = [
     "with_batch_size",
     "with_max_age",
     "with_require_receipts",
+    "with_workers",
 ]

@@ -40,6 +40,8 @@ KEYS = [KEY, KEY_IS_INT]
 #: manifest ``state.incremental`` fields
 BASE_ROLE = "base"
 DELTA_ROLE = "delta:"
+#: the parts of a state split by key (one per worker of a distributed run)
+PART_ROLE = "part:"
 
 
 def key_ordered(state: pl.DataFrame) -> pl.DataFrame:
@@ -107,6 +109,21 @@ def chain_roles(files: Mapping[str, Any]) -> tuple[str | None, list[str]]:
     return BASE_ROLE, deltas
 
 
+def part_roles(files: Mapping[str, Any]) -> list[str]:
+    """The roles of the state's parts in a manifest's ``files``, in order."""
+    return sorted((r for r in files if r.startswith(PART_ROLE)),
+                  key=lambda r: int(r[len(PART_ROLE):]))
+
+
+def concat_parts(head: pl.DataFrame, parts: list[pl.DataFrame]) -> pl.DataFrame:
+    """The whole state: the ``state`` file's rows (none when there are parts) and
+    every part's; the parts must have its columns."""
+    for part in parts:
+        if list(part.columns) != list(head.columns):
+            raise ValueError(f"state part columns {part.columns} do not match {head.columns}")
+    return pl.concat([head, *(p.cast(head.schema) for p in parts)], how="vertical")
+
+
 def load_chain(files: Mapping[str, Any], read: Callable[[str], bytes]
                ) -> tuple[pl.DataFrame, dict[str, Any]]:
     """Materialise the window state a manifest's ``files`` describe: the snapshot, or
@@ -121,6 +138,9 @@ def load_chain(files: Mapping[str, Any], read: Callable[[str], bytes]
         return data
 
     own, meta = decode_table(verified("state"))
+    parts = part_roles(files)
+    if parts:
+        own = concat_parts(own, [decode_table(verified(r))[0] for r in parts])
     base, deltas = chain_roles(files)
     if base is None:
         return own, meta

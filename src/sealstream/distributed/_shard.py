@@ -1,0 +1,197 @@
+"""The coordinator's view of the sharded window state: a WindowOperator whose
+keys live on N worker actors.
+
+Routing: a key belongs to worker ``hash(key) mod N`` where ``hash`` is Polars'
+column hash with a fixed seed (:data:`ROUTING`, recorded in each checkpoint's
+manifest). The hash need not be stable across Polars versions: a checkpoint
+stores the whole state, and every restore re-splits it with the running
+version's hash and worker count (that is also how N workers restore with M).
+
+Every step sends each worker its share of the batch (possibly empty) with the
+step's global watermark, so that every worker fires the windows it closes;
+the coordinator merges what they fired (ordered by key and window) and their
+late events (in read order), so that the output does not depend on N.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from sealstream.distributed._worker import ShardWorker, from_ipc, to_ipc
+from sealstream.errors import SealstreamError
+from sealstream.pipeline import Pipeline
+from sealstream.sources._base import KEY, KEY_IS_INT, OFFSET, PARTITION
+from sealstream.state.codec import decode_table
+from sealstream.windows.aggregates import WEND, WSTART
+from sealstream.windows.operator import Output, WindowOperator
+
+SEED = 0x5EA157
+SHARD = "__shard"
+#: how keys are routed, as recorded in the manifest (``distributed.routing``)
+ROUTING = {"hash": "polars.Expr.hash", "seed": SEED, "column": KEY, "rule": "hash mod workers"}
+
+
+class WorkerLostError(SealstreamError):
+    """A worker process or its node was lost. The job restarts every worker from
+    the newest atomic checkpoint (``max_restarts`` times); then the run fails
+    with exit 1 and the next run resumes exactly once."""
+
+
+def shard_of(frame: pl.DataFrame, workers: int) -> pl.Series:
+    """The worker each row's key belongs to."""
+    return frame.select((pl.col(KEY).hash(seed=SEED) % workers).cast(pl.Int64).alias(SHARD))[
+        SHARD
+    ]
+
+
+def split(frame: pl.DataFrame, workers: int) -> list[pl.DataFrame]:
+    """``frame``'s rows by worker, order kept within each part."""
+    if workers == 1:
+        return [frame]
+    tagged = frame.with_columns(shard_of(frame, workers))
+    parts = tagged.partition_by(SHARD, as_dict=True, maintain_order=True)
+    empty = frame.clear()
+    return [parts[(i,)].drop(SHARD) if (i,) in parts else empty for i in range(workers)]
+
+
+def _ray_failure(exc: BaseException, what: str) -> SealstreamError:
+    import ray.exceptions as rx
+
+    if isinstance(exc, rx.RayTaskError):
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, SealstreamError):
+            return cause  # raised by the worker's engine pieces: its own message
+        return SealstreamError(f"{what}: {type(cause).__name__}: {cause}")
+    return WorkerLostError(f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+
+
+def gather(refs: list[Any], what: str) -> list[Any]:
+    """``ray.get(refs)``: a lost worker is :class:`WorkerLostError`, an error raised
+    in a worker is raised here as itself."""
+    import ray
+    import ray.exceptions as rx
+
+    try:
+        return list(ray.get(refs))
+    except rx.RayError as exc:
+        raise _ray_failure(exc, f"scale-out worker ({what})") from None
+
+
+class ShardedOperator(WindowOperator):
+    """:class:`WindowOperator` over ``workers`` Ray actors (one key shard each).
+
+    Built from the whole state (a checkpoint's, or empty), which it splits by
+    key hash; :meth:`snapshot` gathers the shards back into one table.
+    """
+
+    def __init__(self, pipeline: Pipeline, state: pl.DataFrame | None,
+                 actors: list[Any]) -> None:
+        import ray
+
+        super().__init__(pipeline)  # local and empty: thresholds, finalize, schema
+        self.workers = workers = len(actors)
+        whole = self._state if state is None else WindowOperator(pipeline, state).snapshot()
+        self.actors: list[Any] = list(actors)
+        self._open_count = 0
+        self.part_rows = [0] * workers
+        #: set by the job before a checkpoint's snapshot (the state files' metadata)
+        self.part_metadata: dict[str, Any] | None = None
+        self.last_parts: list[bytes] = []
+        self.pids: list[int] = self._get(
+            [a.load.remote(pipeline, i, ray.put(to_ipc(part)))
+             for i, (a, part) in enumerate(zip(self.actors, split(whole, workers), strict=True))],
+            "start")
+
+    def _get(self, refs: list[Any], what: str) -> list[Any]:
+        return gather(refs, what)
+
+    def process(self, events: pl.DataFrame, w_end: int) -> Output:
+        import ray
+
+        refs = [
+            actor.process.remote(ray.put(to_ipc(part)), w_end)
+            for actor, part in zip(self.actors, split(events, self.workers), strict=True)
+        ]
+        got = self._get(refs, "process")
+        fired = pl.concat([from_ipc(f) for f, _, _ in got], how="vertical")
+        late = pl.concat([from_ipc(lt) for _, lt, _ in got], how="vertical")
+        if self.workers > 1:
+            fired = fired.sort([KEY, KEY_IS_INT, WSTART, WEND])
+            if late.height:
+                late = late.sort([OFFSET, PARTITION])
+        return Output(fired=fired, late=late)
+
+    def snapshot(self) -> pl.DataFrame:
+        """The whole state. With :attr:`part_metadata` set (a checkpoint is being
+        taken), each worker also encodes its part as a checkpoint file:
+        :attr:`last_parts` holds them, in worker order, beside the frame returned."""
+        meta = self.part_metadata
+        if meta is None:
+            parts = self._get([a.snapshot.remote() for a in self.actors], "snapshot")
+            frames = [from_ipc(p) for p in parts]
+        else:
+            self.part_metadata = None
+            encoded = self._get([a.encode_part.remote(meta) for a in self.actors],
+                                "checkpoint")
+            frames = [decode_table(p)[0] for p in encoded]
+            self.last_parts = encoded
+        self.part_rows = [f.height for f in frames]
+        return pl.concat(frames, how="vertical").cast(self.schema)  # type: ignore[arg-type]
+
+    @property
+    def state(self) -> pl.DataFrame:
+        return self.snapshot()
+
+    @state.setter
+    def state(self, value: pl.DataFrame) -> None:
+        self._state = value
+        self._pending = []
+
+    @property
+    def open_windows(self) -> int:
+        if self.actors:
+            counts = self._get([a.open_windows.remote() for a in self.actors], "open_windows")
+            self._open_count = sum(counts)
+        return self._open_count
+
+    def close(self) -> None:
+        """Forget the workers (the job releases them)."""
+        self.actors = []
+
+
+#: idle workers of this driver process: the next job reuses them (starting a worker
+#: process costs about a second); emptied when the driver leaves Ray
+_POOL: list[Any] = []
+
+
+def acquire(workers: int) -> list[Any]:
+    """``workers`` worker actors: idle ones first, new ones spread over the nodes."""
+    import ray
+
+    taken = [_POOL.pop() for _ in range(min(workers, len(_POOL)))]
+    actor = ray.remote(num_cpus=0, max_restarts=0)(ShardWorker)
+    fresh = [actor.options(scheduling_strategy="SPREAD").remote()
+             for _ in range(workers - len(taken))]
+    return taken + fresh
+
+
+def release(actors: list[Any], healthy: bool) -> None:
+    import ray
+
+    if healthy:
+        _POOL.extend(actors)
+        return
+    for a in actors:
+        try:
+            ray.kill(a)
+        except Exception:  # noqa: BLE001,S110 - already gone
+            pass
+
+
+def drain_pool() -> None:
+    """Stop every idle worker (before leaving Ray, or to place workers anew)."""
+    actors = list(_POOL)
+    _POOL.clear()
+    release(actors, healthy=False)

@@ -1,0 +1,238 @@
+"""A job run by N Ray workers: the single-process job with its keyed state sharded.
+
+The coordinator (this process) is the single-process :class:`~sealstream.Job`:
+it merges the source partitions in the documented read order, gives every event
+its watermark, stages output in the sinks and writes the checkpoints, exactly as
+on one process. Two pieces move to the worker actors: reading and parsing the
+source partitions (partition ``i`` on worker ``i mod N``, see :mod:`._reader`),
+and the window state (each key's windows on one worker, see :mod:`._shard`);
+chunks and each step's events travel as Arrow data through Ray's object store.
+Hence, for a bounded input, the output with N workers is the single-process
+output, and every guarantee of the checkpoint protocol (the guard, fallback,
+refusal, exactly-once sinks) is the single-process one.
+
+Checkpoint at a step boundary: every worker encodes its part of the state (its
+keys' open windows, a checkpoint file of its own: ``state.part-<i>.arrow``); the
+coordinator writes the parts with the receipts and the suppression list into the
+job's checkpoint store, and publishes one signed manifest last, which names every
+part with its SHA-256 beside the positions, the watermark and the receipts. Its
+``distributed`` entry records the worker count, each part's rows and the key
+routing. The guard judges the whole: a part missing or damaged makes the whole
+checkpoint PARTIAL or INCONSISTENT, and recovery falls back.
+
+Failure: a lost worker process or node makes the step fail with
+:class:`WorkerLostError`; the job then stops every worker, and restarts all of
+them from the newest atomic checkpoint (re-splitting its state), replaying the
+input after it with the single-process recovery (output committed after that
+checkpoint is suppressed, never written twice).
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import polars as pl
+
+from sealstream._runtime.engine import Job
+from sealstream._runtime.merge import PartitionMerger, SourcePosition
+from sealstream.checkpoint.manifest import (
+    RECEIPTS_NAME,
+    STATE_NAME,
+    SUPPRESS_NAME,
+    part_name,
+    seal,
+)
+from sealstream.checkpoint.store import CheckpointStore, checkpoint_dirname
+from sealstream.distributed._cluster import connect
+from sealstream.distributed._reader import RemoteReader
+from sealstream.distributed._shard import (
+    ROUTING,
+    ShardedOperator,
+    WorkerLostError,
+    acquire,
+    release,
+)
+from sealstream.pipeline import Pipeline
+from sealstream.sources._base import PartitionReader
+from sealstream.state import incremental
+from sealstream.state.codec import WATERMARK_META, encode_table, sha256_hex
+
+#: restarts after a lost worker before the run fails (Flink's fixed-delay default is
+#: unbounded; a bounded default keeps a broken cluster from looping for ever)
+DEFAULT_MAX_RESTARTS = 3
+
+
+class DistributedJob(Job):
+    """Runs ``pipeline`` as ``workers`` Ray workers, exactly once across restarts.
+
+    >>> # DistributedJob(load_spec("spec.toml"), workers=3).run()
+    """
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        *,
+        workers: int | None = None,
+        address: str | None = None,
+        max_restarts: int = DEFAULT_MAX_RESTARTS,
+        **kwargs: Any,
+    ) -> None:
+        n = workers if workers is not None else pipeline.workers
+        if n is None or n < 1:
+            raise ValueError(f"workers must be a positive integer, got {n!r}")
+        self.workers = n
+        self.address = address
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        self._job_args = (pipeline, kwargs)
+        self._init_job()
+
+    def _init_job(self) -> None:
+        pipeline, kwargs = self._job_args
+        self._actors: list[Any] = []
+        Job.__init__(self, pipeline, **kwargs)
+        # each checkpoint holds the whole state as parts, never a delta chain
+        self._incremental = False
+
+    # the operator becomes sharded once recovery has built it (fresh or restored)
+    def _fresh_start(self) -> list[SourcePosition]:
+        positions = super()._fresh_start()
+        self._shard()
+        return positions
+
+    def _restore(
+        self, store: CheckpointStore, cid: int, doc: dict[str, Any]
+    ) -> list[SourcePosition]:
+        positions = super()._restore(store, cid, doc)
+        self._shard()
+        return positions
+
+    def _shard(self) -> None:
+        assert self.operator is not None
+        if isinstance(self.operator, ShardedOperator):
+            return
+        self.operator = ShardedOperator(self.p, self.operator.snapshot(), self._workers())
+
+    def _workers(self) -> list[Any]:
+        if not self._actors:
+            self._actors = acquire(self.workers)
+        return self._actors
+
+    def _start_sources(self, positions: list[SourcePosition]) -> None:
+        """The single-process reader set-up, with partition ``i`` read and parsed by
+        worker ``i mod N`` (:class:`RemoteReader`)."""
+        actors = self._workers()
+        readers: list[PartitionReader] = [
+            RemoteReader(actors[i % len(actors)], self.p.source.kind, name, path, self.plan,
+                         pos.resume)
+            for i, ((name, path), pos) in enumerate(zip(self.partitions, positions,
+                                                        strict=True))
+        ]
+        batch = self.p.batch_size
+        if self.p.checkpoint and self.p.checkpoint.every_events:
+            per_partition = -(-self.p.checkpoint.every_events // max(1, len(self.partitions)))
+            batch = max(1, min(batch, per_partition))
+        self._batch_cap = batch
+        self.merger = PartitionMerger(readers, positions, self.plan, batch)
+
+    def _close_shards(self, healthy: bool = False) -> None:
+        """Let the workers go: back to this driver's pool when ``healthy`` (the job
+        ended normally), else stopped (one was lost: none is trusted)."""
+        if isinstance(self.operator, ShardedOperator):
+            self.operator.close()
+        actors, self._actors = self._actors, []
+        release(actors, healthy)
+
+    # ------------------------------------------------------------ checkpoints
+    def _checkpoint(self, store: CheckpointStore) -> None:
+        op = self.operator
+        if isinstance(op, ShardedOperator):
+            # the state's parts are encoded by their workers, with the watermark the
+            # coordinator's checkpoint records at this same point
+            op.part_metadata = {WATERMARK_META.decode(): copy.deepcopy(self.wm.to_json())}
+        super()._checkpoint(store)
+
+    def _write_checkpoint(
+        self, store: CheckpointStore, cid: int, snap: pl.DataFrame, wm_json: Any,
+        chain: dict[str, dict[str, Any]] | None, touched: pl.DataFrame | None,
+        last_state: pl.DataFrame | None, receipts: bytes, pending: bytes | None,
+        body: dict[str, Any], together: list[Callable[[Any], None]],
+    ) -> tuple[dict[str, Any], int]:
+        """The single-process writer, with the state as one part per worker: the
+        ``state`` file keeps the schema and the watermark (no rows), ``part:<i>``
+        files hold worker ``i``'s rows; the signed manifest names every file with its
+        SHA-256 and is published last (one atomic step, as on one process)."""
+        op = self.operator
+        if not isinstance(op, ShardedOperator) or chain is not None:
+            return super()._write_checkpoint(store, cid, snap, wm_json, chain, touched,
+                                             last_state, receipts, pending, body, together)
+        parts = op.last_parts
+        meta = {WATERMARK_META.decode(): wm_json}
+        files: dict[str, tuple[str, bytes]] = {
+            "state": (STATE_NAME, encode_table(snap.clear(), meta)),
+            "receipts": (RECEIPTS_NAME, receipts),
+        }
+        if pending is not None:
+            files["suppress"] = (SUPPRESS_NAME, pending)
+        for i, data in enumerate(parts):
+            files[f"{incremental.PART_ROLE}{i}"] = (part_name(i), data)
+        dirname = checkpoint_dirname(cid)
+        entries = {role: {"path": f"{dirname}/{name}", "sha256": sha256_hex(data),
+                          "bytes": len(data)} for role, (name, data) in files.items()}
+        body["state"]["sha256"] = entries["state"]["sha256"]
+        body["files"] = entries
+        manifest = seal(body, self.key)
+        blobs = dict(files.values())
+        if together:
+            def in_publish(conn: Any) -> None:
+                for commit in together:
+                    commit(conn)
+            store.write_checkpoint(cid, blobs, manifest, crash=self.crash,
+                                   in_publish=in_publish)
+        else:
+            store.write_checkpoint(cid, blobs, manifest, crash=self.crash)
+        self.crash("after_manifest_publish")
+        return entries, sum(len(b) for b in blobs.values()) + len(manifest)
+
+    def manifest_extra(self) -> dict[str, Any]:
+        op = self.operator
+        rows = op.part_rows if isinstance(op, ShardedOperator) else []
+        return {"distributed": {
+            "workers": self.workers,
+            "routing": dict(ROUTING),
+            "parts": [{"worker": i, "state_rows": n} for i, n in enumerate(rows)],
+        }}
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """The process ids of the current workers (empty before they start)."""
+        op = self.operator
+        return list(op.pids) if isinstance(op, ShardedOperator) else []
+
+    def run(self) -> Any:
+        leave = connect(self.address, self.workers)
+        try:
+            while True:
+                try:
+                    summary = super().run()
+                    self._close_shards(healthy=True)
+                    return summary
+                except WorkerLostError as exc:
+                    if self.restarts >= self.max_restarts:
+                        raise WorkerLostError(
+                            f"{exc} (after {self.restarts} restart(s); the next run "
+                            "resumes from the newest atomic checkpoint)"
+                        ) from None
+                    restarts = self.restarts + 1
+                    print(f"sealstream: {exc}; restarting every worker from the newest "
+                          f"atomic checkpoint (restart {restarts})", file=sys.stderr)
+                    self._close_shards()
+                    self._init_job()
+                    self.restarts = restarts
+                finally:
+                    self._close_shards()
+        finally:
+            leave()

@@ -36,6 +36,7 @@ bench: $(STAMP) bench-flink bench-quix
 	$(PY) -m bench.nats
 	$(PY) -m bench.kafka_eos
 	$(PY) -m bench.agents
+	$(PY) -m bench.receipts
 
 # The PyFlink peer runs in its own venv (apache-flink pins its own pyarrow, numpy
 # and pandas). Best effort: without Java or the package the peer is skipped.

@@ -231,6 +231,7 @@ class Job(Checkpointing):
         self.sinks = {}
         self.resumed_from: int | None = None
         self.rejected: list[dict[str, Any]] = []
+        self.rebuilt: list[str] = []  # rebuildable components the resume rebuilt
         self.started = time.monotonic()
         self.merger: PartitionMerger | None = None
         self._batch_cap = self.p.batch_size
@@ -458,13 +459,15 @@ class Job(Checkpointing):
             key=self.key, pipeline=self.p.name, fingerprint=self.fingerprint,
             max_age_ms=None if max_age_s is None else round(max_age_s * 1000),
             now_ms=None if max_age_s is None else int(time.time() * 1000),
+            require_receipt_roots=cfg is not None and cfg.require_receipts,
         )
         verdicts: list[guard.Verdict] = []
         for cid in reversed(ids):
             v = self._judge(store, cid, policy)
             verdicts.append(v)
-            if v.ok:
+            if v.resumable:  # ATOMIC, or only rebuildable components damaged
                 assert v.manifest is not None
+                self.rebuilt = list(v.rebuild)
                 for bad in verdicts[:-1]:
                     store.move_aside(bad.checkpoint_id, bad.reason)
                     self.rejected.append(bad.to_json())
@@ -526,7 +529,9 @@ class Job(Checkpointing):
             prepared = {int(entry["epoch"]): list(entry["tokens"])} if entry else {}
             sink.recover_at(entry.get("path") if entry else None, prepared)
         self.suppress = self._committed_ids(restored_epoch)
-        if "suppress" in doc["files"]:
+        if "suppress" in self.rebuilt:  # rebuilt: every committed output is suppressed
+            self.suppress = self._committed_ids(None)
+        elif "suppress" in doc["files"]:
             pending, _ = decode_table(store.read(doc["files"]["suppress"]["path"]))
             self._add_pending(pending)
         self.epoch = max(restored_epoch, self._max_committed_epoch()) + 1

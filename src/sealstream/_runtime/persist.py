@@ -26,9 +26,11 @@ from sealstream._runtime.merge import SourcePosition
 from sealstream._runtime.output import OutputStage
 from sealstream._runtime.summary import CheckpointStats, Counters
 from sealstream.checkpoint import guard
+from sealstream.checkpoint import receipts as trees
 from sealstream.checkpoint.manifest import (
     DELTA_NAME,
     FORMAT_VERSION,
+    RECEIPT_IDS_NAME,
     RECEIPTS_NAME,
     STATE_NAME,
     SUPPRESS_NAME,
@@ -96,6 +98,7 @@ class Checkpointing:
     _writer: ThreadPoolExecutor | None
     _inflight: _InFlight | None
     _verified: set[int]
+    _receipt_ids: pl.Series | None = None  # the last closed epoch's sorted result ids
 
     def manifest_extra(self) -> dict[str, Any]:
         """More entries for the manifest (signed with it): a distributed job's workers."""
@@ -103,8 +106,8 @@ class Checkpointing:
 
     @staticmethod
     def _judge(store: CheckpointStore, cid: int, policy: guard.Policy) -> guard.Verdict:
-        return guard.judge(store.evidence(cid, policy.key),
-                           store.verified_parent(cid, policy.key), policy)
+        return guard.judge_resumable(store.evidence(cid, policy.key),
+                                     store.verified_parent(cid, policy.key), policy)
 
     # ================================================================ receipts
     def _receipt(self, role: str, frame: pl.DataFrame) -> None:
@@ -151,18 +154,23 @@ class Checkpointing:
         self, epoch: int, now: dict[str, dict[str, Any]], tokens: dict[str, list[str]]
     ) -> dict[str, Any]:
         entry: dict[str, Any] = {"epoch": epoch}
+        self._receipt_ids = None
         for role in ROLES:
             rec = now.get(role)
             if rec is None:
                 entry[role] = {"count": 0, "digest": hashlib.sha256(b"").hexdigest(),
                                "tokens": tokens.get(role, [])}
+                if role == "results":
+                    entry[role]["root"] = trees.EMPTY_ROOT
                 continue
-            ids = (
-                pl.concat(rec["ids"]).select(self._ids(role)).sort("id")["id"].str.join("\n").item()
-            )
+            sorted_ids = pl.concat(rec["ids"]).select(self._ids(role)).sort("id")["id"]
+            ids = sorted_ids.str.join("\n").item()
             digest = hashlib.sha256(ids.encode()).hexdigest()
             entry[role] = {"count": rec["count"], "digest": digest,
                            "tokens": tokens.get(role, [])}
+            if role == "results":  # the Merkle root the manifest signs (receipts.py)
+                entry[role]["root"] = trees.root(sorted_ids)
+                self._receipt_ids = sorted_ids
             if "max_window_end" in rec:
                 entry[role]["max_window_end"] = rec["max_window_end"]
             self.receipts_total[role] = int(self.receipts_total.get(role, 0)) + rec["count"]
@@ -260,12 +268,14 @@ class Checkpointing:
                 done()
             self.crash("after_sink_prepare")
             receipt = close_receipts()
-            receipts = json.dumps(
+            receipts_doc = json.dumps(
                 {"summary": self.receipts_total, "epochs": [receipt]}, sort_keys=True, indent=1
             ).encode()
             body["receipts"] = dict(self.receipts_total)
+            # the epoch's Merkle root over its result ids, signed with the manifest
+            body[trees.ROOTS_FIELD] = trees.roots_entry(receipt)
             return self._write_checkpoint(store, cid, snap, wm_json, chain, touched,
-                                          last_state, receipts, pending, body, together)
+                                          last_state, receipts_doc, pending, body, together)
 
         cfg = self.p.checkpoint
         if cfg is not None and cfg.asynchronous:
@@ -318,10 +328,13 @@ class Checkpointing:
         files: dict[str, bytes] = {state_name: state, RECEIPTS_NAME: receipts}
         if pending is not None:
             files[SUPPRESS_NAME] = pending
+        if self._receipt_ids is not None:  # the leaves, for inclusion proofs
+            files[RECEIPT_IDS_NAME] = trees.encode_ids(self._receipt_ids)
+            self._receipt_ids = None
         dirname = checkpoint_dirname(cid)
         entries: dict[str, Any] = {}
         for role, name in (("state", state_name), ("receipts", RECEIPTS_NAME),
-                           ("suppress", SUPPRESS_NAME)):
+                           ("suppress", SUPPRESS_NAME), ("receipt_ids", RECEIPT_IDS_NAME)):
             if name in files:
                 entries[role] = {"path": f"{dirname}/{name}", "sha256": sha256_hex(files[name]),
                                  "bytes": len(files[name])}

@@ -198,6 +198,7 @@ def start_from_checkpoint(p: Pipeline, cid: int) -> tuple[StartPoint, dict[str, 
         key=checkpoint_key(), pipeline=p.name, fingerprint=p.fingerprint(),
         max_age_ms=None if max_age_s is None else round(max_age_s * 1000),
         now_ms=None if max_age_s is None else int(time.time() * 1000),
+        require_receipt_roots=p.checkpoint.require_receipts,
     )
     v = guard.judge(store.evidence(cid, policy.key), store.verified_parent(cid, policy.key), policy)
     if not v.ok or v.manifest is None:

@@ -52,6 +52,7 @@ from sealstream.pipeline.spec import (
     pipeline_from_dict,
     with_batch_size,
     with_max_age,
+    with_require_receipts,
     with_workers,
 )
 from sealstream.pipeline.validate import (
@@ -94,5 +95,6 @@ __all__ = [
     "validate",
     "with_batch_size",
     "with_max_age",
+    "with_require_receipts",
     "with_workers",
 ]

@@ -163,6 +163,9 @@ class Checkpoints:
     #: freshness: a checkpoint older than this many seconds is STALE (not resumed
     #: from); None: any age
     max_age_s: float | None = None
+    #: resume only from checkpoints whose manifest signs their epoch's Merkle receipt
+    #: root (older ones are PARTIAL_CHECKPOINT_REJECT, reason NO_RECEIPT_ROOTS)
+    require_receipts: bool = False
 
     @property
     def resolved(self) -> Path:

@@ -37,7 +37,7 @@ _SECTIONS: dict[str, set[str]] = {
     "late": {"kind", "path", "url", "table", "bootstrap", "topic", "settings"},
     "errors": {"kind", "path", "url", "table", "bootstrap", "topic", "settings"},
     "checkpoint": {"path", "url", "every_events", "every_ms", "keep", "incremental",
-                   "full_every", "asynchronous", "max_age_s"},
+                   "full_every", "asynchronous", "max_age_s", "require_receipts"},
 }
 _REQUIRED = ("pipeline", "source", "window", "aggregates", "sink")
 
@@ -192,6 +192,7 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
             asynchronous=_get(c, "checkpoint", "asynchronous", bool, True),
             max_age_s=(check_max_age("checkpoint.max_age_s", c["max_age_s"])
                        if "max_age_s" in c else None),
+            require_receipts=_get(c, "checkpoint", "require_receipts", bool, False),
             base_dir=base_dir,
         )
     sink = output("sink")
@@ -288,4 +289,11 @@ def with_max_age(p: Pipeline, max_age_s: float) -> Pipeline:
     if p.checkpoint is None:
         raise SpecError("--max-age: the spec has no [checkpoint] section")
     return replace(p, checkpoint=replace(p.checkpoint, max_age_s=max_age_s))
+
+
+def with_require_receipts(p: Pipeline) -> Pipeline:
+    """A copy of ``p`` that resumes only from checkpoints with signed receipt roots."""
+    if p.checkpoint is None:
+        raise SpecError("--require-receipts: the spec has no [checkpoint] section")
+    return replace(p, checkpoint=replace(p.checkpoint, require_receipts=True))
 

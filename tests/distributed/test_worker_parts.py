@@ -18,10 +18,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from test_scale_out import STORY, WINDOWS, _job, _story_spec
 
 from scenarios._story import assert_same_output as assert_same_dirs
 from scenarios._story import reference_run
-from test_scale_out import STORY, WINDOWS, _job, _story_spec
 
 
 def _no_coordinator_path(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,9 +13,12 @@ refusal, exactly-once sinks) is the single-process one.
 
 Checkpoint at a step boundary: every worker encodes its part of the state (its
 keys' open windows, a checkpoint file of its own: ``state.part-<i>.arrow``); the
-coordinator writes the parts with the receipts and the suppression list into the
-job's checkpoint store, and publishes one signed manifest last, which names every
-part with its SHA-256 beside the positions, the watermark and the receipts. Its
+coordinator claims the checkpoint id in the job's checkpoint store, each worker
+writes its own part into it (directory or PostgreSQL store: create-if-absent,
+durable, fenced by the coordinator's lock token; an SQLite store gets the parts
+through the coordinator), the coordinator writes the receipts and the suppression
+list and publishes one signed manifest last, which names every part with the
+SHA-256 its worker reported beside the positions, the watermark and the receipts. Its
 ``distributed`` entry records the worker count, each part's rows and the key
 routing. The guard judges the whole: a part missing or damaged makes the whole
 checkpoint PARTIAL or INCONSISTENT, and recovery falls back.

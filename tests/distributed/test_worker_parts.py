@@ -108,3 +108,30 @@ def test_postgres_store_with_workers(
             "WHERE pipeline = 'story' GROUP BY id ORDER BY id").fetchall()
     assert rows and all(published for _, _, published in rows)
     assert rows[0][1] in (2, 3) and rows[-1][1] == 3
+    from sealstream.cli import main
+
+    assert main(["checkpoints", "verify", pg_url, "--pipeline", "story"]) == 0
+
+
+def test_sqlite_store_parts_go_through_the_coordinator(
+        ray_cluster: Any, tmp_path: Path) -> None:
+    """An SQLite store has no direct parts (its lock is a kernel lock of the
+    coordinator's process on one host's file): the coordinator writes them; the
+    output is exact and the checkpoints verify."""
+    from sealstream.checkpoint.sqlite_store import SqliteCheckpointStore
+    from sealstream.cli import main
+
+    reference_run(tmp_path / "ref", window=WINDOWS["tumbling"], **STORY)
+    d = tmp_path / "dist"
+    spec = _story_spec(d, "tumbling")
+    spec.write_text(spec.read_text().replace('path = "ckpt"', 'url = "sqlite:///ck.db"'))
+    _job(spec, 2).run()
+    assert_same_dirs(d, tmp_path / "ref")
+    store = SqliteCheckpointStore(d / "ck.db", "story", encryption_key=None)
+    try:
+        newest = store.ids()[-1]
+        assert sum(".part-" in n for n in store._names(newest)) == 2
+    finally:
+        store.close()
+    assert main(["checkpoints", "verify", f"sqlite:///{d / 'ck.db'}",
+                 "--pipeline", "story"]) == 0

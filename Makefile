@@ -5,8 +5,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
 FLINK_VENV := bench/.flink-venv
+QUIX_VENV  := bench/.quix-venv
 
-.PHONY: demo test bench bench-flink lint typecheck clean
+.PHONY: demo test bench bench-flink bench-quix lint typecheck clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,12 +26,17 @@ test: $(STAMP)
 	SEALSTREAM_TEST_PG="$${SEALSTREAM_TEST_PG:-$$(scripts/pg-test-server)}" \
 	  $(PY) -m pytest -W error -p no:cacheprovider -n 2 --dist worksteal
 
-bench: $(STAMP) bench-flink
+bench: $(STAMP) bench-flink bench-quix
 	$(PY) -m bench
 	$(PY) -m bench.store_cost
 	$(PY) -m bench.incremental
 	$(PY) -m bench.transforms
 	$(PY) -m bench.scaleout
+	$(PY) -m bench.live
+	$(PY) -m bench.nats
+	$(PY) -m bench.kafka_eos
+	$(PY) -m bench.agents
+	$(PY) -m bench.receipts
 
 # The PyFlink peer runs in its own venv (apache-flink pins its own pyarrow, numpy
 # and pandas). Best effort: without Java or the package the peer is skipped.
@@ -44,9 +50,19 @@ bench-flink:
 	  echo "bench-flink: could not install apache-flink; the PyFlink peer will be skipped"; \
 	fi
 
+# The Quix Streams peer runs in its own venv: quixstreams 3.28 pins confluent-kafka
+# below 2.13, older than the project's. Best effort: without it the peer is skipped.
+bench-quix:
+	@if ! $(QUIX_VENV)/bin/python -c "import quixstreams" 2>/dev/null; then \
+	  echo "bench-quix: installing quixstreams into $(QUIX_VENV) (once)"; \
+	  ( $(PYTHON) -m venv $(QUIX_VENV) && \
+	    $(QUIX_VENV)/bin/python -m pip install --quiet "quixstreams>=3.28,<4" ) || \
+	  echo "bench-quix: could not install quixstreams; the Quix Streams peer will be skipped"; \
+	fi
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) $(FLINK_VENV) demo-run bench/data bench/work
+	rm -rf $(VENV) $(FLINK_VENV) $(QUIX_VENV) demo-run bench/data bench/work

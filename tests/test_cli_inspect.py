@@ -254,7 +254,10 @@ def test_inspect_defaults_to_newest(job: Path, capsys: pytest.CaptureFixture[str
     assert r["last_epoch"]["results"] == receipts["results"]["count"]
     assert data["counters"]["events"] == doc["counters"]["events"]
     assert data["problems"] == []
-    assert {f["role"] for f in data["files"]} == {"state", "receipts"}
+    # receipt_ids: the epoch's result ids, the leaves of its Merkle receipt (when it has any)
+    assert {f["role"] for f in data["files"]} == (
+        {"state", "receipts", "receipt_ids"} if receipts["results"]["count"]
+        else {"state", "receipts"})
     assert all(f["sha256_ok"] for f in data["files"])
 
 
@@ -293,8 +296,9 @@ def test_inspect_truncated_manifest(job: Path, capsys: pytest.CaptureFixture[str
                                                  "MANIFEST_UNREADABLE")
     assert data["complete"] is False and data["pipeline"] is None
     assert data["windows"]["open"] is None and data["windows"]["read"] is False
-    assert {f["path"] for f in data["files"]} == {"cp-000000000004/state.arrow",
-                                                  "cp-000000000004/receipts.json"}
+    # the state and receipts, and the receipt ids of an epoch with results
+    assert {f["path"] for f in data["files"]} - {"cp-000000000004/receipt-ids.arrow"} == {
+        "cp-000000000004/state.arrow", "cp-000000000004/receipts.json"}
     assert data["state"]["bytes"] == (cp(job, 4) / "state.arrow").stat().st_size
     assert data["problems"]
     assert main(["checkpoints", "inspect", str(job / "ckpt"), "4"]) == 0
@@ -310,6 +314,7 @@ def test_inspect_crashed_writer(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert data["id"] == 3
     assert (data["verdict"], data["reason"]) == ("PARTIAL_CHECKPOINT_REJECT", "NO_MANIFEST")
     roles = {f["path"].split("/")[1]: f["role"] for f in data["files"]}
+    roles.pop("receipt-ids.arrow", None)  # written when the epoch has results
     assert roles == {"state.arrow": "unrecorded", "receipts.json": "unrecorded",
                      ".MANIFEST.json.tmp": "staging"}
     assert data["state"]["bytes"] > 0 and data["windows"]["open"] is None

@@ -376,7 +376,7 @@ def test_the_base_spec_runs_and_its_checkpoints_verify(
     assert set(doc) == {
         "format", "id", "parent", "pipeline", "fingerprint", "definition", "created_ms",
         "epoch", "lateness_ms", "watermark", "positions", "files", "state", "receipts",
-        "sinks", "counters", "aggregate_order", "signature",
+        "sinks", "counters", "aggregate_order", "receipt_roots", "signature",
     }
     assert set(doc["watermark"]) == {
         "global_ms", "partition_ms", "max_time", "exhausted", "max_delay_ms"}

@@ -221,7 +221,7 @@ def test_metrics_endpoint_while_running(big_spec: Path) -> None:
         assert {n: types[n] for n in GAUGES} == dict.fromkeys(GAUGES, "gauge")
         for (name, labels), _value in samples.items():
             assert dict(labels)["pipeline"] == "metrics-test"
-            if name == "sealstream_partition_watermark_ms":
+            if name in ("sealstream_partition_watermark_ms", "sealstream_watermark_holder"):
                 assert dict(labels)["partition"] in names
             else:
                 assert labels == (pl,), (name, labels)
@@ -385,3 +385,14 @@ def test_panel_eta_does_not_jump_with_each_batch(tmp_path: Path) -> None:
     i = max(range(len(jumps)), key=jumps.__getitem__)
     # at most one display step (0.1 min) and a batch's second
     assert max(jumps) < 7, (i, str(etas[max(0, i - 12):i + 12]))
+
+
+def test_render_live_source_status_and_watermark_holder() -> None:
+    snap = Snapshot(pipeline="p", partitions=(("orders/0", 5), ("orders/1", 9)),
+                    holder="orders/0", connected=False,
+                    lags=(("orders/0", 12), ("orders/1", 0)))
+    text = render(snap)
+    assert 'sealstream_source_connected{pipeline="p"} 0' in text
+    assert 'sealstream_source_lag{pipeline="p",partition="orders/0"} 12' in text
+    assert 'sealstream_watermark_holder{pipeline="p",partition="orders/0"} 1' in text
+    assert "sealstream_source_connected{" not in render(Snapshot(pipeline="p"))

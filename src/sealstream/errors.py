@@ -6,7 +6,9 @@
     ├── SpecError                   the pipeline definition is wrong (exit 2)
     ├── SourceError                 the input cannot be read as promised (exit 1)
     │   ├── BadRecordError          a record is bad and there is no [errors] output
-    │   └── SourceChangedError      a partition no longer matches its checkpoint
+    │   ├── SourceChangedError      a partition no longer matches its checkpoint
+    │   ├── SourceExpiredError      a position to read was deleted by the broker's retention
+    │   └── SourceUnavailableError  the broker cannot be reached within the retry deadline
     ├── SinkError                   an output cannot be written or committed (exit 1)
     └── CheckpointError             checkpoints cannot be written, read or trusted (exit 1)
         ├── NoValidCheckpointError  checkpoints exist but none verifies
@@ -49,6 +51,27 @@ class SourceChangedError(SourceError):
 
     The file shrank, was replaced or rotated. Replay from an earlier position
     into an isolated destination instead of resuming.
+    """
+
+
+class SourceExpiredError(SourceError):
+    """Records a run must read were deleted before it read them (retention).
+
+    Raised at start/resume when a saved position is below the earliest position
+    the broker still retains, and mid-run when records disappear before they are
+    read. The message names the partition, the saved (or next) position and the
+    earliest available one, and the ways forward: replay from the earliest
+    position into a new destination (``sealstream replay --from``), or
+    ``--start-over``. Nothing is ever skipped silently. Exit code 1.
+    """
+
+
+class SourceUnavailableError(SourceError):
+    """The broker (or file system) behind a source cannot be reached.
+
+    Raised at start after a bounded retry, and mid-run once ``[source]
+    fail_after_ms`` has passed without reaching it; the message names the
+    address. What was committed before stays committed. Exit code 1.
     """
 
 

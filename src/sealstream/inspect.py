@@ -371,6 +371,48 @@ def _partitions(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+#: how long `checkpoints inspect` waits for a broker's end offsets
+LAG_TIMEOUT_S = 2.0
+
+
+def with_broker_lag(doc: Mapping[str, Any], parts: list[dict[str, Any]]
+                    ) -> list[dict[str, Any]]:
+    """Each partition's ``lag`` (records between its saved position and the broker's
+    end offset now) for a checkpoint of a Kafka source whose broker answers within
+    :data:`LAG_TIMEOUT_S`; None otherwise (and for other sources)."""
+    for p in parts:
+        p["lag"] = None
+    source = _dict(doc.get("source"))
+    if source.get("kind") != "kafka" or not parts:
+        return parts
+    try:
+        from confluent_kafka import Consumer, KafkaException, TopicPartition
+    except ImportError:
+        return parts
+    consumer = None
+    try:
+        consumer = Consumer({"bootstrap.servers": str(source.get("bootstrap")),
+                             "group.id": "sealstream-inspect", "enable.auto.commit": False,
+                             "isolation.level": "read_committed", "log_level": 0,
+                             "socket.timeout.ms": int(LAG_TIMEOUT_S * 1000)})
+        for p in parts:
+            name, offset = p.get("partition"), p.get("next_offset")
+            if not isinstance(name, str) or "/" not in name or offset is None:
+                continue
+            topic, _, num = name.rpartition("/")
+            if not num.isdigit():
+                continue
+            _low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, int(num)), timeout=LAG_TIMEOUT_S)
+            p["lag"] = max(0, int(high) - int(offset))
+    except (KafkaException, ValueError, TypeError, RuntimeError):
+        pass  # unreachable: no lag shown
+    finally:
+        if consumer is not None:
+            consumer.close()
+    return parts
+
+
 def _windows(loaded: _Loaded) -> dict[str, Any]:
     doc = loaded.doc or {}
     window = _dict(_dict(doc.get("definition")).get("window"))
@@ -479,7 +521,7 @@ def inspect_checkpoint(
             "max_delay_ms": _int(wm.get("max_delay_ms")),
             "lateness_ms": _int(doc.get("lateness_ms")),
         },
-        "partitions": _partitions(doc),
+        "partitions": with_broker_lag(doc, _partitions(doc)),
         "windows": _windows(loaded),
         "state": {
             "bytes": loaded.state_bytes,
@@ -491,6 +533,7 @@ def inspect_checkpoint(
         "receipts": _receipts(loaded),
         "counters": _dict(doc.get("counters")) or None,
         "aggregates": _dict(definition.get("aggregates")) or None,
+        "outputs": _outputs(doc),
         "files": loaded.files,
         "problems": problems,
         "distributed": _distributed(doc, loaded),
@@ -514,6 +557,30 @@ def _distributed(doc: Mapping[str, Any], loaded: _Loaded) -> dict[str, Any] | No
                       "sha256_ok": fact.get("sha256_ok")})
     return {"workers": _int(dist.get("workers")), "routing": _dict(dist.get("routing")),
             "parts": parts}
+
+
+def _outputs(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per output: the epoch the checkpoint prepared, its commit tokens, and for a
+    Kafka output the topic with each partition's end offset when the checkpoint was
+    taken (every earlier epoch is committed below it; this epoch's transaction, once
+    committed, lies above it)."""
+    from sealstream.sinks.kafka import parse_location
+
+    out = []
+    for role, entry in sorted(_dict(doc.get("sinks")).items()):
+        e = _dict(entry)
+        row: dict[str, Any] = {"output": str(role), "epoch": _int(e.get("epoch")),
+                               "tokens": [str(t) for t in _list(e.get("tokens"))],
+                               "kafka": None, "path": None}
+        kafka = parse_location(e.get("path"))
+        if kafka is not None:
+            row["kafka"] = {"topic": kafka[0],
+                            "committed_offsets": {str(p): o for p, o in
+                                                  sorted(kafka[1].items())}}
+        elif isinstance(e.get("path"), str):
+            row["path"] = e["path"]
+        out.append(row)
+    return out
 
 
 # --------------------------------------------------------------------------- diff

@@ -68,6 +68,25 @@ class WatermarkState:
     exhausted: list[bool]
     global_ms: int = NEG_INF
     last_offset: list[int | None] = field(default_factory=list)
+    #: live runs with ``idle_ms``: partitions that are idle leave the global minimum
+    #: (docs/live.md); empty when no partition ever was
+    idle: list[bool] = field(default_factory=list)
+    #: a live run's partitions can appear later: without any yet, W is what it was
+    #: (a bounded run without partitions has ended: +inf)
+    open_ended: bool = False
+
+    def is_idle(self, p: int) -> bool:
+        return bool(self.idle) and self.idle[p]
+
+    def grow(self, partitions: int) -> None:
+        """Add partitions (discovered while running) up to ``partitions``."""
+        extra = partitions - len(self.max_time)
+        if extra > 0:
+            self.max_time += [None] * extra
+            self.exhausted += [False] * extra
+            self.last_offset += [None] * extra
+            if self.idle:
+                self.idle += [False] * extra
 
     @classmethod
     def initial(cls, partitions: int, max_delay_ms: int) -> WatermarkState:
@@ -87,17 +106,36 @@ class WatermarkState:
     def current(self) -> int:
         """The global watermark after everything processed so far."""
         if not self.max_time:
-            return POS_INF
-        return max(self.global_ms, min(self.partition_ms(p) for p in range(len(self.max_time))))
+            return self.global_ms if self.open_ended else POS_INF
+        active = [p for p in range(len(self.max_time)) if not self.is_idle(p)]
+        if not active:
+            return self.global_ms
+        return max(self.global_ms, min(self.partition_ms(p) for p in active))
+
+    def holder(self) -> int | None:
+        """The partition holding ``W`` back: the one whose watermark is the minimum
+        (the lowest index on a tie), None when ``W`` is not held by any (infinite, an
+        advance above every partition, every partition idle or exhausted)."""
+        active = [p for p in range(len(self.max_time))
+                  if not self.is_idle(p) and not self.exhausted[p]]
+        if not active:
+            return None
+        low = min(active, key=lambda p: (self.partition_ms(p), p))
+        if self.partition_ms(low) < self.global_ms or self.partition_ms(low) >= POS_INF:
+            return None
+        return low
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "max_delay_ms": self.max_delay_ms,
             "max_time": self.max_time,
             "exhausted": self.exhausted,
             "global_ms": self.global_ms,
             "partition_ms": [self.partition_ms(p) for p in range(len(self.max_time))],
         }
+        if any(self.idle):
+            out["idle"] = list(self.idle)
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> WatermarkState:
@@ -108,6 +146,7 @@ class WatermarkState:
             exhausted=[bool(v) for v in data["exhausted"]],
             global_ms=int(data["global_ms"]),
             last_offset=[None] * n,
+            idle=[bool(v) for v in data.get("idle", [])],
         )
 
 
@@ -205,7 +244,7 @@ def _exact(
     o, p = off[rows], part[rows]
     w = np.full(rows.size, POS_INF, dtype=np.int64)
     for q in range(len(bounds) - 1):
-        if state.exhausted[q]:
+        if state.exhausted[q] or state.is_idle(q):
             continue
         qs, qe = int(bounds[q]), int(bounds[q + 1])
         before = _counter(off[qs:qe], rows.size)

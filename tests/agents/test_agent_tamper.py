@@ -282,8 +282,13 @@ def test_agent_checkpoint_history_falls_back_past_a_tampered_one(backend_url: st
     assert data is not None
     with store.rows.transaction() as tx:
         tx.upsert("cp", "e", "", second.checkpoint_id, _alter_json(data))
-    latest = store.latest("e")
+    # issue 19, defect 4: never a silent fall-back; only under an explicit policy
+    with pytest.raises(AgentCheckpointError, match="refusing to fall back silently"):
+        store.latest("e")
+    latest = store.latest("e", fallback="verified")
     assert latest is not None and latest.node == "plan"
+    assert [(v.checkpoint_id, v.reason) for v in latest.fell_back_past] == [
+        (second.checkpoint_id, "SIGNATURE_MISMATCH")]
     assert [(v.verdict, v.reason) for v in store.history("e")] == [
         (INCONSISTENT, "SIGNATURE_MISMATCH"), (ATOMIC, "OK")]
     with pytest.raises(AgentCheckpointError):

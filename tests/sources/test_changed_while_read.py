@@ -18,9 +18,9 @@ import pytest
 from sealstream._runtime.merge import PartitionMerger, SourcePosition
 from sealstream.errors import SourceChangedError
 from sealstream.sources import FieldPlan, PartitionReader
-from sealstream.sources.csv import CsvReader
-from sealstream.sources.jsonl import JsonlReader
-from sealstream.sources.parquet import ParquetReader
+from sealstream.sources.files.csv import CsvReader
+from sealstream.sources.files.jsonl import JsonlReader
+from sealstream.sources.files.parquet import ParquetReader
 
 PLAN = FieldPlan("user", "ts", {"amount": "numeric"})
 N = 3000

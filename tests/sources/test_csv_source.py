@@ -25,7 +25,7 @@ from sealstream.sources import (
     json_col,
     open_partition,
 )
-from sealstream.sources.csv import CsvReader
+from sealstream.sources.files.csv import CsvReader
 
 PLAN = FieldPlan("user", "ts", {"amount": "numeric", "x": "any"})
 

@@ -26,7 +26,7 @@ from sealstream.sources import (
     json_col,
     open_partition,
 )
-from sealstream.sources.jsonl import JsonlReader
+from sealstream.sources.files.jsonl import JsonlReader
 
 PLAN = FieldPlan("user", "ts", {"amount": "numeric", "x": "any"})
 

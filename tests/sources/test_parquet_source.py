@@ -23,7 +23,7 @@ from sealstream.sources import (
     json_col,
     open_partition,
 )
-from sealstream.sources.parquet import ParquetReader
+from sealstream.sources.files.parquet import ParquetReader
 
 PLAN = FieldPlan("user", "ts", {"amount": "numeric", "x": "any"})
 

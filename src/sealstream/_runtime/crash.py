@@ -12,6 +12,10 @@ its part), ``after_write_state``, ``after_write_receipts``,
 ``after_manifest_publish``, ``after_commit_results``, ``after_commit_late``,
 ``after_commit_errors``, ``after_retention``.
 
+Sinks may have points of their own, not in :data:`POINTS` (a run with another
+sink never reaches them): ``kafka_in_transaction`` (the Kafka sink produced an
+epoch's rows in its transaction and has not committed it yet).
+
 ``SEALSTREAM_PAUSE_AT`` (same syntax, read only from the environment) makes the
 process stop itself with SIGSTOP instead, for a test to change something at that
 exact step (an input file, say) and let it go on with SIGCONT.

@@ -101,6 +101,7 @@ from sealstream.sinks import open_sink
 from sealstream.sinks._base import JSON_LINE
 from sealstream.sinks.database import DatabaseSink, same_database
 from sealstream.sinks.jsonl import JsonlDirSink
+from sealstream.sinks.kafka import KafkaSink
 from sealstream.sources._base import (
     OFFSET,
     PARTITION,
@@ -120,6 +121,8 @@ from sealstream.windows.operator import WindowOperator
 DEFINITION_REASONS = ("FINGERPRINT_MISMATCH", "OTHER_PIPELINE")
 #: the smallest batch (records per partition per step) pacing by ``every_ms`` goes to
 MIN_PACED_BATCH = 4096
+#: live runs: an event's sequence is offset * this + partition index
+LIVE_SEQ_PARTITIONS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -204,8 +207,13 @@ class Job(Checkpointing):
         self.output = OutputStage(concurrent=False)  # run() picks the real one
         self._suppressed_lock = threading.Lock()
         self.key = checkpoint_key()
-        self.partitions = pipeline.source.partitions()
+        #: a live run (docs/live.md): planned, recorded steps (sealstream._runtime.live)
+        self.live = pipeline.source.live
+        self.partitions = pipeline.source.partitions(allow_empty=self.live)
         self.names = [n for n, _ in self.partitions]
+        #: a signal asked a live run to stop: finish the step, checkpoint, end (exit 0)
+        self.stop_requested: int | None = None
+        self._plan_mark: dict[str, Any] | None = None  # the restored checkpoint's plan
         self.plan = pipeline.field_plan()
         self.transform = _transform_stage(pipeline, self.plan)
         self.fingerprint = pipeline.fingerprint()
@@ -223,6 +231,7 @@ class Job(Checkpointing):
         self.sinks = {}
         self.resumed_from: int | None = None
         self.rejected: list[dict[str, Any]] = []
+        self.rebuilt: list[str] = []  # rebuildable components the resume rebuilt
         self.started = time.monotonic()
         self.merger: PartitionMerger | None = None
         self._batch_cap = self.p.batch_size
@@ -300,11 +309,21 @@ class Job(Checkpointing):
         results = self.sinks["results"]
         if isinstance(results, JsonlDirSink):  # a compound key: its lines name each field
             results.key_fields = self.p.source.key_fields
-        for sink in self.sinks.values():
+        for role, sink in self.sinks.items():
             if isinstance(sink, DatabaseSink):
                 sink.pipeline = self.p.name  # its staged rows and its table are its own
+            elif isinstance(sink, KafkaSink):
+                sink.set_job(self.p.name, role)  # its transactional.id: one per job and output
 
     def _start_sources(self, positions: list[SourcePosition]) -> None:
+        if self.live:
+            from sealstream._runtime.live import open_live
+
+            merger = open_live(self, positions)
+            self.merger = merger  # type: ignore[assignment]
+            self.names = merger.names  # grows as partitions appear
+            self.rejected += merger.rejected_plans
+            return
         readers = [
             sources.open_partition(self.p.source.kind, name, path, self.plan, pos.resume)
             for (name, path), pos in zip(self.partitions, positions, strict=True)
@@ -440,13 +459,15 @@ class Job(Checkpointing):
             key=self.key, pipeline=self.p.name, fingerprint=self.fingerprint,
             max_age_ms=None if max_age_s is None else round(max_age_s * 1000),
             now_ms=None if max_age_s is None else int(time.time() * 1000),
+            require_receipt_roots=cfg is not None and cfg.require_receipts,
         )
         verdicts: list[guard.Verdict] = []
         for cid in reversed(ids):
             v = self._judge(store, cid, policy)
             verdicts.append(v)
-            if v.ok:
+            if v.resumable:  # ATOMIC, or only rebuildable components damaged
                 assert v.manifest is not None
+                self.rebuilt = list(v.rebuild)
                 for bad in verdicts[:-1]:
                     store.move_aside(bad.checkpoint_id, bad.reason)
                     self.rejected.append(bad.to_json())
@@ -488,6 +509,9 @@ class Job(Checkpointing):
         self._remember_chain(cid, doc["files"])
         self.wm = WatermarkState.from_json(meta[WATERMARK_META.decode()])
         by_name = {p["partition"]: SourcePosition.from_json(p) for p in doc["positions"]}
+        if self.live:  # partitions keep the indexes of the run that saved them
+            self.names = [p["partition"] for p in doc["positions"]]
+            self._plan_mark = doc.get("plan")
         positions = [by_name.get(n, SourcePosition.start()) for n in self.names]
         # a partition that changed since the checkpoint stops the run here, before
         # any output is touched (its prepared output stays prepared for a later run)
@@ -505,7 +529,9 @@ class Job(Checkpointing):
             prepared = {int(entry["epoch"]): list(entry["tokens"])} if entry else {}
             sink.recover_at(entry.get("path") if entry else None, prepared)
         self.suppress = self._committed_ids(restored_epoch)
-        if "suppress" in doc["files"]:
+        if "suppress" in self.rebuilt:  # rebuilt: every committed output is suppressed
+            self.suppress = self._committed_ids(None)
+        elif "suppress" in doc["files"]:
             pending, _ = decode_table(store.read(doc["files"]["suppress"]["path"]))
             self._add_pending(pending)
         self.epoch = max(restored_epoch, self._max_committed_epoch()) + 1
@@ -529,6 +555,8 @@ class Job(Checkpointing):
     # ================================================================ the loop
     def _loop(self, checkpoint: CheckpointStore | None) -> None:
         assert self.merger is not None and self.operator is not None
+        if self.live:
+            self.wm.open_ended = True
         cfg = self.p.checkpoint
         since_events = 0
         last_ck = time.monotonic()
@@ -540,7 +568,8 @@ class Job(Checkpointing):
                 break
             n = self._apply(batch)
             since_events += n + batch.bad.height
-            dirty = dirty or n > 0 or batch.bad.height > 0 or self._positions_moved(batch)
+            dirty = (dirty or n > 0 or batch.bad.height > 0 or batch.step is not None
+                     or self._positions_moved(batch))
             self.positions = batch.positions
             if self.crash.targets:
                 self.output.drain()
@@ -576,6 +605,11 @@ class Job(Checkpointing):
                     break
             if batch.finished:
                 break
+            if self.stop_requested is not None:  # a live run told to stop: open windows
+                if checkpoint is not None and cfg is not None and dirty:  # stay open
+                    self._checkpoint(checkpoint)
+                self.stopped_early = True
+                break
         self.output.drain()
 
     def _pace(self, took_s: float, every_ms: int) -> None:
@@ -591,6 +625,8 @@ class Job(Checkpointing):
             self.merger.batch_size = min(self._batch_cap, size * 2)
 
     def _positions_moved(self, batch: Batch) -> bool:
+        if len(self.positions) != len(batch.positions):
+            return True
         return [p.next_offset for p in self.positions] != [
             p.next_offset for p in batch.positions
         ]
@@ -598,7 +634,8 @@ class Job(Checkpointing):
     def _apply(self, batch: Batch) -> int:
         assert self.operator is not None
         self._handle_bad(batch.bad)
-        n_parts = len(self.partitions)
+        # the sequence of an event (ties in first/last): a live run's partitions grow
+        n_parts = LIVE_SEQ_PARTITIONS if self.live else len(self.partitions)
         for q, lo in enumerate(batch.last_offsets):
             if lo is not None:
                 self.wm.last_offset[q] = lo
@@ -622,7 +659,7 @@ class Job(Checkpointing):
         if self.transform is not None:
             events = self.transform.keep(events)
         if batch.finished:
-            self.wm.exhausted = [True] * n_parts
+            self.wm.exhausted = [True] * len(self.wm.exhausted)
             self.wm.global_ms = POS_INF
         w_end = self.wm.current()
         if self._incremental and events.height:
@@ -736,8 +773,10 @@ class Job(Checkpointing):
         if "errors" not in self.sinks:
             first = bad.row(0, named=True)
             name = self.names[first["_p"]]
+            where = (f"offset {first['_offset']}" if self.p.source.kind == "kafka"
+                     else f"line {first['_line']}")
             raise BadRecordError(
-                f"{name}: line {first['_line']}: {first['_reason']} "
+                f"{name}: {where}: {first['_reason']} "
                 "(add an [errors] output to divert bad records instead of stopping)"
             )
         self.counters.bad_records += bad.height

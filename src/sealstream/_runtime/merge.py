@@ -84,6 +84,8 @@ class Batch:
     """Partitions that reached their end without a record left to read."""
     raw: list[list[RawSpan]] = field(default_factory=list)
     """Per partition, where the raw text of this batch's events comes from."""
+    step: int | None = None
+    """Live runs: the recorded step this batch is (None: bounded, or no step)."""
 
     def raw_texts(
         self, partitions: npt.NDArray[np.int32], offsets: npt.NDArray[np.int64]

@@ -12,6 +12,7 @@ import contextlib
 import copy
 import hashlib
 import json
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -25,9 +26,11 @@ from sealstream._runtime.merge import SourcePosition
 from sealstream._runtime.output import OutputStage
 from sealstream._runtime.summary import CheckpointStats, Counters
 from sealstream.checkpoint import guard
+from sealstream.checkpoint import receipts as trees
 from sealstream.checkpoint.manifest import (
     DELTA_NAME,
     FORMAT_VERSION,
+    RECEIPT_IDS_NAME,
     RECEIPTS_NAME,
     STATE_NAME,
     SUPPRESS_NAME,
@@ -43,6 +46,9 @@ from sealstream.watermark import WatermarkState
 from sealstream.windows.operator import WindowOperator
 
 ROLES = ("results", "late", "errors")
+#: set (to anything) to keep every step plan of live runs instead of pruning them
+#: with their checkpoints: for audits, and to re-run a recorded plan from its start
+KEEP_PLANS_ENV = "SEALSTREAM_KEEP_PLANS"
 
 
 @dataclass
@@ -55,6 +61,8 @@ class _InFlight:
     started: float
     blocked_s: float  # processing-thread time spent capturing it
     future: Future[tuple[dict[str, Any], int]]
+    #: a live run: the checkpoint's positions, for the source's consumer group
+    positions: dict[str, int] | None = None
 
 
 class Checkpointing:
@@ -72,6 +80,7 @@ class Checkpointing:
     operator: WindowOperator | None
     wm: WatermarkState
     positions: list[SourcePosition]
+    merger: Any
     counters: Counters
     ck_stats: CheckpointStats
     stop_when: Callable[[Any], bool] | None
@@ -89,6 +98,7 @@ class Checkpointing:
     _writer: ThreadPoolExecutor | None
     _inflight: _InFlight | None
     _verified: set[int]
+    _receipt_ids: pl.Series | None = None  # the last closed epoch's sorted result ids
 
     def manifest_extra(self) -> dict[str, Any]:
         """More entries for the manifest (signed with it): a distributed job's workers."""
@@ -96,8 +106,8 @@ class Checkpointing:
 
     @staticmethod
     def _judge(store: CheckpointStore, cid: int, policy: guard.Policy) -> guard.Verdict:
-        return guard.judge(store.evidence(cid, policy.key),
-                           store.verified_parent(cid, policy.key), policy)
+        return guard.judge_resumable(store.evidence(cid, policy.key),
+                                     store.verified_parent(cid, policy.key), policy)
 
     # ================================================================ receipts
     def _receipt(self, role: str, frame: pl.DataFrame) -> None:
@@ -144,18 +154,23 @@ class Checkpointing:
         self, epoch: int, now: dict[str, dict[str, Any]], tokens: dict[str, list[str]]
     ) -> dict[str, Any]:
         entry: dict[str, Any] = {"epoch": epoch}
+        self._receipt_ids = None
         for role in ROLES:
             rec = now.get(role)
             if rec is None:
                 entry[role] = {"count": 0, "digest": hashlib.sha256(b"").hexdigest(),
                                "tokens": tokens.get(role, [])}
+                if role == "results":
+                    entry[role]["root"] = trees.EMPTY_ROOT
                 continue
-            ids = (
-                pl.concat(rec["ids"]).select(self._ids(role)).sort("id")["id"].str.join("\n").item()
-            )
+            sorted_ids = pl.concat(rec["ids"]).select(self._ids(role)).sort("id")["id"]
+            ids = sorted_ids.str.join("\n").item()
             digest = hashlib.sha256(ids.encode()).hexdigest()
             entry[role] = {"count": rec["count"], "digest": digest,
                            "tokens": tokens.get(role, [])}
+            if role == "results":  # the Merkle root the manifest signs (receipts.py)
+                entry[role]["root"] = trees.root(sorted_ids)
+                self._receipt_ids = sorted_ids
             if "max_window_end" in rec:
                 entry[role]["max_window_end"] = rec["max_window_end"]
             self.receipts_total[role] = int(self.receipts_total.get(role, 0)) + rec["count"]
@@ -229,6 +244,12 @@ class Checkpointing:
             "counters": self.counters.to_json(),
             **self.manifest_extra(),
         }
+        mark = self._plan_mark_now()
+        if mark is not None:  # a live run: the last recorded step this checkpoint includes
+            body["plan"] = mark
+        where = self._source_address()
+        if where is not None:  # a broker: where `checkpoints inspect` asks for lag
+            body["source"] = where
         body = copy.deepcopy(body)
         body["watermark"] = wm_json
         # a sink in the store's database commits in the transaction that publishes
@@ -247,12 +268,14 @@ class Checkpointing:
                 done()
             self.crash("after_sink_prepare")
             receipt = close_receipts()
-            receipts = json.dumps(
+            receipts_doc = json.dumps(
                 {"summary": self.receipts_total, "epochs": [receipt]}, sort_keys=True, indent=1
             ).encode()
             body["receipts"] = dict(self.receipts_total)
+            # the epoch's Merkle root over its result ids, signed with the manifest
+            body[trees.ROOTS_FIELD] = trees.roots_entry(receipt)
             return self._write_checkpoint(store, cid, snap, wm_json, chain, touched,
-                                          last_state, receipts, pending, body, together)
+                                          last_state, receipts_doc, pending, body, together)
 
         cfg = self.p.checkpoint
         if cfg is not None and cfg.asynchronous:
@@ -265,7 +288,11 @@ class Checkpointing:
                 future.set_result(write())
             except BaseException as exc:  # noqa: BLE001 - re-raised by _await_checkpoint
                 future.set_exception(exc)
-        self._inflight = _InFlight(cid, epoch, tokens, t0, time.monotonic() - t0, future)
+        group_positions = ({n: p.next_offset for n, p in zip(self.names, self.positions,
+                                                             strict=True)}
+                           if getattr(self, "live", False) else None)
+        self._inflight = _InFlight(cid, epoch, tokens, t0, time.monotonic() - t0, future,
+                                   group_positions)
         if cfg is None or not cfg.asynchronous or self.stop_when is not None:
             self._await_checkpoint(store)
 
@@ -301,10 +328,13 @@ class Checkpointing:
         files: dict[str, bytes] = {state_name: state, RECEIPTS_NAME: receipts}
         if pending is not None:
             files[SUPPRESS_NAME] = pending
+        if self._receipt_ids is not None:  # the leaves, for inclusion proofs
+            files[RECEIPT_IDS_NAME] = trees.encode_ids(self._receipt_ids)
+            self._receipt_ids = None
         dirname = checkpoint_dirname(cid)
         entries: dict[str, Any] = {}
         for role, name in (("state", state_name), ("receipts", RECEIPTS_NAME),
-                           ("suppress", SUPPRESS_NAME)):
+                           ("suppress", SUPPRESS_NAME), ("receipt_ids", RECEIPT_IDS_NAME)):
             if name in files:
                 entries[role] = {"path": f"{dirname}/{name}", "sha256": sha256_hex(files[name]),
                                  "bytes": len(files[name])}
@@ -342,6 +372,9 @@ class Checkpointing:
             self.crash(f"after_commit_{role}")
         self._retain(store, job.cid)
         self.crash("after_retention")
+        commit_group = getattr(getattr(self.merger, "source", None), "commit_group", None)
+        if job.positions and callable(commit_group):
+            commit_group(job.positions)  # best effort, for lag tools; never read back
         dt = (time.monotonic() - job.started) * 1000
         st = self.ck_stats
         st.count += 1
@@ -397,6 +430,39 @@ class Checkpointing:
             return None
         return encode_table(pl.concat(frames, how="diagonal_relaxed"))
 
+    def _plan_mark_now(self) -> dict[str, Any] | None:
+        """A live run's ``plan`` entry for a checkpoint taken now (None: not live)."""
+        mark = getattr(self.merger, "plan_mark", None)
+        return dict(mark()) if callable(mark) else None
+
+    def _source_address(self) -> dict[str, Any] | None:
+        """``{"kind": "kafka", "bootstrap": ..., "topic": ...}`` for a Kafka source
+        (never client settings: they may hold credentials); None otherwise."""
+        settings = getattr(getattr(self.merger, "source", None), "settings", None)
+        bootstrap = getattr(settings, "bootstrap", None)
+        topic = getattr(settings, "topic", None)
+        if isinstance(bootstrap, str) and isinstance(topic, str):
+            return {"kind": "kafka", "bootstrap": bootstrap, "topic": topic}
+        return None
+
+    @staticmethod
+    def _prune_plans(store: CheckpointStore) -> None:
+        """Step plans go with the checkpoints they belong to: the records of steps at
+        or before the oldest checkpoint kept are no longer needed by any recovery."""
+        if os.environ.get(KEEP_PLANS_ENV):  # audits and tests: keep the whole plan
+            return
+        steps = store.plan_steps()
+        if not steps:
+            return
+        ids = store.ids()
+        if not ids:
+            return
+        oldest = store.read_manifest(ids[0])
+        mark = oldest.get("plan") if oldest else None
+        if not isinstance(mark, dict) or not isinstance(mark.get("step"), int):
+            return
+        store.delete_plans([s for s in steps if s <= mark["step"]])
+
     @staticmethod
     def _needed_by(store: CheckpointStore, kept: list[int]) -> set[int]:
         """The checkpoints holding files that the ``kept`` checkpoints reference."""
@@ -448,3 +514,4 @@ class Checkpointing:
                 self._verified.discard(cid)
             else:
                 store.move_aside(cid, "superseded-invalid")
+        self._prune_plans(store)

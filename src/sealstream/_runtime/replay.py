@@ -132,8 +132,11 @@ def replay_pipeline(p: Pipeline, dest: Path) -> Pipeline:
         keep=live.keep if live else 3,
         base_dir=dest,
     )
+    # a live source is replayed as a backfill: to the end positions seen at start
+    source = replace(p.source, stop="end") if p.source.live else p.source
     return replace(
         p,
+        source=source,
         sink=sink,
         late=_redirect(p.late, dest, SUBDIRS["late"]),
         errors=_redirect(p.errors, dest, SUBDIRS["errors"]),
@@ -195,6 +198,7 @@ def start_from_checkpoint(p: Pipeline, cid: int) -> tuple[StartPoint, dict[str, 
         key=checkpoint_key(), pipeline=p.name, fingerprint=p.fingerprint(),
         max_age_ms=None if max_age_s is None else round(max_age_s * 1000),
         now_ms=None if max_age_s is None else int(time.time() * 1000),
+        require_receipt_roots=p.checkpoint.require_receipts,
     )
     v = guard.judge(store.evidence(cid, policy.key), store.verified_parent(cid, policy.key), policy)
     if not v.ok or v.manifest is None:

@@ -17,6 +17,7 @@ See ``docs/agents.md``.
 
 from __future__ import annotations
 
+from sealstream.agents._seal import KeyRing
 from sealstream.agents.checkpoint import (
     AgentCheckpoint,
     AgentCheckpointError,
@@ -47,6 +48,7 @@ __all__ = [
     "Artifact",
     "Effect",
     "EffectLedger",
+    "KeyRing",
     "NoValidAgentCheckpointError",
     "PostgresRowStore",
     "Reconciliation",

@@ -15,6 +15,7 @@ to the same address; with a key set a plaintext row is refused (fail closed).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,17 +28,61 @@ FROM_ENV: object = crypto.FROM_ENV
 
 
 @dataclass(frozen=True)
-class Keys:
-    """The signing key (or None: unkeyed SHA-256) and the encryption key (or None)."""
+class KeyRing:
+    """Signing keys by key id, for rotation: new rows are signed with ``current``
+    and name it (``"kid"``, inside the signed document); a row verifies under the key
+    its id names, so old checkpoints stay verifiable after a rotation as long as
+    their key stays in the ring. ``unnamed``: the id of the key that signed rows
+    written before key ids were used (they carry no ``"kid"``).
 
-    sign: bytes | None = None
+    >>> ring = KeyRing("2026-12", {"2026-11": b"old", "2026-12": b"new"}, unnamed="2026-11")
+    """
+
+    current: str
+    keys: Mapping[str, bytes]
+    unnamed: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.keys, Mapping) or not self.keys or not all(
+                isinstance(k, str) and k and isinstance(v, bytes) and v
+                for k, v in self.keys.items()):
+            raise SpecError("KeyRing keys: expected a mapping of key id (text) to key bytes")
+        for name, kid in (("current", self.current), ("unnamed", self.unnamed)):
+            if kid is not None and kid not in self.keys:
+                raise SpecError(f"KeyRing {name}: {kid!r} is not one of the key ids "
+                                f"{sorted(self.keys)}")
+
+    def for_row(self, doc: Mapping[str, Any]) -> tuple[bool, bytes | None]:
+        """The key the row's ``kid`` names: (False, None) when the ring lacks it."""
+        kid = doc.get("kid", self.unnamed)
+        if not isinstance(kid, str) or kid not in self.keys:
+            return False, None
+        return True, self.keys[kid]
+
+
+#: what rows are signed and verified with: one key, none (unkeyed SHA-256), a ring
+SignKey = bytes | None | KeyRing
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The signing key (or None: unkeyed SHA-256; or a :class:`KeyRing`) and the
+    encryption key (or None)."""
+
+    sign: SignKey = None
     encrypt: bytes | None = None
 
     @classmethod
     def resolve(cls, key: bytes | None | object = FROM_ENV,
                 encryption_key: bytes | None | object = FROM_ENV) -> Keys:
         """Explicit keys, or those from the environment for :data:`FROM_ENV`."""
-        sign = manifest.checkpoint_key() if key is FROM_ENV else _check.key("key", key)
+        sign: SignKey
+        if key is FROM_ENV:
+            sign = manifest.checkpoint_key()
+        elif isinstance(key, KeyRing):
+            sign = key
+        else:
+            sign = _check.key("key", key)
         if encryption_key is FROM_ENV:
             enc = crypto.encryption_key()
         else:
@@ -77,6 +122,9 @@ def seal_plain(keys: Keys, addr: Address, body: dict[str, Any]) -> bytes:
     """The signed (not yet encrypted) bytes of a document at ``addr``."""
     doc = dict(body)
     doc["row"] = list(addr)
+    if isinstance(keys.sign, KeyRing):
+        doc["kid"] = keys.sign.current
+        return manifest.seal(doc, keys.sign.keys[keys.sign.current])
     return manifest.seal(doc, keys.sign)
 
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -55,6 +56,10 @@ from sealstream.agents.judge import AgentVerdict, CheckpointEvidence, RowRead
 from sealstream.agents.store import RowStore, RowTx, open_row_store
 from sealstream.checkpoint.crypto import EnvelopeError
 from sealstream.errors import CheckpointError, NoValidCheckpointError, SpecError
+
+_log = logging.getLogger("sealstream.agents")
+
+FALLBACKS = ("refuse", "verified")
 
 FORMAT = 1
 KIND_AGENT = "agent"
@@ -139,6 +144,9 @@ class AgentCheckpoint:
     checkpoint_id: str = ""
     parent_id: str | None = None
     created_ms: int = 0
+    #: the verdicts of newer checkpoints this one was chosen over (only ever non-empty
+    #: under ``fallback="verified"``; the default policy refuses instead)
+    fell_back_past: tuple[AgentVerdict, ...] = ()
 
     def check(self) -> None:
         """Raise SpecError naming the first field of the wrong type."""
@@ -188,6 +196,7 @@ class Loaded:
     manifest: Mapping[str, Any]
     blobs: Mapping[str, bytes]
     writes: Sequence[Mapping[str, Any]]
+    fell_back_past: tuple[AgentVerdict, ...] = ()
 
 
 def now_ms() -> int:
@@ -215,9 +224,14 @@ class AgentCheckpointStore:
 
     def __init__(self, rows: RowStore | str | Path, *, key: bytes | None | object = FROM_ENV,
                  encryption_key: bytes | None | object = FROM_ENV,
-                 crash: Callable[[str], None] | None = None) -> None:
+                 crash: Callable[[str], None] | None = None,
+                 fallback: str = "refuse") -> None:
         self.rows = rows if isinstance(rows, RowStore) else open_row_store(rows)
         self.keys = Keys.resolve(key, encryption_key)
+        #: what a read of the newest checkpoint does when it does not verify:
+        #: "refuse" (default: raise with the verdict) or "verified" (newest verified
+        #: one, reported in the result and the log)
+        self.fallback = _policy(fallback)
         #: crash points for tests (``SEALSTREAM_CRASH_AT``): ``inside_checkpoint_commit``
         #: (manifest and blobs written, transaction not committed), ``inside_writes_commit``
         self.crash = crash if crash is not None else CrashPoints()
@@ -236,6 +250,7 @@ class AgentCheckpointStore:
         ex, ns = checkpoint.execution_id, checkpoint.namespace
         body = checkpoint.body()
         with self.rows.transaction() as tx:
+            tx.lock_history(ex, ns)
             names = [r.name for r in tx.scan("cp", ex, ns)]
             head = self._meta(tx, ex, ns).get("head") or ""
             self.check_kind(tx, ex, ns, head, KIND_AGENT)
@@ -246,20 +261,83 @@ class AgentCheckpointStore:
                          blobs={}, reuse=(), writes=False, created_ms=created)
         return replace(checkpoint, checkpoint_id=cid, parent_id=last or None, created_ms=created)
 
-    def latest(self, execution_id: str, namespace: str = "") -> AgentCheckpoint | None:
-        """The newest ``ATOMIC_CHECKPOINT``, falling back past rejected ones; None when
-        the execution has none. Raises :class:`NoValidAgentCheckpointError` when
-        checkpoints exist but none verifies."""
-        ids = self.ids(execution_id, namespace)
-        for cid in reversed(ids):
-            verdict = self.verify(execution_id, cid, namespace)
-            if verdict.ok and verdict.manifest is not None:
-                return AgentCheckpoint.from_manifest(verdict.manifest)
-        if ids:
-            raise NoValidAgentCheckpointError(
-                f"execution {execution_id!r}: {len(ids)} checkpoint(s) exist but none "
-                "verifies; see AgentCheckpointStore.history()")
-        return None
+    def latest(self, execution_id: str, namespace: str = "", *,
+               fallback: str | None = None) -> AgentCheckpoint | None:
+        """The execution's newest checkpoint (its signed head), None when it has none.
+
+        When the head does not verify, or is gone, or the head marker itself is gone
+        or damaged, ``fallback`` decides (default: the store's ``fallback``):
+        ``"refuse"`` raises :class:`AgentCheckpointError` with the verdict;
+        ``"verified"`` returns the newest checkpoint that verifies, says so in its
+        ``fell_back_past`` and logs a warning. Raises
+        :class:`NoValidAgentCheckpointError` when checkpoints exist but none verifies.
+        Reading the head is constant-time in the history's length."""
+        policy = _policy(self.fallback if fallback is None else fallback)
+        with self.rows.transaction() as tx:
+            cid, problem = self.head(tx, execution_id, namespace)
+            if cid is None and problem is None:
+                return None
+            if cid is not None:
+                verdict = _judge.judge(self._evidence(tx, execution_id, namespace, cid),
+                                       self.keys.sign)
+                if verdict.ok and verdict.manifest is not None:
+                    return AgentCheckpoint.from_manifest(verdict.manifest)
+                problem = verdict
+            assert problem is not None
+            skipped = [problem]
+            for name, _, _ in tx.keys("cp", execution_id, namespace):
+                if name == cid:
+                    continue
+                verdict = _judge.judge(self._evidence(tx, execution_id, namespace, name),
+                                       self.keys.sign)
+                if verdict.ok and verdict.manifest is not None:
+                    if policy == "refuse":
+                        raise AgentCheckpointError(replace(problem, message=(
+                            f"{problem.message}; refusing to fall back silently to "
+                            f"checkpoint {name!r} (repair with `sealstream agents repair`, "
+                            "or read with fallback='verified')")))
+                    _log.warning("execution %r/%r: falling back to checkpoint %r past %s",
+                                 execution_id, namespace, name,
+                                 "; ".join(f"{v.checkpoint_id}: {v.verdict} ({v.reason})"
+                                           for v in skipped))
+                    return replace(AgentCheckpoint.from_manifest(verdict.manifest),
+                                   fell_back_past=tuple(skipped))
+                skipped.append(verdict)
+        raise NoValidAgentCheckpointError(
+            f"execution {execution_id!r}: checkpoint(s) exist but none verifies; see "
+            "AgentCheckpointStore.history()")
+
+    def head(self, tx: RowTx, ex: str, ns: str) -> tuple[str | None, AgentVerdict | None]:
+        """The history's head checkpoint id from its signed marker (constant-time),
+        and the verdict that makes it unusable: ``(None, None)`` for an empty
+        history; ``(id, None)`` for a head whose manifest row exists (it still has
+        to verify); ``(None, verdict)`` when the marker is gone or damaged, or names
+        a checkpoint whose rows are gone."""
+        row = self._read(tx, ("meta", ex, ns, "history"))
+        if row.data is None and row.problem is None:
+            if tx.keys("cp", ex, ns, limit=1):
+                return None, AgentVerdict(
+                    ex, ns, "(head)", _judge.PARTIAL, "NO_MANIFEST",
+                    f"history {ex!r}/{ns!r}: its signed head marker is missing")
+            return None, None
+        bad, doc = _judge.judge_row(row, self.keys.sign)
+        if bad is not None or doc is None:
+            assert bad is not None
+            return None, bad
+        head = doc.get("head") or ""
+        if not isinstance(head, str) or not head:
+            if tx.keys("cp", ex, ns, limit=1):
+                return None, AgentVerdict(
+                    ex, ns, "(head)", _judge.PARTIAL, "NO_MANIFEST",
+                    f"history {ex!r}/{ns!r}: its signed head marker names no checkpoint "
+                    "but checkpoints exist")
+            return None, None
+        if tx.get("cp", ex, ns, head) is None:
+            return None, AgentVerdict(
+                ex, ns, head, _judge.PARTIAL, "NO_MANIFEST",
+                f"checkpoint {head!r} of {ex!r}/{ns!r} is the signed head of its history "
+                "but its rows are gone")
+        return head, None
 
     def load(self, execution_id: str, checkpoint_id: str, namespace: str = ""
              ) -> AgentCheckpoint:
@@ -304,13 +382,20 @@ class AgentCheckpointStore:
             {k: v if isinstance(v, str) else None for k, v in parents.items()},
             meta, self.keys.sign)
 
-    def prune(self, execution_id: str, namespace: str = "", *, keep_last: int) -> list[str]:
-        """Delete all but the newest ``keep_last`` checkpoints (0: all) with their
-        writes and the blobs nothing kept refers to, in one transaction; raise the
-        signed retention floor. Returns the deleted ids."""
+    def prune(self, execution_id: str, namespace: str = "", *, keep_last: int,
+              max_age_s: float | None = None) -> list[str]:
+        """Keep the newest ``keep_last`` verified checkpoints (0: delete all) and,
+        with ``max_age_s``, only those of them created less than ``max_age_s``
+        seconds ago (the newest verified one is always kept); delete the others with
+        their writes and the blobs nothing kept refers to, move damaged ones aside
+        (:meth:`quarantine`), in one transaction; raise the signed retention floor.
+        Returns the ids deleted or moved aside."""
         _check.count("keep_last", keep_last)
+        if max_age_s is not None and (isinstance(max_age_s, bool) or not isinstance(
+                max_age_s, int | float) or max_age_s < 0):
+            raise SpecError(f"max_age_s: expected a number of seconds >= 0, got {max_age_s!r}")
         with self.rows.transaction() as tx:
-            return self._prune(tx, execution_id, namespace, keep_last)
+            return self._prune(tx, execution_id, namespace, keep_last, max_age_s)
 
     def delete_execution(self, execution_id: str) -> None:
         """Delete every checkpoint, blob, write and marker of the execution (all
@@ -330,7 +415,9 @@ class AgentCheckpointStore:
             raise AgentCheckpointError(other_kind(doc, kind))
 
     def _read(self, tx: RowTx, addr: Address) -> RowRead:
-        stored = tx.get(*addr)
+        return self._opened(addr, tx.get(*addr))
+
+    def _opened(self, addr: Address, stored: bytes | None) -> RowRead:
         if stored is None:
             return RowRead(addr, None)
         try:
@@ -349,8 +436,18 @@ class AgentCheckpointStore:
         return doc
 
     def _set_meta(self, tx: RowTx, ex: str, ns: str, *, head: str | None = None,
-                  floor: str | None = None, dropped: Sequence[str] = ()) -> None:
-        meta = self._meta(tx, ex, ns)
+                  floor: str | None = None, dropped: Sequence[str] = (),
+                  reset_head: bool = False) -> None:
+        tx.lock_history(ex, ns)
+        try:
+            meta = self._meta(tx, ex, ns)
+        except AgentCheckpointError:
+            if not reset_head:
+                raise
+            # re-establishing a damaged marker (repair): the oldest remaining
+            # checkpoint becomes the floor, so nothing older is reported as gone
+            oldest = tx.keys("cp", ex, ns, limit=1, newest_first=False)
+            meta = {"floor": oldest[0][0] if oldest else ""}
         new: dict[str, Any] = {"head": meta.get("head") or "", "floor": meta.get("floor") or "",
                                "dropped": sorted(set(meta.get("dropped") or []) | set(dropped))}
         if head is not None:
@@ -358,9 +455,9 @@ class AgentCheckpointStore:
         if floor is not None:
             new["floor"] = floor
             new["dropped"] = [d for d in new["dropped"] if d >= floor]
-        if dropped and new["head"] in dropped:
-            remaining = [r.name for r in tx.scan("cp", ex, ns)]
-            new["head"] = max(remaining) if remaining else ""
+        if (dropped and new["head"] in dropped) or reset_head:
+            remaining = tx.keys("cp", ex, ns, limit=1)
+            new["head"] = remaining[0][0] if remaining else ""
         addr = ("meta", ex, ns, "history")
         tx.upsert(*addr, seal_doc(self.keys, addr, new))
 
@@ -403,7 +500,8 @@ class AgentCheckpointStore:
         self._set_meta(tx, ex, ns, head=cid)
 
     def _evidence(self, tx: RowTx, ex: str, ns: str, cid: str) -> CheckpointEvidence:
-        manifest = self._read(tx, ("cp", ex, ns, cid))
+        raw_cp, raw_wi, raw_writes = tx.checkpoint_rows(ex, ns, cid, f"{_esc(cid)}|")
+        manifest = self._opened(("cp", ex, ns, cid), raw_cp)
         doc = _loads(manifest.data)
         blobs: dict[str, RowRead] = {}
         index = None
@@ -411,12 +509,13 @@ class AgentCheckpointStore:
         if doc is not None:
             entries = doc.get("blobs")
             if isinstance(entries, dict):
-                for name in entries:
-                    if isinstance(name, str):
-                        blobs[name] = self._read(tx, ("blob", ex, ns, name))
+                names = [n for n in entries if isinstance(n, str)]
+                found = tx.get_many("blob", ex, ns, names)
+                for name in names:
+                    blobs[name] = self._opened(("blob", ex, ns, name), found.get(name))
             if doc.get("writes"):
-                index = self._read(tx, ("wi", ex, ns, cid))
-                for row in _scan_writes(tx, ex, ns, cid):
+                index = self._opened(("wi", ex, ns, cid), raw_wi)
+                for row in raw_writes:
                     addr = (row.space, row.execution, row.ns, row.name)
                     try:
                         writes[row.name] = RowRead(addr, unwrap(self.keys, addr, row.data))
@@ -436,30 +535,141 @@ class AgentCheckpointStore:
         writes = [d for _, r in sorted(ev.writes.items()) if (d := _loads(r.data)) is not None]
         return Loaded(verdict, verdict.manifest, blobs, writes)
 
-    def _prune(self, tx: RowTx, ex: str, ns: str, keep_last: int) -> list[str]:
-        ids = [r.name for r in tx.scan("cp", ex, ns)]
-        doomed = ids[:-keep_last] if keep_last else ids
-        kept = ids[len(doomed):]
-        if not doomed:
+    def _prune(self, tx: RowTx, ex: str, ns: str, keep_last: int,
+               max_age_s: float | None = None) -> list[str]:
+        """Retention counting only verified checkpoints: keep the newest ``keep_last``
+        verified ones (0: delete everything), move every damaged checkpoint aside as
+        evidence (:meth:`quarantine`), delete the older verified ones."""
+        tx.lock_history(ex, ns)
+        ids = [k[0] for k in tx.keys("cp", ex, ns, newest_first=False)]
+        if not keep_last:
+            doomed = ids
+            kept: list[str] = []
+            damaged: list[str] = []
+        else:
+            verdicts = {cid: _judge.judge(self._evidence(tx, ex, ns, cid), self.keys.sign)
+                        for cid in ids}
+            verified = [cid for cid in ids if verdicts[cid].ok]
+            damaged = [cid for cid in ids if not verdicts[cid].ok]
+            kept = verified[-keep_last:]
+            if max_age_s is not None and kept:
+                cutoff = now_ms() - max_age_s * 1000
+                young = [cid for cid in kept[:-1]
+                         if int((verdicts[cid].manifest or {}).get("created_ms", 0)) >= cutoff]
+                kept = [*young, kept[-1]]
+            doomed = [cid for cid in verified if cid not in kept]
+        if not doomed and not damaged:
             return []
         referenced: set[str] = set()
         for cid in kept:
             doc = _loads(self._read(tx, ("cp", ex, ns, cid)).data)
-            if doc is None or not isinstance(doc.get("blobs"), dict):
-                referenced = {r.name for r in tx.scan("blob", ex, ns)}  # keep all: unsure
-                break
+            assert doc is not None and isinstance(doc.get("blobs"), dict)  # verified
             referenced.update(doc["blobs"])
+        if damaged:
+            self._quarantine(tx, ex, ns, damaged, keep_blobs=referenced)
         tx.delete("cp", ex, ns, doomed)
         tx.delete("wi", ex, ns, doomed)
         for cid in doomed:
             tx.delete("w", ex, ns, [r.name for r in _scan_writes(tx, ex, ns, cid)])
         tx.delete("blob", ex, ns,
-                  [r.name for r in tx.scan("blob", ex, ns) if r.name not in referenced])
+                  [k[0] for k in tx.keys("blob", ex, ns) if k[0] not in referenced])
         if kept:
-            self._set_meta(tx, ex, ns, floor=kept[0])
+            self._set_meta(tx, ex, ns, head=kept[-1], floor=kept[0], dropped=damaged,
+                           reset_head=True)
         else:
             tx.delete("meta", ex, ns)
-        return doomed
+        return doomed + damaged
+
+    def quarantine(self, execution_id: str, checkpoint_ids: Sequence[str],
+                   namespace: str = "") -> None:
+        """Move the named checkpoints (manifest, writes index, writes, and the blobs
+        only they use) aside as evidence, in one transaction: their rows go to the
+        ``x:``-prefixed spaces, byte for byte, and the signed history records them as
+        dropped, so the newest remaining verified checkpoint becomes the head."""
+        with self.rows.transaction() as tx:
+            tx.lock_history(execution_id, namespace)
+            keep: set[str] = set()
+            for name, _, _ in tx.keys("cp", execution_id, namespace):
+                if name not in checkpoint_ids:
+                    doc = _loads(self._read(tx, ("cp", execution_id, namespace, name)).data)
+                    blobs = doc.get("blobs") if doc else None
+                    if not isinstance(blobs, dict):
+                        keep = {k[0] for k in tx.keys("blob", execution_id, namespace)}
+                        break
+                    keep.update(blobs)
+            self._quarantine(tx, execution_id, namespace, list(checkpoint_ids), keep_blobs=keep)
+            if tx.keys("cp", execution_id, namespace, limit=1):
+                self._set_meta(tx, execution_id, namespace, dropped=list(checkpoint_ids),
+                               reset_head=True)
+            else:
+                tx.delete("meta", execution_id, namespace)
+
+    def repair(self, execution_id: str | None = None, *, dry_run: bool = False
+               ) -> list[dict[str, Any]]:
+        """Re-establish a verified head in every history (or one execution's) that
+        needs it: move checkpoints that do not verify aside as evidence
+        (:meth:`quarantine`), record checkpoints whose rows are gone as dropped, and
+        re-sign the head marker on the newest remaining checkpoint. ``dry_run``:
+        only report. Returns one entry per history repaired (or to repair)."""
+        histories: set[tuple[str, str]] = set()
+        for space in ("cp", "meta"):
+            with self.rows.transaction() as tx:
+                histories |= {(k[1], k[2]) for k in tx.keys(space, execution_id)}
+        out: list[dict[str, Any]] = []
+        for ex, ns in sorted(histories):
+            verdicts = self.history(ex, ns)
+            present = set(self.ids(ex, ns))
+            damaged = sorted(v.checkpoint_id for v in verdicts
+                             if not v.ok and v.checkpoint_id in present)
+            gone = sorted(v.checkpoint_id for v in verdicts if not v.ok
+                          and v.checkpoint_id not in present and v.checkpoint_id != "(head)")
+            with self.rows.transaction() as tx:
+                before, problem = self.head(tx, ex, ns)
+            if not damaged and not gone and problem is None and all(v.ok for v in verdicts):
+                continue
+            entry = {"execution": ex, "namespace": ns, "head_before": before,
+                     "moved_aside": damaged, "gone": gone,
+                     "problems": [v.to_json() for v in verdicts if not v.ok],
+                     "dry_run": dry_run}
+            if not dry_run:
+                if damaged:
+                    self.quarantine(ex, damaged, ns)
+                with self.rows.transaction() as tx:
+                    if tx.keys("cp", ex, ns, limit=1):
+                        self._set_meta(tx, ex, ns, dropped=gone, reset_head=True)
+                    else:
+                        tx.delete("meta", ex, ns)
+                    entry["head_after"] = self.head(tx, ex, ns)[0]
+                _log.warning("repaired history %r/%r: moved aside %s, gone %s, head %s",
+                             ex, ns, damaged, gone, entry["head_after"])
+            out.append(entry)
+        return out
+
+    def quarantined(self, execution_id: str, namespace: str = "") -> list[str]:
+        """Ids of checkpoints moved aside as evidence (by prune or repair)."""
+        with self.rows.transaction() as tx:
+            return [k[0] for k in tx.keys("x:cp", execution_id, namespace,
+                                          newest_first=False)]
+
+    def _quarantine(self, tx: RowTx, ex: str, ns: str, ids: Sequence[str], *,
+                    keep_blobs: set[str]) -> None:
+        for cid in ids:
+            moved: list[tuple[str, str]] = [("cp", cid), ("wi", cid)]
+            moved += [("w", r.name) for r in _scan_writes(tx, ex, ns, cid)]
+            doc = _loads(self._read(tx, ("cp", ex, ns, cid)).data)
+            blobs = doc.get("blobs") if doc else None
+            if isinstance(blobs, dict):
+                moved += [("blob", b) for b in blobs if isinstance(b, str)
+                          and b not in keep_blobs]
+            for space, name in moved:
+                data = tx.get(space, ex, ns, name)
+                if data is None:
+                    continue
+                tx.upsert("x:" + space, ex, ns, name, data)
+                if space != "blob" or name not in keep_blobs:
+                    tx.delete(space, ex, ns, [name])
+            _log.warning("execution %r/%r: checkpoint %r moved aside as evidence "
+                         "(spaces x:cp, x:wi, x:w, x:blob)", ex, ns, cid)
 
     def _drop(self, tx: RowTx, ex: str, ns: str, ids: Sequence[str]) -> None:
         """Delete the named checkpoints (not the oldest ones: see :meth:`prune`) with
@@ -492,6 +702,12 @@ def other_kind(doc: Mapping[str, Any], wanted: str) -> AgentVerdict:
         ex, ns, cid, _judge.INCONSISTENT, "OTHER_KIND",
         f"execution {ex!r} holds {found}, not {_KIND_NAMES[wanted]}: an execution id "
         "holds one kind; give the other its own id")
+
+
+def _policy(value: Any) -> str:
+    if value not in FALLBACKS:
+        raise SpecError(f"fallback: expected 'refuse' or 'verified', got {value!r}")
+    return str(value)
 
 
 def _loads(data: bytes | None) -> dict[str, Any] | None:

@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sealstream.agents._seal import KeyRing, SignKey
 from sealstream.checkpoint.guard import ATOMIC, INCONSISTENT, PARTIAL
 from sealstream.checkpoint.manifest import signature_ok
 
@@ -109,7 +110,7 @@ def _what(addr: Sequence[str]) -> str:
     return f"{addr[0]} row {addr[3]!r} of {addr[1]!r}/{addr[2]!r}"
 
 
-def judge_row(row: RowRead, key: bytes | None, *, missing: str = "ROW_MISSING",
+def judge_row(row: RowRead, key: SignKey, *, missing: str = "ROW_MISSING",
               unreadable: str = "ROW_UNREADABLE") -> tuple[AgentVerdict | None,
                                                            dict[str, Any] | None]:
     """Presence and coherence of one signed row: (a rejection or None, its document).
@@ -150,13 +151,20 @@ def _presence(row: RowRead, missing: str, unreadable: str) -> AgentVerdict | Non
     return None
 
 
-def _coherence(row: RowRead, doc: Mapping[str, Any] | None, key: bytes | None
+def _coherence(row: RowRead, doc: Mapping[str, Any] | None, key: SignKey
                ) -> AgentVerdict | None:
     a = row.addr
     if row.problem is not None:
         code, text = row.problem
         return _v(a, INCONSISTENT, code, f"{_what(a)}: {text}")
     assert doc is not None
+    if isinstance(key, KeyRing):
+        known, chosen = key.for_row(doc)
+        if not known:
+            return _v(a, INCONSISTENT, "UNKNOWN_KEY_ID",
+                      f"{_what(a)} is signed with key id {doc.get('kid', key.unnamed)!r}, "
+                      f"which is not in the key ring ({', '.join(sorted(key.keys))})", doc)
+        key = chosen
     ok, code = signature_ok(dict(doc), key)
     if not ok:
         verdict = PARTIAL if code == "NO_SIGNATURE" else INCONSISTENT
@@ -168,7 +176,7 @@ def _coherence(row: RowRead, doc: Mapping[str, Any] | None, key: bytes | None
     return None
 
 
-def judge(ev: CheckpointEvidence, key: bytes | None) -> AgentVerdict:
+def judge(ev: CheckpointEvidence, key: SignKey) -> AgentVerdict:
     """Classify one agent checkpoint. Never raises."""
     try:
         return _judge(ev, key)
@@ -178,7 +186,7 @@ def judge(ev: CheckpointEvidence, key: bytes | None) -> AgentVerdict:
                   f"({type(exc).__name__}: {exc})")
 
 
-def _judge(ev: CheckpointEvidence, key: bytes | None) -> AgentVerdict:
+def _judge(ev: CheckpointEvidence, key: SignKey) -> AgentVerdict:
     m = ev.manifest
     a = m.addr
     cid = a[3]
@@ -278,7 +286,7 @@ def _judge(ev: CheckpointEvidence, key: bytes | None) -> AgentVerdict:
 
 def judge_history(execution: str, ns: str, verdicts: Sequence[AgentVerdict],
                   parents: Mapping[str, str | None], meta: RowRead | None,
-                  key: bytes | None) -> list[AgentVerdict]:
+                  key: SignKey) -> list[AgentVerdict]:
     """Verdicts for what is *gone* from a history, given the checkpoints present
     (their ids and parents) and the signed head/retention marker ``meta``.
 

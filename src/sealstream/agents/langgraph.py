@@ -46,11 +46,18 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import builtins
+import concurrent.futures
+import dataclasses
+import functools
 import hashlib
+import logging
+import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -64,6 +71,7 @@ from langgraph.checkpoint.base import (
     get_serializable_checkpoint_metadata,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.event_hooks import register_serde_event_listener
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from sealstream.agents import judge as _judge
@@ -84,6 +92,9 @@ from sealstream.errors import CheckpointError, SpecError
 
 __all__ = ["SealstreamSaver"]
 
+_T = TypeVar("_T")
+_log = logging.getLogger("sealstream.agents")
+
 
 class _WaitForCheckpoint(Exception):
     pass
@@ -97,6 +108,35 @@ def _safe_serde() -> JsonPlusSerializer:
             "SealstreamSaver needs a langgraph-checkpoint whose JsonPlusSerializer takes "
             "allowed_msgpack_modules (upgrade: pip install -U 'sealstream[langgraph]')"
         ) from None
+
+
+_blocked = threading.local()
+
+
+def _on_serde_event(event: Any) -> None:
+    """Collects, for the thread reading, the types LangGraph's serializer refused to
+    rebuild (it would otherwise hand back a plain dict in their place)."""
+    found = getattr(_blocked, "types", None)
+    if found is not None and str(event.get("kind", "")).endswith("blocked"):
+        found.append(f"{event.get('module')}.{event.get('name')}")
+
+
+register_serde_event_listener(_on_serde_event)
+
+_PLAIN = (str, int, float, bool, type(None), bytes)
+
+
+def _plain(value: Any) -> bool:
+    """Whether ``value`` is JSON-like (checked two levels deep): no custom type in it."""
+    if isinstance(value, _PLAIN):
+        return True
+    if type(value) in (list, tuple):
+        return all(isinstance(v, _PLAIN) or (type(v) in (list, dict) and not v)
+                   for v in value)
+    if type(value) is dict:
+        return all(isinstance(v, _PLAIN) or (type(v) in (list, dict) and not v)
+                   for v in value.values())
+    return False
 
 
 def _typed(pair: tuple[str, bytes]) -> list[str]:
@@ -116,27 +156,70 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
     def __init__(self, store: AgentCheckpointStore | RowStore | str | Path, *,
                  serde: SerializerProtocol | None = None, key: bytes | None | object = FROM_ENV,
                  encryption_key: bytes | None | object = FROM_ENV,
-                 writes_wait_s: float = 10.0) -> None:
+                 writes_wait_s: float = 10.0, fallback: str = "refuse",
+                 allowed_types: Sequence[type] = ()) -> None:
         if getattr(serde, "pickle_fallback", False):
             raise SpecError("SealstreamSaver refuses a serializer with pickle fallback: "
                             "loading a checkpoint must never execute code")
-        super().__init__(serde=serde or _safe_serde())
+        if isinstance(allowed_types, type | str) or not all(
+                isinstance(t, type) for t in allowed_types):
+            raise SpecError("allowed_types: expected a list of classes (dataclasses, "
+                            f"pydantic models), got {allowed_types!r}")
+        chosen = serde or _safe_serde()
+        if allowed_types:
+            if not isinstance(chosen, JsonPlusSerializer):
+                raise SpecError("allowed_types needs LangGraph's JsonPlusSerializer; "
+                                "configure your own serializer's allow-list instead")
+            chosen = chosen.with_msgpack_allowlist(list(allowed_types))
+        super().__init__(serde=chosen)
         self.store = store if isinstance(store, AgentCheckpointStore) else AgentCheckpointStore(
-            store, key=key, encryption_key=encryption_key)
+            store, key=key, encryption_key=encryption_key, fallback=fallback)
         self.writes_wait_s = writes_wait_s
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._workers_lock = threading.Lock()
+        # checkpoints committed by this saver (recent ones) and async writers waiting
+        # for one: a pending write waits for its checkpoint's save without asking the
+        # database again and again (it still asks now and then: another process may
+        # be the one that saves it)
+        self._committed: dict[tuple[str, str, str], None] = {}
+        self._waiting: dict[tuple[str, str, str], list[asyncio.Future[None]]] = {}
+        # when this saver last committed a checkpoint of a thread: a write keeps
+        # waiting while its thread's earlier checkpoints are still being saved
+        self._progress: dict[tuple[str, str], float] = {}
 
     def close(self) -> None:
+        with self._workers_lock:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
         self.store.close()
 
     # ------------------------------------------------------------ helpers
     def _dumps(self, value: Any) -> tuple[str, bytes]:
-        return self.serde.dumps_typed(value)
+        typed = self.serde.dumps_typed(value)
+        if not _plain(value):  # a custom type must come back as itself after a restart
+            self._checked_loads(typed, "refusing to store")
+        return typed
+
+    def _checked_loads(self, typed: tuple[str, bytes], doing: str) -> Any:
+        _blocked.types = []
+        try:
+            value = self.serde.loads_typed(typed)
+            found = list(_blocked.types)
+        finally:
+            _blocked.types = None
+        if found:
+            raise CheckpointError(
+                f"{doing} a value of type {', '.join(sorted(set(found)))}: it is not an "
+                "allowed type and would come back as a plain dict; register it: "
+                "SealstreamSaver(..., allowed_types=[...]) (no pickle)")
+        return value
 
     def _loads(self, typed: Sequence[str]) -> Any:
         kind, data = str(typed[0]), base64.b64decode(typed[1])
         if kind == "pickle":
             raise CheckpointError("a stored value is a pickle; refused (no code execution)")
-        return self.serde.loads_typed((kind, data))
+        return self._checked_loads((kind, data), "cannot read back")
 
     def _blob_value(self, data: bytes) -> tuple[bool, Any]:
         kind, _, raw = data.partition(b"\n")
@@ -144,7 +227,7 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
             return False, None
         if kind == b"pickle":
             raise CheckpointError("a stored value is a pickle; refused (no code execution)")
-        return True, self.serde.loads_typed((kind.decode(), raw))
+        return True, self._checked_loads((kind.decode(), raw), "cannot read back")
 
     def _tuple(self, loaded: Loaded) -> CheckpointTuple:
         doc = loaded.manifest
@@ -167,26 +250,49 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
         if doc["parent"]:
             parent = {"configurable": {"thread_id": thread, "checkpoint_ns": ns,
                                        "checkpoint_id": doc["parent"]}}
+        metadata = self._loads(body["metadata"])
+        if loaded.fell_back_past:
+            metadata = {**metadata, "sealstream_fell_back_past": [
+                v.to_json() for v in loaded.fell_back_past]}
         return CheckpointTuple(
             config={"configurable": {"thread_id": thread, "checkpoint_ns": ns,
                                      "checkpoint_id": cid}},
-            checkpoint=checkpoint, metadata=self._loads(body["metadata"]),
+            checkpoint=checkpoint, metadata=metadata,
             parent_config=parent,  # type: ignore[arg-type]
             pending_writes=writes,
         )
 
-    def _latest_id(self, tx: RowTx, thread: str, ns: str) -> str | None:
-        ids = [r.name for r in tx.scan("cp", thread, ns)]
-        meta = self.store._meta(tx, thread, ns)
-        head = meta.get("head") or ""
-        if head and head not in ids:
-            raise AgentCheckpointError(AgentVerdict(
-                thread, ns, head, _judge.PARTIAL, "NO_MANIFEST",
-                f"checkpoint {head!r} of {thread!r}/{ns!r} is the signed head of its history "
-                "but its rows are gone"))
-        if not ids and not head:
+    def _latest(self, tx: RowTx, thread: str, ns: str) -> Loaded | None:
+        """The thread's head checkpoint (constant-time in its history's length); when
+        it is gone or does not verify, the saver's ``fallback`` policy decides."""
+        cid, problem = self.store.head(tx, thread, ns)
+        if cid is None and problem is None:
             return None
-        return max(ids)
+        if cid is not None:
+            try:
+                return self.store._load(tx, thread, ns, cid)
+            except AgentCheckpointError as err:
+                problem = err.verdict
+        assert problem is not None
+        if self.store.fallback == "refuse":
+            raise AgentCheckpointError(replace(problem, message=(
+                f"{problem.message}; refusing to fall back silently (repair with "
+                "`sealstream agents repair`, or SealstreamSaver(..., fallback='verified'))")))
+        skipped = [problem]
+        for name, _, _ in tx.keys("cp", thread, ns):
+            if name == cid:
+                continue
+            verdict = _judge.judge(self.store._evidence(tx, thread, ns, name),
+                                   self.store.keys.sign)
+            if verdict.ok:
+                _log.warning("thread %r/%r: falling back to checkpoint %r past %s", thread,
+                             ns, name, "; ".join(f"{v.checkpoint_id}: {v.verdict} "
+                                                 f"({v.reason})" for v in skipped))
+                loaded = self.store._load(tx, thread, ns, name)
+                assert loaded is not None
+                return _replace_loaded(loaded, fell_back_past=tuple(skipped))
+            skipped.append(verdict)
+        raise AgentCheckpointError(skipped[0])
 
     # ------------------------------------------------------------ sync API
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
@@ -195,45 +301,61 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
         cid = get_checkpoint_id(config)
         with self.store.rows.transaction() as tx:
             if cid is None:
-                cid = self._latest_id(tx, thread, ns)
-                if cid is None:
-                    return None
+                loaded = self._latest(tx, thread, ns)
             elif tx.get("cp", thread, ns, cid) is None:
                 return None
-            loaded = self.store._load(tx, thread, ns, cid)
+            else:
+                loaded = self.store._load(tx, thread, ns, cid)
         return None if loaded is None else self._tuple(loaded)
 
     def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
              before: RunnableConfig | None = None, limit: int | None = None
              ) -> Iterator[CheckpointTuple]:
+        """Checkpoints newest first. A checkpoint that does not verify is skipped and
+        reported (log warning ``sealstream.agents``; :meth:`problems`), never fatal:
+        one damaged checkpoint or thread never hides the others. ``limit`` without a
+        ``filter`` reads only ``limit`` checkpoints."""
         conf = (config or {}).get("configurable", {})
         thread = conf.get("thread_id")
         ns = conf.get("checkpoint_ns")
         only = conf.get("checkpoint_id")
         before_id = get_checkpoint_id(before) if before else None
+        th = None if thread is None else str(thread)
+        cns = None if ns is None else str(ns)
+        out: list[CheckpointTuple] = []
         with self.store.rows.transaction() as tx:
-            rows = tx.scan("cp", None if thread is None else str(thread),
-                           None if ns is None else str(ns))
-            # like get_tuple: a history whose signed head is gone is refused, not
-            # listed from what is left (nor is any row that fails authentication)
-            metas = tx.scan("meta", None if thread is None else str(thread),
-                            None if ns is None else str(ns))
-            for ex, cns in sorted({(r.execution, r.ns) for r in [*rows, *metas]}):
-                self._latest_id(tx, ex, cns)
-            keys = sorted(((r.name, r.execution, r.ns) for r in rows), reverse=True)
-            keys = [k for k in keys if (only is None or k[0] == only)
-                    and (before_id is None or k[0] < before_id)]
-            out: list[CheckpointTuple] = []
-            for cid, ex, cns in keys:
-                if limit is not None and len(out) >= limit:
+            # with a limit, read that many keys first; only when some of them are
+            # skipped (damaged, filtered out) read all keys (names only, no data)
+            keys = tx.keys("cp", th, cns, before=before_id,
+                           limit=None if (limit is None or filter or only) else limit)
+            done = 0
+            while True:
+                for cid, ex, c_ns in keys[done:]:
+                    if limit is not None and len(out) >= limit:
+                        break
+                    if only is not None and cid != str(only):
+                        continue
+                    try:
+                        loaded = self.store._load(tx, ex, c_ns, cid)
+                    except AgentCheckpointError as err:
+                        _log.warning("list: skipping checkpoint %r of %r/%r: %s", cid, ex,
+                                     c_ns, err)
+                        continue
+                    assert loaded is not None
+                    tup = self._tuple(loaded)
+                    if filter and any(tup.metadata.get(k) != v for k, v in filter.items()):
+                        continue
+                    out.append(tup)
+                if limit is None or len(out) >= limit or len(keys) < limit or done:
                     break
-                loaded = self.store._load(tx, ex, cns, cid)
-                assert loaded is not None
-                tup = self._tuple(loaded)
-                if filter and any(tup.metadata.get(k) != v for k, v in filter.items()):
-                    continue
-                out.append(tup)
+                done = len(keys)
+                keys = tx.keys("cp", th, cns, before=before_id)
         yield from out
+
+    def problems(self, thread_id: str, checkpoint_ns: str = "") -> builtins.list[AgentVerdict]:
+        """Every verdict of the thread's history that is not ``ATOMIC_CHECKPOINT``
+        (damaged or missing checkpoints, a missing or damaged head marker)."""
+        return [v for v in self.store.history(str(thread_id), checkpoint_ns) if not v.ok]
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
@@ -259,6 +381,7 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
             name = _blob_name(channel, version, blob)
             channels[channel], blobs[name] = name, blob
         with self.store.rows.transaction() as tx:
+            tx.lock_history(thread, ns)
             self.store.check_kind(tx, thread, ns,
                                   self.store._meta(tx, thread, ns).get("head") or "",
                                   KIND_LANGGRAPH)
@@ -285,11 +408,25 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
             self.store._commit(tx, thread, ns, str(checkpoint["id"]), kind=KIND_LANGGRAPH,
                                parent=str(parent) if parent else None, body=body, blobs=blobs,
                                reuse=reuse, writes=True, created_ms=now_ms(), overwrite=True)
+        self._saved((thread, ns, str(checkpoint["id"])))
         return {"configurable": {"thread_id": thread, "checkpoint_ns": ns,
                                  "checkpoint_id": checkpoint["id"]}}
 
-    def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
-                   task_id: str, task_path: str = "") -> None:
+    def _saved(self, key: tuple[str, str, str]) -> None:
+        with self._workers_lock:
+            self._committed[key] = None
+            self._progress[key[:2]] = time.monotonic()
+            if len(self._progress) > 4096:
+                del self._progress[next(iter(self._progress))]
+            if len(self._committed) > 4096:
+                del self._committed[next(iter(self._committed))]
+            waiters = self._waiting.pop(key, [])
+        for fut in waiters:
+            fut.get_loop().call_soon_threadsafe(_resolve, fut)
+
+    def _write_rows(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                    task_id: str, task_path: str
+                    ) -> tuple[str, str, str, builtins.list[tuple[str, bool, dict[str, Any]]]]:
         conf = config["configurable"]
         thread, ns = str(conf["thread_id"]), str(conf.get("checkpoint_ns", ""))
         cid = str(conf["checkpoint_id"])
@@ -299,24 +436,47 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
             rows.append((write_name(cid, task_id, idx), channel in WRITES_IDX_MAP,
                          {"checkpoint": cid, "task_id": task_id, "task_path": task_path,
                           "idx": idx, "channel": channel, "value": _typed(self._dumps(value))}))
-        deadline = time.monotonic() + self.writes_wait_s
-        while True:
-            try:
-                with self.store.rows.transaction() as tx:
-                    self._put_writes(tx, thread, ns, cid, rows)
-                return
-            except _WaitForCheckpoint:
-                if time.monotonic() > deadline:
-                    raise CheckpointError(
-                        f"pending writes for checkpoint {cid!r} of {thread!r}/{ns!r}: that "
-                        f"checkpoint was not committed within {self.writes_wait_s} s; writes "
-                        "are never stored without their checkpoint") from None
-                time.sleep(0.005)
+        return thread, ns, cid, rows
+
+    def _try_put_writes(self, thread: str, ns: str, cid: str,
+                        rows: Sequence[tuple[str, bool, dict[str, Any]]]) -> bool:
+        """One attempt: True when committed, False when the checkpoint is not yet."""
+        try:
+            with self.store.rows.transaction() as tx:
+                self._put_writes(tx, thread, ns, cid, rows)
+            return True
+        except _WaitForCheckpoint:
+            return False
+
+    def _overdue(self, thread: str, ns: str, start: float) -> bool:
+        """Whether a write has waited ``writes_wait_s`` since it began or since this
+        saver last committed a checkpoint of its thread, whichever is later."""
+        with self._workers_lock:
+            last = max(start, self._progress.get((thread, ns), start))
+        return time.monotonic() > last + self.writes_wait_s
+
+    def _not_committed(self, thread: str, ns: str, cid: str) -> CheckpointError:
+        return CheckpointError(
+            f"pending writes for checkpoint {cid!r} of {thread!r}/{ns!r}: that checkpoint "
+            f"was not committed within {self.writes_wait_s} s; writes are never stored "
+            "without their checkpoint")
+
+    def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                   task_id: str, task_path: str = "") -> None:
+        thread, ns, cid, rows = self._write_rows(config, writes, task_id, task_path)
+        start = time.monotonic()
+        pause = 0.001
+        while not self._try_put_writes(thread, ns, cid, rows):
+            if self._overdue(thread, ns, start):
+                raise self._not_committed(thread, ns, cid)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     def _put_writes(self, tx: RowTx, thread: str, ns: str, cid: str,
                     rows: Sequence[tuple[str, bool, dict[str, Any]]]) -> None:
         keys = self.store.keys
         iaddr = ("wi", thread, ns, cid)
+        tx.lock_history(thread, ns)
         if tx.get(*iaddr, lock=True) is None:
             raise _WaitForCheckpoint
         row = self.store._read(tx, iaddr)
@@ -325,10 +485,10 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
             assert bad is not None
             raise AgentCheckpointError(bad)
         listed = dict(index["writes"])
-        for name, replace, doc in rows:
+        for name, overwrite, doc in rows:
             addr = ("w", thread, ns, name)
             plain = seal_plain(keys, addr, doc)
-            if replace:
+            if overwrite:
                 tx.upsert(*addr, wrap(keys, addr, plain))
             elif not tx.insert(*addr, wrap(keys, addr, plain)):
                 continue  # already written (a retried task): keep the first
@@ -359,7 +519,12 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
         with self.store.rows.transaction() as tx:
             doomed: dict[tuple[str, str], list[str]] = {}
             for row in tx.scan("cp", None):
-                loaded = self.store._load(tx, row.execution, row.ns, row.name)
+                try:
+                    loaded = self.store._load(tx, row.execution, row.ns, row.name)
+                except AgentCheckpointError as err:  # its run id cannot be trusted
+                    _log.warning("delete_for_runs: checkpoint %r of %r/%r left alone: %s",
+                                 row.name, row.execution, row.ns, err)
+                    continue
                 assert loaded is not None
                 metadata = self._loads(loaded.manifest["body"]["metadata"])
                 if str(metadata.get("run_id")) in wanted:
@@ -373,7 +538,12 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
         src, dst = str(source_thread_id), str(target_thread_id)
         with self.store.rows.transaction() as tx:
             for row in tx.scan("cp", src):
-                loaded = self.store._load(tx, src, row.ns, row.name)
+                try:
+                    loaded = self.store._load(tx, src, row.ns, row.name)
+                except AgentCheckpointError as err:  # never re-signed into the copy
+                    _log.warning("copy_thread: checkpoint %r of %r/%r not copied: %s",
+                                 row.name, src, row.ns, err)
+                    continue
                 assert loaded is not None
                 doc = loaded.manifest
                 names = [n for n in doc["blobs"]]
@@ -391,13 +561,33 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
                     self._put_writes(tx, dst, row.ns, row.name, writes)
 
     # ------------------------------------------------------------ async API
+    # Every async method runs its transactions on the saver's own workers (one for
+    # SQLite, whose transactions are serialized anyway; the pool size for
+    # PostgreSQL), never on the event loop's default executor, and nothing ever
+    # waits on a worker: a pending write whose checkpoint is not committed yet gives
+    # its worker back and waits in the event loop, so the save it waits for always
+    # finds a worker (LangGraph's durability="async" saves in the background while
+    # the next step's writes arrive).
+    def _workers(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._workers_lock:
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=max(1, self.store.rows.parallelism),
+                    thread_name_prefix="sealstream-saver")
+            return self._executor
+
+    async def _call(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._workers(),
+                                          functools.partial(fn, *args, **kwargs))
+
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        return await asyncio.to_thread(self.get_tuple, config)
+        return await self._call(self.get_tuple, config)
 
     async def alist(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
                     before: RunnableConfig | None = None, limit: int | None = None
                     ) -> AsyncIterator[CheckpointTuple]:
-        items = await asyncio.to_thread(
+        items = await self._call(
             lambda: list(self.list(config, filter=filter, before=before, limit=limit)))
         for item in items:
             yield item
@@ -405,23 +595,58 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
                    metadata: CheckpointMetadata, new_versions: ChannelVersions
                    ) -> RunnableConfig:
-        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+        return await self._call(self.put, config, checkpoint, metadata, new_versions)
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                           task_id: str, task_path: str = "") -> None:
-        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+        thread, ns, cid, rows = self._write_rows(config, writes, task_id, task_path)
+        key = (thread, ns, cid)
+        start = time.monotonic()
+        pause = 0.01
+        while True:
+            with self._workers_lock:
+                fut: asyncio.Future[None] | None = None
+                if key not in self._committed:
+                    fut = asyncio.get_running_loop().create_future()
+                    self._waiting.setdefault(key, []).append(fut)
+            if fut is not None:  # wait in the event loop, holding no worker
+                try:
+                    await asyncio.wait_for(fut, timeout=pause)
+                except TimeoutError:
+                    pass
+                finally:
+                    with self._workers_lock:
+                        waiters = self._waiting.get(key, [])
+                        if fut in waiters:
+                            waiters.remove(fut)
+                            if not waiters:
+                                del self._waiting[key]
+                pause = min(pause * 2, 0.25)
+            if await self._call(self._try_put_writes, thread, ns, cid, rows):
+                return
+            if self._overdue(thread, ns, start):
+                raise self._not_committed(thread, ns, cid)
 
     async def adelete_thread(self, thread_id: str) -> None:
-        await asyncio.to_thread(self.delete_thread, thread_id)
+        await self._call(self.delete_thread, thread_id)
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        await asyncio.to_thread(self.delete_for_runs, run_ids)
+        await self._call(self.delete_for_runs, run_ids)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+        await self._call(self.copy_thread, source_thread_id, target_thread_id)
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
+        await self._call(self.prune, thread_ids, strategy=strategy)
+
+
+def _replace_loaded(loaded: Loaded, *, fell_back_past: tuple[AgentVerdict, ...]) -> Loaded:
+    return dataclasses.replace(loaded, fell_back_past=fell_back_past)
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 def _judge_digest(plain: bytes) -> str:

@@ -184,6 +184,7 @@ class EffectLedger:
         self._held = 0
         self._held_lock = threading.Lock()
         self._lock_cm: contextlib.AbstractContextManager[None] | None = None
+        self._step, self._calls = "0", 0
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -208,12 +209,25 @@ class EffectLedger:
         self.rows.close()
 
     # ------------------------------------------------------------ effects
-    def perform(self, tool: Tool, step: str | int, args: Mapping[str, Any]) -> Any:
+    def begin_step(self, step: str | int) -> None:
+        """Start step ``step`` for positional keys: the calls of :meth:`perform` with
+        ``step=None`` that follow are numbered 0, 1, 2, ... within it."""
+        _check.step("step", step)
+        self._step, self._calls = str(step), 0
+
+    def perform(self, tool: Tool, step: str | int | None, args: Mapping[str, Any]) -> Any:
         """Run ``tool`` at most once for this (execution, step, call); see the module.
 
         Two calls meant to happen twice (the same tool and arguments) must differ in
-        ``step``: within one step the same call is the same effect."""
+        ``step``: within one step the same call is the same effect. ``step=None``
+        derives the key from the *position* instead: (execution id, the step given
+        to :meth:`begin_step` (default ``"0"``), the call's index within it), so the
+        same tool called twice in a loop gets two keys, and a step re-run from its
+        start after a crash (deterministically) gets the same keys again."""
         _tool(tool)
+        if step is None:
+            step = f"{self._step}#call{self._calls}"
+            self._calls += 1
         _check.step("step", step)
         canonical_json(_check.mapping("args", args))
         with self.exclusive():

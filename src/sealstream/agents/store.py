@@ -111,16 +111,54 @@ class RowTx(abc.ABC):
         """Rows of a space (one execution, or all with None; names starting with
         ``prefix``), ordered by execution, namespace and name (bytewise)."""
 
+    def keys(self, space: str, execution: str | None, ns: str | None = None, *,
+             before: str | None = None, limit: int | None = None,
+             newest_first: bool = True) -> list[tuple[str, str, str]]:
+        """``(name, execution, ns)`` of rows, without their data, ordered by name
+        (then execution, namespace), newest (largest) first; names below ``before``;
+        at most ``limit``: constant work for a bounded ``limit``."""
+        rows = [(r.name, r.execution, r.ns) for r in self.scan(space, execution, ns)]
+        rows = sorted((k for k in rows if before is None or k[0] < before),
+                      reverse=newest_first)
+        return rows if limit is None else rows[:limit]
+
+    def checkpoint_rows(self, execution: str, ns: str, cid: str, writes_prefix: str
+                        ) -> tuple[bytes | None, bytes | None, list[Row]]:
+        """A checkpoint's manifest, writes index and pending writes (names starting
+        with ``writes_prefix``), in as few round trips as the backend allows."""
+        return (self.get("cp", execution, ns, cid), self.get("wi", execution, ns, cid),
+                [r for r in self.scan("w", execution, ns, writes_prefix)
+                 if r.name.startswith(writes_prefix)])
+
+    def get_many(self, space: str, execution: str, ns: str, names: Sequence[str]
+                 ) -> dict[str, bytes]:
+        """The rows named ``names`` that exist."""
+        out = {}
+        for name in names:
+            data = self.get(space, execution, ns, name)
+            if data is not None:
+                out[name] = data
+        return out
+
+    def lock_history(self, execution: str, ns: str) -> None:
+        """Serialize writers of one history until the transaction ends (a no-op where
+        transactions are serialized anyway: SQLite's ``BEGIN IMMEDIATE``)."""
+        return None
+
 
 class RowStore(abc.ABC):
     """A database of rows; see the module docstring.
 
-    One connection per store, shared by threads: transactions are serialized by a
-    lock (LangGraph saves from background threads).
+    SQLite: one connection per store, shared by threads, transactions serialized by
+    a lock. PostgreSQL: a connection pool (``pool_size`` connections), transactions
+    run concurrently; writers of one history serialize on a transaction-scoped
+    advisory lock (:meth:`RowTx.lock_history`).
     """
 
     location: str
     _lock: threading.RLock
+    #: how many transactions may usefully run at once (the saver's async worker count)
+    parallelism: int = 1
 
     @abc.abstractmethod
     def transaction(self) -> contextlib.AbstractContextManager[RowTx]:
@@ -203,10 +241,31 @@ def _where(space: str, execution: str | None, ns: str | None,
     return sql, args
 
 
+def _keys_sql(space: str, execution: str | None, ns: str | None, before: str | None,
+              limit: int | None, newest_first: bool, mark: str, collate: str
+              ) -> tuple[str, list[Any]]:
+    where, args = _where(space, execution, ns, None, mark)
+    if before is not None:
+        where += f" AND name{collate} < {mark}"
+        args.append(before)
+    order = "DESC" if newest_first else "ASC"
+    sql = (f"SELECT name, execution, ns FROM agent_rows WHERE {where} ORDER BY "
+           f"name{collate} {order}, execution{collate} {order}, ns{collate} {order}")
+    if limit is not None:
+        sql += f" LIMIT {int(limit)}"
+    return sql, args
+
+
 # ---------------------------------------------------------------------- SQLite
 class _SqliteTx(RowTx):
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._c = conn
+
+    def keys(self, space: str, execution: str | None, ns: str | None = None, *,
+             before: str | None = None, limit: int | None = None,
+             newest_first: bool = True) -> list[tuple[str, str, str]]:
+        sql, args = _keys_sql(space, execution, ns, before, limit, newest_first, "?", "")
+        return [(r[0], r[1], r[2]) for r in self._c.execute(sql, args).fetchall()]
 
     def get(self, space: str, execution: str, ns: str, name: str,
             *, lock: bool = False) -> bytes | None:
@@ -330,6 +389,50 @@ class SqliteRowStore(RowStore):
 class _PgTx(RowTx):
     def __init__(self, conn: Any) -> None:
         self._c = conn
+        self._locked: set[tuple[str, str]] = set()
+
+    def keys(self, space: str, execution: str | None, ns: str | None = None, *,
+             before: str | None = None, limit: int | None = None,
+             newest_first: bool = True) -> list[tuple[str, str, str]]:
+        sql, args = _keys_sql(space, execution, ns, before, limit, newest_first, "%s",
+                              ' COLLATE "C"')
+        return [(r[0], r[1], r[2]) for r in self._c.execute(sql, args).fetchall()]
+
+    def checkpoint_rows(self, execution: str, ns: str, cid: str, writes_prefix: str
+                        ) -> tuple[bytes | None, bytes | None, list[Row]]:
+        end = writes_prefix[:-1] + chr(ord(writes_prefix[-1]) + 1)
+        rows = self._c.execute(
+            "SELECT space, name, data FROM agent_rows WHERE execution = %s AND ns = %s AND "
+            "((space = 'cp' AND name = %s) OR (space = 'wi' AND name = %s) OR "
+            "(space = 'w' AND name COLLATE \"C\" >= %s AND name COLLATE \"C\" < %s)) "
+            "ORDER BY space, name COLLATE \"C\"",
+            (execution, ns, cid, cid, writes_prefix, end)).fetchall()
+        cp = wi = None
+        writes = []
+        for space, name, data in rows:
+            if space == "cp":
+                cp = _blob(data)
+            elif space == "wi":
+                wi = _blob(data)
+            elif name.startswith(writes_prefix):
+                writes.append(Row("w", execution, ns, name, _blob(data)))
+        return cp, wi, writes
+
+    def get_many(self, space: str, execution: str, ns: str, names: Sequence[str]
+                 ) -> dict[str, bytes]:
+        if not names:
+            return {}
+        rows = self._c.execute(
+            "SELECT name, data FROM agent_rows WHERE space = %s AND execution = %s AND "
+            "ns = %s AND name = ANY(%s)", (space, execution, ns, list(names))).fetchall()
+        return {r[0]: _blob(r[1]) for r in rows}
+
+    def lock_history(self, execution: str, ns: str) -> None:
+        if (execution, ns) in self._locked:
+            return
+        key = int.from_bytes(lock_digest("history:" + execution, ns)[:8], "big", signed=True)
+        self._c.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
+        self._locked.add((execution, ns))
 
     def get(self, space: str, execution: str, ns: str, name: str,
             *, lock: bool = False) -> bytes | None:
@@ -372,47 +475,60 @@ class _PgTx(RowTx):
 class PostgresRowStore(RowStore):
     """Rows in a PostgreSQL database (psycopg 3), for shared deployments.
 
+    A pool of up to ``pool_size`` connections (psycopg_pool): transactions of
+    different threads (and of the async saver's workers) run concurrently.
     Needs the ``postgres`` extra (``pip install sealstream[postgres]``).
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, pool_size: int = 8) -> None:
         self.url = url
         self.location = _redact(url)
-        self._conn: Any = None
+        self.parallelism = max(1, int(pool_size))
+        self._pool: Any = None
         self._lock = threading.RLock()
 
     def _db(self) -> Any:
-        if self._conn is None or self._conn.closed:
-            try:
-                import psycopg
-            except ImportError:
-                raise CheckpointError(
-                    "PostgreSQL agent stores need psycopg: pip install 'sealstream[postgres]'"
-                ) from None
-            try:
-                conn = psycopg.connect(self.url, autocommit=True, connect_timeout=10)
-                conn.execute(_PG_SCHEMA)
-            except psycopg.Error as exc:
-                raise CheckpointError(
-                    f"cannot open agent store {self.location}: {str(exc).strip()}") from None
-            self._conn = conn
-        return self._conn
+        with self._lock:
+            if self._pool is None:
+                try:
+                    import psycopg
+                    from psycopg_pool import ConnectionPool
+                except ImportError:
+                    raise CheckpointError(
+                        "PostgreSQL agent stores need psycopg and psycopg-pool: "
+                        "pip install 'sealstream[postgres]'") from None
+                try:
+                    with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as c:
+                        c.execute(_PG_SCHEMA)
+                    pool = ConnectionPool(
+                        self.url, min_size=1, max_size=self.parallelism, open=False,
+                        kwargs={"autocommit": True, "connect_timeout": 10}, timeout=30.0,
+                        name="sealstream-agents")
+                    pool.open(wait=True, timeout=30.0)
+                except psycopg.Error as exc:
+                    raise CheckpointError(
+                        f"cannot open agent store {self.location}: {str(exc).strip()}"
+                    ) from None
+                except Exception as exc:  # psycopg_pool.PoolTimeout
+                    raise CheckpointError(
+                        f"cannot open agent store {self.location}: {exc}") from None
+                self._pool = pool
+            return self._pool
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[RowTx]:
-        with self._lock:
-            yield from self._transaction()
-
-    def _transaction(self) -> Iterator[RowTx]:
         import psycopg
+        from psycopg_pool import PoolTimeout
 
-        conn = self._db()
+        pool = self._db()
         try:
-            with conn.transaction():
+            with pool.connection() as conn, conn.transaction():
                 yield _PgTx(conn)
         except psycopg.Error as exc:
             raise CheckpointError(
                 f"agent store {self.location}: {str(exc).strip()}") from None
+        except PoolTimeout as exc:
+            raise CheckpointError(f"agent store {self.location}: {exc}") from None
 
     @contextlib.contextmanager
     def execution_lock(self, execution: str, ns: str, *, timeout: float = 0.0
@@ -440,9 +556,9 @@ class PostgresRowStore(RowStore):
 
     def close(self) -> None:
         with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
 
 
 def _redact(url: str) -> str:

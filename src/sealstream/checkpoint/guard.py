@@ -35,10 +35,16 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sealstream.checkpoint.manifest import RECEIPTS_NAME, load_json, path_problem, signature_ok
+from sealstream.checkpoint.manifest import (
+    RECEIPTS_NAME,
+    ROOTS_FIELD,
+    load_json,
+    path_problem,
+    signature_ok,
+)
 
 ATOMIC = "ATOMIC_CHECKPOINT"
 PARTIAL = "PARTIAL_CHECKPOINT_REJECT"
@@ -117,6 +123,9 @@ class Policy:
     fingerprint: str | None = None
     max_age_ms: int | None = None
     now_ms: int | None = None
+    #: a checkpoint must sign its epoch's Merkle receipt root (``[checkpoint]
+    #: require_receipts``); one written before Merkle receipts is PARTIAL
+    require_receipt_roots: bool = False
 
 
 @dataclass(frozen=True)
@@ -129,14 +138,22 @@ class Verdict:
     message: str
     manifest: Mapping[str, Any] | None = None
     digest: str = ""
+    #: the rebuildable components (roles) that are missing or damaged while everything
+    #: else verified (:func:`judge_resumable`): recovery resumes and rebuilds them
+    rebuild: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
         return self.verdict == ATOMIC
 
     @property
+    def resumable(self) -> bool:
+        """ATOMIC, or PARTIAL with only rebuildable components missing or damaged."""
+        return self.ok or bool(self.rebuild)
+
+    @property
     def watermark_ms(self) -> int | None:
-        if self.manifest is None or not self.ok:
+        if self.manifest is None or not self.resumable:
             return None
         return int(self.manifest["watermark"]["global_ms"])
 
@@ -148,13 +165,16 @@ class Verdict:
         return str(sig.get("alg")) if isinstance(sig, dict) else None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "id": self.checkpoint_id,
             "verdict": self.verdict,
             "reason": self.reason,
             "message": self.message,
             "digest": self.digest,
         }
+        if self.rebuild:
+            out["rebuild"] = list(self.rebuild)
+        return out
 
 
 def _verdict(
@@ -306,6 +326,19 @@ def _judge(ev: Evidence, parent: Mapping[str, Any] | None, policy: Policy) -> Ve
     if ev.receipts.get("summary") != doc["receipts"]:
         return _verdict(ev, INCONSISTENT, "RECEIPTS_MISMATCH",
                         f"checkpoint {cid}: receipts do not match the manifest's summary", doc)
+    roots = doc.get(ROOTS_FIELD)
+    if roots is not None:
+        last = (ev.receipts.get("epochs") or [{}])[-1]
+        res = last.get("results", {}) if isinstance(last, dict) else {}
+        if not isinstance(roots, dict) or roots.get("epoch") != last.get("epoch") \
+                or roots.get("results") != {"count": res.get("count"), "root": res.get("root")}:
+            return _verdict(ev, INCONSISTENT, "RECEIPTS_MISMATCH",
+                            f"checkpoint {cid}: the signed receipt root does not match the "
+                            "epoch's receipts", doc)
+    elif policy.require_receipt_roots:
+        return _verdict(ev, PARTIAL, "NO_RECEIPT_ROOTS",
+                        f"checkpoint {cid} predates Merkle receipts: its manifest signs no "
+                        "receipt root, and receipts are required", doc)
     lateness = int(doc.get("lateness_ms", 0))
     w_global = int(wm["global_ms"])
     for rec in ev.receipts.get("epochs", []):
@@ -391,3 +424,67 @@ def _resume_offset(position: Mapping[str, Any]) -> int | None:
         return int(resume["offset"])
     except (KeyError, TypeError, ValueError):
         return None
+
+
+# --------------------------------------------------------------------------- rebuildable
+#: Components a resume can do without, rebuilding them, when everything else verifies
+#: (the fourth decision rule: watermark and state are a coherent pair; only secondary
+#: state is missing or damaged):
+#:
+#: * ``suppress``: the outputs still to suppress after a fall-back; rebuilt by
+#:   reading every committed output's identity back from the sinks;
+#: * ``receipt_ids``: the epoch's sorted result ids (the leaves of its Merkle
+#:   receipt); a resume does not read them (the signed root stays in the manifest),
+#:   only inclusion proofs of that epoch do.
+REBUILDABLE = ("suppress", "receipt_ids")
+REBUILDABLE_REASON = "REBUILDABLE_COMPONENT"
+_DAMAGE_REASONS = ("FILE_MISSING", "FILE_TRUNCATED", "HASH_MISMATCH", "STATE_SCHEMA",
+                   "DECRYPTION_FAILED")
+
+
+def judge_resumable(ev: Evidence, parent: Mapping[str, Any] | None, policy: Policy) -> Verdict:
+    """:func:`judge`, except that a checkpoint whose only problems are missing or
+    damaged :data:`REBUILDABLE` components is ``PARTIAL_CHECKPOINT_REJECT`` with reason
+    ``REBUILDABLE_COMPONENT`` and ``rebuild`` naming them (recovery resumes from it and
+    rebuilds them). Everything else, the signature included, must verify: the
+    checkpoint is judged again as if those files were intact."""
+    v = judge(ev, parent, policy)
+    doc = v.manifest
+    if v.ok or doc is None or v.reason not in _DAMAGE_REASONS:
+        return v
+    files = doc.get("files")
+    if not isinstance(files, dict):
+        return v
+    facts = dict(ev.files)
+    damaged: list[str] = []
+    for role in REBUILDABLE:
+        entry = files.get(role)
+        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+            continue
+        rel = entry["path"]
+        fact = facts.get(rel, FileFact(False))
+        if fact.exists and fact.problem is None and fact.sha256 == entry.get("sha256") \
+                and fact.size == entry.get("bytes"):
+            continue
+        if fact.problem is not None and fact.problem[0] == "NOT_A_REGULAR_FILE":
+            return v
+        damaged.append(role)
+        facts[rel] = FileFact(True, int(entry.get("bytes", 0)), str(entry.get("sha256")))
+    if not damaged:
+        return v
+    paths = {str(files[r]["path"]) for r in damaged}
+    schema_error = ev.schema_error
+    if schema_error is not None and schema_error.split(":", 1)[0] in paths:
+        schema_error = None
+    again = judge(replace(ev, files=facts, schema_error=schema_error), parent, policy)
+    if not again.ok:
+        return v
+    cid = ev.checkpoint_id
+    what = ", ".join(damaged)
+    return replace(
+        _verdict(ev, PARTIAL, REBUILDABLE_REASON,
+                 f"checkpoint {cid}: only its rebuildable {what} file is missing or damaged "
+                 f"({v.reason}); watermark and state verify: resume from it and rebuild "
+                 f"{what}", doc),
+        rebuild=tuple(damaged),
+    )

@@ -43,6 +43,10 @@ STATE_NAME = "state.arrow"
 DELTA_NAME = "state.delta.arrow"
 RECEIPTS_NAME = "receipts.json"
 SUPPRESS_NAME = "suppress.arrow"
+#: the manifest field that signs the epoch's Merkle receipt root (checkpoint.receipts)
+ROOTS_FIELD = "receipt_roots"
+#: the sorted result ids of the checkpoint's epoch: the leaves of its Merkle receipt
+RECEIPT_IDS_NAME = "receipt-ids.arrow"
 KEY_ENV = "SEALSTREAM_CHECKPOINT_KEY"
 ALG_HMAC = "hmac-sha256"
 ALG_PLAIN = "sha256"
@@ -59,6 +63,7 @@ _ROLE_NAMES = {
     "state": (STATE_NAME, DELTA_NAME),
     "receipts": (RECEIPTS_NAME,),
     "suppress": (SUPPRESS_NAME,),
+    "receipt_ids": (RECEIPT_IDS_NAME,),
     "base": (STATE_NAME,),
 }
 _DELTA_ROLE = "delta:"

@@ -104,6 +104,8 @@ CREATE TABLE IF NOT EXISTS sealstream_lock_holders (
     backend_pid INTEGER
 );
 """
+#: the id of step-plan rows (never a checkpoint's: those start at 1)
+PLAN_ID = -1
 #: columns added to ``sealstream_lock_holders`` since its first version
 _LOCK_COLUMNS = {"generation": "BIGINT NOT NULL DEFAULT 0", "backend_pid": "INTEGER"}
 
@@ -697,6 +699,82 @@ class PostgresCheckpointStore(CheckpointStore):
 
     def clear_trash(self) -> None:
         """Nothing to finish: a deletion is one transaction."""
+
+    # ------------------------------------------------------------ step plans
+    # rows of sealstream_checkpoint_files with id PLAN_ID, named plans/step-N.json
+    def write_plan(self, step: int, data: bytes) -> None:
+        from sealstream.checkpoint.plans import plan_name
+
+        psycopg = _psycopg()
+        self.ensure_root()
+        rel = plan_name(step)
+        blob = self._seal(rel, data)
+
+        def run(conn: Any, attempt: int) -> None:
+            with conn.transaction():
+                self._check_fence(conn)
+                if attempt and conn.execute(
+                        "SELECT 1 FROM sealstream_checkpoint_files WHERE pipeline = %s "
+                        "AND name = %s", (self.pipeline, rel)).fetchone() is not None:
+                    return  # the lost attempt's insert went through
+                conn.execute(
+                    "INSERT INTO sealstream_checkpoint_files (pipeline, id, name, data) "
+                    "VALUES (%s, %s, %s, %s)", (self.pipeline, PLAN_ID, rel, blob))
+
+        try:
+            self._retrying(run)
+        except psycopg.Error as exc:
+            raise self._failed(f"write the plan of step {step} in", exc) from None
+
+    def plan_steps(self) -> list[int]:
+        from sealstream.checkpoint.plans import parse_plan_name
+
+        rows = self._query("SELECT name FROM sealstream_checkpoint_files WHERE pipeline = %s "
+                           "AND id = %s", PLAN_ID)
+        steps = [parse_plan_name(str(r[0])) for r in rows]
+        return sorted(s for s in steps if s is not None)
+
+    def delete_plans(self, steps: list[int]) -> None:
+        from sealstream.checkpoint.plans import plan_name
+
+        psycopg = _psycopg()
+        if not steps:
+            return
+        names = [plan_name(s) for s in steps]
+
+        def run(conn: Any, _attempt: int) -> None:
+            with conn.transaction():
+                self._check_fence(conn)
+                conn.execute("DELETE FROM sealstream_checkpoint_files WHERE pipeline = %s "
+                             "AND id = %s AND name = ANY(%s)", (self.pipeline, PLAN_ID, names))
+
+        try:
+            self._retrying(run)
+        except psycopg.Error as exc:
+            raise self._failed("delete step plans in", exc) from None
+
+    def move_plan_aside(self, step: int, reason: str) -> None:
+        from sealstream.checkpoint.plans import plan_name
+
+        psycopg = _psycopg()
+        rel = plan_name(step)
+
+        def run(conn: Any, _attempt: int) -> None:
+            with conn.transaction():
+                self._check_fence(conn)
+                conn.execute(
+                    "INSERT INTO sealstream_rejected (pipeline, id, reason, name, data) "
+                    "SELECT pipeline, id, %s, name, data FROM sealstream_checkpoint_files "
+                    "WHERE pipeline = %s AND id = %s AND name = %s",
+                    (reason, self.pipeline, PLAN_ID, rel))
+                conn.execute("DELETE FROM sealstream_checkpoint_files WHERE pipeline = %s "
+                             "AND id = %s AND name = %s", (self.pipeline, PLAN_ID, rel))
+
+        try:
+            self._retrying(run)
+        except psycopg.Error as exc:
+            raise self._failed(f"move the plan of step {step} aside in", exc) from None
+
 
     # ------------------------------------------------------------ lock
     def _holder_name(self) -> str:

@@ -118,6 +118,9 @@ CREATE TABLE IF NOT EXISTS sealstream_lock_holders (
 );
 """
 
+#: the id of step-plan rows (never a checkpoint's: those start at 1)
+PLAN_ID = -1
+
 #: the tables of the layout before the ``sealstream_`` prefix, with their columns
 _OLD_TABLES = {
     "checkpoints": ["pipeline", "id", "created"],
@@ -420,6 +423,68 @@ class SqliteCheckpointStore(CheckpointStore):
 
     def clear_trash(self) -> None:
         """Nothing to finish: a deletion is one transaction."""
+
+    # ------------------------------------------------------------ step plans
+    # rows of sealstream_checkpoint_files with id PLAN_ID, named plans/step-N.json
+    def write_plan(self, step: int, data: bytes) -> None:
+        from sealstream.checkpoint.plans import plan_name
+
+        conn = self._db(create=True)
+        assert conn is not None
+        rel = plan_name(step)
+        try:
+            with immediate(conn):
+                conn.execute(
+                    "INSERT INTO sealstream_checkpoint_files (pipeline, id, name, data) "
+                    "VALUES (?, ?, ?, ?)", (self.pipeline, PLAN_ID, rel, self._seal(rel, data)))
+        except sqlite3.Error as exc:
+            raise CheckpointError(
+                f"cannot write the plan of step {step} in {self.location}: {exc}") from None
+
+    def plan_steps(self) -> list[int]:
+        from sealstream.checkpoint.plans import parse_plan_name
+
+        rows = self._query("SELECT name FROM sealstream_checkpoint_files WHERE pipeline = ? "
+                           "AND id = ?", PLAN_ID)
+        steps = [parse_plan_name(str(r[0])) for r in rows]
+        return sorted(s for s in steps if s is not None)
+
+    def delete_plans(self, steps: list[int]) -> None:
+        from sealstream.checkpoint.plans import plan_name
+
+        conn = self._db()
+        if conn is None or not steps:
+            return
+        try:
+            with immediate(conn):
+                conn.executemany(
+                    "DELETE FROM sealstream_checkpoint_files WHERE pipeline = ? AND id = ? "
+                    "AND name = ?", [(self.pipeline, PLAN_ID, plan_name(s)) for s in steps])
+        except sqlite3.Error as exc:
+            raise CheckpointError(
+                f"cannot delete step plans in {self.location}: {exc}") from None
+
+    def move_plan_aside(self, step: int, reason: str) -> None:
+        from sealstream.checkpoint.plans import plan_name
+
+        conn = self._db()
+        if conn is None:
+            return
+        rel = plan_name(step)
+        try:
+            with immediate(conn):
+                conn.execute(
+                    "INSERT INTO sealstream_rejected (pipeline, id, reason, moved_at, name, data) "
+                    "SELECT pipeline, id, ?, ?, name, data FROM sealstream_checkpoint_files "
+                    "WHERE pipeline = ? AND id = ? AND name = ?",
+                    (reason, _stamp(), self.pipeline, PLAN_ID, rel))
+                conn.execute("DELETE FROM sealstream_checkpoint_files WHERE pipeline = ? "
+                             "AND id = ? AND name = ?", (self.pipeline, PLAN_ID, rel))
+        except sqlite3.Error as exc:
+            raise CheckpointError(
+                f"cannot move the plan of step {step} aside in {self.location}: {exc}"
+            ) from None
+
 
     # ------------------------------------------------------------ lock
     @contextlib.contextmanager

@@ -206,6 +206,33 @@ class CheckpointStore(abc.ABC):
             return data
         return crypto.encrypt(self.encryption_key, data, rel)
 
+    # ------------------------------------------------------------ step plans
+    # The write-ahead records of live runs (sealstream.checkpoint.plans): blobs named
+    # ``plans/step-N.json``, outside every checkpoint, sealed like checkpoint blobs.
+    def write_plan(self, step: int, data: bytes) -> None:
+        """Write step ``step``'s record durably (create-if-absent) before returning;
+        CheckpointError when it cannot (a record already there is an error too)."""
+        raise CheckpointError(f"{self.location}: this checkpoint store cannot hold step plans")
+
+    def plan_steps(self) -> list[int]:
+        """The steps whose records are stored, ascending."""
+        return []
+
+    def read_plan(self, step: int) -> bytes | None:
+        """Step ``step``'s record (plaintext), None when absent or unreadable."""
+        from sealstream.checkpoint.plans import plan_name
+
+        try:
+            return self.read(plan_name(step))
+        except (OSError, CheckpointError):
+            return None
+
+    def delete_plans(self, steps: list[int]) -> None:  # noqa: B027 - no plans: nothing
+        """Remove the records of ``steps`` (retention only)."""
+
+    def move_plan_aside(self, step: int, reason: str) -> None:  # noqa: B027 - as above
+        """Keep a rejected record as evidence, out of :meth:`plan_steps`."""
+
     # ------------------------------------------------------------ primitives
     @abc.abstractmethod
     def exists(self) -> bool:
@@ -743,6 +770,62 @@ class LocalCheckpointStore(CheckpointStore):
             for entry in self.root.iterdir():
                 if entry.name.startswith(TRASH) and entry.is_dir():
                     shutil.rmtree(entry, ignore_errors=True)
+
+    # ------------------------------------------------------------ step plans
+    def write_plan(self, step: int, data: bytes) -> None:
+        from sealstream.checkpoint.plans import PLANS_DIR, plan_name
+
+        rel = plan_name(step)
+        d = self.root / PLANS_DIR
+        try:
+            if not d.is_dir():
+                d.mkdir(mode=0o700, exist_ok=True)
+                fsync_dir(self.root)
+            tmp = d / f".step-{step:012d}.tmp"
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)  # a crashed writer's
+            fd = open_no_follow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            with os.fdopen(fd, "wb") as f:
+                f.write(self._seal(rel, data))
+                fsync_file(f)
+            os.link(tmp, self.root / rel)  # fails when present: never overwritten
+            os.unlink(tmp)
+            fsync_dir(d)
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot write the plan of step {step} in {self.root}: {os_reason(exc)}"
+            ) from None
+
+    def plan_steps(self) -> list[int]:
+        from sealstream.checkpoint.plans import PLANS_DIR, parse_plan_name
+
+        d = self.root / PLANS_DIR
+        if not d.is_dir():
+            return []
+        steps = [parse_plan_name(e.name) for e in d.iterdir() if not e.name.startswith(".")]
+        return sorted(s for s in steps if s is not None)
+
+    def delete_plans(self, steps: list[int]) -> None:
+        from sealstream.checkpoint.plans import PLANS_DIR, plan_name
+
+        for step in steps:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.root / plan_name(step))
+        if steps and (self.root / PLANS_DIR).is_dir():
+            fsync_dir(self.root / PLANS_DIR)
+
+    def move_plan_aside(self, step: int, reason: str) -> None:
+        from sealstream.checkpoint.plans import plan_name
+
+        rej = self.root / REJECTED
+        rej.mkdir(exist_ok=True, mode=0o700)
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        try:
+            os.rename(self.root / plan_name(step),
+                      rej / f"plan-step-{step:012d}-{reason}-{stamp}.json")
+        except FileNotFoundError:
+            return
+        fsync_dir(rej)
 
     # ------------------------------------------------------------ lock
     @contextlib.contextmanager

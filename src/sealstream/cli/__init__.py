@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from sealstream import __version__
+from sealstream.checkpoint.manifest import checkpoint_key
 from sealstream.errors import SealstreamError, SpecError
 
 __all__ = ["entrypoint", "main"]
@@ -54,7 +55,18 @@ class _Interrupted(BaseException):
         return 128 + self.signum
 
 
+#: the live run that a first SIGINT/SIGTERM stops gracefully (docs/live.md)
+_GRACEFUL: list[Any] = []
+
+
 def _on_signal(signum: int, frame: object) -> None:
+    # a live run: the first signal asks it to finish its step, write and commit a final
+    # checkpoint and exit 0; a second one stops at once (below)
+    if _GRACEFUL and _GRACEFUL[0].stop_requested is None:
+        _GRACEFUL[0].stop_requested = signum
+        click.echo(f"sealstream: {signal.Signals(signum).name}: finishing the step and "
+                   "writing a final checkpoint (send it again to stop at once)", err=True)
+        return
     # only the first signal stops the command; later ones would cut the cleanup
     # short (a checkpoint being written finishes, the lock is released)
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -90,6 +102,9 @@ def cli() -> None:
               metavar="SECONDS",
               help="Do not resume from a checkpoint older than this (STALE); "
                    "default: [checkpoint] max_age_s, else any age.")
+@click.option("--require-receipts", "require_receipts", is_flag=True,
+              help="Resume only from checkpoints that sign their epoch's Merkle receipt "
+                   "root (default: [checkpoint] require_receipts).")
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing but warnings and errors.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the run summary as JSON (on stderr when results go to stdout).")
@@ -105,7 +120,7 @@ def cli() -> None:
 @click.option("--ray", "ray_address", metavar="ADDRESS",
               help="The Ray cluster for --workers (default: a local one for the run).")
 def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int | None,
-        max_bad_ratio: float | None, max_age: float | None,
+        max_bad_ratio: float | None, max_age: float | None, require_receipts: bool,
         quiet: bool, as_json: bool, metrics_port: int | None,
         metrics_file: Path | None, workers: int | None, ray_address: str | None) -> None:
     """Run the pipeline described by SPEC (a TOML file) to the end of its input.
@@ -118,7 +133,13 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
     """
     from sealstream._runtime.engine import Job
     from sealstream.cli._progress import Progress, print_summary, warn_unseen_fields
-    from sealstream.pipeline import load_spec, with_batch_size, with_max_age, with_workers
+    from sealstream.pipeline import (
+        load_spec,
+        with_batch_size,
+        with_max_age,
+        with_require_receipts,
+        with_workers,
+    )
 
     if TYPE_CHECKING:
         from sealstream.cli._metrics import Metrics
@@ -134,6 +155,8 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
             pipeline = with_workers(pipeline, workers)
         if ray_address is not None and pipeline.workers is None:
             raise SpecError("--ray: needs --workers N (or [pipeline] workers)")
+        if require_receipts:
+            pipeline = with_require_receipts(pipeline)
         limit = pipeline.max_bad_ratio if max_bad_ratio is None else max_bad_ratio
         human = sys.stderr if _results_on_stdout(pipeline) else sys.stdout
         for option, target in (("--metrics-file", metrics_file),
@@ -177,9 +200,12 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
                     click.echo(json.dumps({"event": "metrics", "pipeline": pipeline.name,
                                            "url": url}), err=True)
         hooks.extend(h for h in (metrics, progress) if h is not None)
+        if job.live:
+            _GRACEFUL[:] = [job]
         try:
             summary = job.run()
         finally:
+            _GRACEFUL.clear()
             if progress is not None:
                 progress.stop(job)
         if metrics is not None:
@@ -293,10 +319,13 @@ def _resume_note(job: Any) -> str:
               metavar="SECONDS",
               help="Refuse a --from checkpoint older than this (STALE); "
                    "default: [checkpoint] max_age_s, else any age.")
+@click.option("--require-receipts", "require_receipts", is_flag=True,
+              help="Resume only from checkpoints that sign their epoch's Merkle receipt "
+                   "root (default: [checkpoint] require_receipts).")
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run summary as JSON.")
-def replay(spec: Path, origin: str, to: Path, max_age: float | None, quiet: bool,
-           as_json: bool) -> None:
+def replay(spec: Path, origin: str, to: Path, max_age: float | None, require_receipts: bool,
+           quiet: bool, as_json: bool) -> None:
     """Re-run SPEC from --from into the isolated destination --to.
 
     Live outputs and live checkpoints are never written (the live checkpoint is only
@@ -304,12 +333,14 @@ def replay(spec: Path, origin: str, to: Path, max_age: float | None, quiet: bool
     """
     from sealstream._runtime.replay import replay as run_replay
     from sealstream.cli._progress import Progress, print_summary
-    from sealstream.pipeline import load_spec, with_max_age
+    from sealstream.pipeline import load_spec, with_max_age, with_require_receipts
 
     try:
         pipeline = load_spec(spec)
         if max_age is not None:
             pipeline = with_max_age(pipeline, max_age)
+        if require_receipts:
+            pipeline = with_require_receipts(pipeline)
         human = sys.stderr if _results_on_stdout(pipeline) else sys.stdout
         progress = None if (quiet or as_json) else Progress.for_terminal()
         try:
@@ -415,8 +446,11 @@ def list_cmd(directory: str, as_json: bool, pipeline_name: str | None) -> None:
 
     DIRECTORY is a checkpoint directory or a store URL (sqlite:///FILE,
     postgresql://HOST/DB)."""
+    from sealstream.cli import _agents
     from sealstream.cli._report import list_checkpoints, render_list
 
+    if _agents.is_agent_store(directory):
+        raise _Exit(_agents.run(directory, "list", as_json))
     store = _store(directory, pipeline_name)
     try:
         data = list_checkpoints(store)
@@ -438,15 +472,22 @@ def list_cmd(directory: str, as_json: bool, pipeline_name: str | None) -> None:
               metavar="SECONDS",
               help="A checkpoint older than this is STALE (default: the --spec's "
                    "[checkpoint] max_age_s, else any age).")
+@click.option("--require-receipts", "require_receipts", is_flag=True,
+              help="A checkpoint that does not sign its epoch's Merkle receipt root is "
+                   "PARTIAL (NO_RECEIPT_ROOTS) (default: the --spec's [checkpoint] "
+                   "require_receipts).")
 @_PIPELINE_OPT
 def verify_cmd(directory: str, as_json: bool, spec: Path | None, max_age: float | None,
-               pipeline_name: str | None) -> None:
+               require_receipts: bool, pipeline_name: str | None) -> None:
     """Judge every checkpoint in DIRECTORY; exit 0 only if all are ATOMIC_CHECKPOINT.
 
     DIRECTORY is a checkpoint directory or a store URL (sqlite:///FILE,
     postgresql://HOST/DB)."""
+    from sealstream.cli import _agents
     from sealstream.cli._report import render_verify, verify_checkpoints
 
+    if _agents.is_agent_store(directory):
+        raise _Exit(_agents.run(directory, "verify", as_json))
     pipeline = None
     if spec is not None:
         from sealstream.pipeline import load_spec
@@ -460,9 +501,11 @@ def verify_cmd(directory: str, as_json: bool, spec: Path | None, max_age: float 
         pipeline_name = pipeline.name
     if max_age is None and pipeline is not None and pipeline.checkpoint is not None:
         max_age = pipeline.checkpoint.max_age_s
+    if pipeline is not None and pipeline.checkpoint is not None:
+        require_receipts = require_receipts or pipeline.checkpoint.require_receipts
     store = _store(directory, pipeline_name, named=named)
     try:
-        data = verify_checkpoints(store, pipeline, max_age)
+        data = verify_checkpoints(store, pipeline, max_age, require_receipts)
     except SealstreamError as err:
         _fail(err)
         return
@@ -485,22 +528,32 @@ def _emit(data: dict[str, Any], as_json: bool, render: Any) -> None:
 @click.argument("directory", type=str)
 @click.argument("checkpoint_id", metavar="[ID]", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--spec", type=click.Path(dir_okay=False, path_type=Path),
+              help="The run's spec: a Kafka source's lag per partition (broker's end offset "
+                   "minus the checkpoint's) when the broker answers.")
 @_PIPELINE_OPT
 def inspect_cmd(directory: str, checkpoint_id: str | None, as_json: bool,
-                pipeline_name: str | None) -> None:
+                spec: Path | None, pipeline_name: str | None) -> None:
     """Show what checkpoint ID (default: the newest) in DIRECTORY holds, and its verdict.
 
     Positions and watermarks per partition, open windows, state size, receipts, age,
     signer, pipeline and fingerprint. Works on partial or corrupt checkpoints too.
     The verdict uses SEALSTREAM_CHECKPOINT_KEY from the environment.
     """
+    from sealstream.cli import _agents
     from sealstream.cli._inspect import render_inspect
     from sealstream.inspect import inspect_checkpoint, resolve_id
 
+    if _agents.is_agent_store(directory):
+        raise _Exit(_agents.run(directory, "inspect", as_json, checkpoint_id))
     store = _store(directory, pipeline_name)
     try:
         cid = resolve_id(store, checkpoint_id)
         data = inspect_checkpoint(store, cid)
+        if spec is not None:
+            from sealstream.cli._inspect import add_kafka_lag
+
+            add_kafka_lag(data, spec)
     except SealstreamError as err:
         _fail(err)
         return
@@ -540,9 +593,12 @@ def diff_cmd(directory: str, a: str, b: str, as_json: bool, pipeline_name: str |
 @click.option("--force", is_flag=True,
               help="Export even if the checkpoint is not ATOMIC_CHECKPOINT.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--receipts", is_flag=True,
+              help="Write instead one inclusion proof per result of the checkpoint's epoch "
+                   "(JSON lines; check one with `sealstream receipts verify`).")
 @_PIPELINE_OPT
 def export_cmd(directory: str, checkpoint_id: str | None, to: Path, replace: bool,
-               force: bool, as_json: bool, pipeline_name: str | None) -> None:
+               force: bool, as_json: bool, receipts: bool, pipeline_name: str | None) -> None:
     """Export the open windows of checkpoint ID (default: the newest) with the current
     partial value of every aggregate. Only an ATOMIC_CHECKPOINT, unless --force."""
     from sealstream.cli._inspect import export, render_export
@@ -550,12 +606,92 @@ def export_cmd(directory: str, checkpoint_id: str | None, to: Path, replace: boo
 
     store = _store(directory, pipeline_name)
     try:
+        if receipts:
+            from sealstream.cli._guard import export_proofs
+
+            data = export_proofs(store, resolve_id(store, checkpoint_id), to, replace=replace,
+                                 key=checkpoint_key())
+            _emit(data, as_json, lambda d: click.echo(
+                f"wrote {d['proofs']} proofs of epoch {d['epoch']} (checkpoint "
+                f"{d['checkpoint']}) to {d['to']}"))
+            return
         data = export(store, resolve_id(store, checkpoint_id), to, force=force,
                       replace=replace)
     except SealstreamError as err:
         _fail(err)
         return
     _emit(data, as_json, render_export)
+
+
+@checkpoints.command("window")
+@click.argument("directory", type=str)
+@click.option("--key", "window_key", required=True, help="The window's key.")
+@click.option("--start", "start_ms", required=True, type=int, help="window_start (ms).")
+@click.option("--end", "end_ms", required=True, type=int, help="window_end (ms).")
+@click.option("--id", "checkpoint_id", default=None, help="Checkpoint (default: the newest).")
+@click.option("--require-receipts", is_flag=True,
+              help="PARTIAL_CHECKPOINT_REJECT when the window has no emission receipt.")
+@click.option("--max-age", "max_age", type=click.FloatRange(min=0.0, min_open=True),
+              metavar="SECONDS", help="Refuse a checkpoint older than this (STALE).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_PIPELINE_OPT
+def window_cmd(directory: str, window_key: str, start_ms: int, end_ms: int,
+               checkpoint_id: str | None, require_receipts: bool, max_age: float | None,
+               as_json: bool, pipeline_name: str | None) -> None:
+    """Show one window of a checkpoint as the window-commit guard sees it (open: its
+    state hash and watermark; emitted: its receipt with an inclusion proof) and the
+    guard's verdict and directive. Exit 1 unless ATOMIC_CHECKPOINT."""
+    from sealstream.cli._guard import render_window, window_report
+    from sealstream.inspect import resolve_id
+
+    store = _store(directory, pipeline_name)
+    try:
+        cid = resolve_id(store, checkpoint_id) if checkpoint_id is not None else None
+        data = window_report(store, key=window_key, start_ms=start_ms, end_ms=end_ms,
+                             checkpoint_id=cid, require_receipts=require_receipts,
+                             max_age_s=max_age)
+    except SealstreamError as err:
+        _fail(err)
+        return
+    _emit(data, as_json, render_window)
+    if data["manifest"]["verdict"] != "ATOMIC_CHECKPOINT":
+        raise _Exit(1)
+
+
+@cli.group()
+def receipts() -> None:
+    """Check emission receipts: inclusion proofs against signed checkpoint manifests."""
+
+
+@receipts.command("verify")
+@click.argument("proof", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--manifest", type=click.Path(dir_okay=False, path_type=Path),
+              help="The signed MANIFEST.json of the checkpoint the proof names.")
+@click.option("--checkpoints", "directory", type=str,
+              help="Or the checkpoint directory holding it.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def receipts_verify_cmd(proof: Path, manifest: Path | None, directory: str | None,
+                        as_json: bool) -> None:
+    """Check PROOF (one proof, or JSON lines of them) offline against a signed checkpoint
+    manifest, with SEALSTREAM_CHECKPOINT_KEY: the result was emitted in the epoch it names,
+    under that signature. Reads no state. Exit 1 when any proof fails."""
+    from sealstream.cli._guard import verify_proof_files
+
+    if (manifest is None) == (directory is None):
+        _fail(SpecError("give exactly one of --manifest FILE or --checkpoints DIR"))
+    try:
+        data = verify_proof_files(proof, manifest, directory, checkpoint_key())
+    except SealstreamError as err:
+        _fail(err)
+        return
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+    else:
+        for r in data["results"]:
+            click.echo(f"{proof}:{r['line']}: {'OK' if r['ok'] else r['reason']}: "
+                       f"{r['message']}")
+    if data["verified"] != data["proofs"]:
+        raise _Exit(1)
 
 
 @checkpoints.command("prune")
@@ -584,6 +720,15 @@ def prune_cmd(directory: str, keep: int, dry_run: bool, as_json: bool,
         click.echo(f"sealstream: error: no checkpoint in {directory} is ATOMIC_CHECKPOINT; "
                    "nothing was pruned (see `sealstream checkpoints verify`)", err=True)
         raise _Exit(1)
+
+
+def _add_agents() -> None:
+    from sealstream.cli._agents import agents
+
+    cli.add_command(agents)
+
+
+_add_agents()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

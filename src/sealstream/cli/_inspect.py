@@ -58,6 +58,26 @@ def _wm_text(ms: Any, iso: Any) -> str:
 
 
 # --------------------------------------------------------------------------- inspect
+def add_kafka_lag(data: dict[str, Any], spec: Path) -> None:
+    """With a Kafka source in ``spec``: each partition's ``end_offset`` (the broker's,
+    now) and ``lag`` (end - next offset), None when the broker does not answer."""
+    from sealstream.pipeline import KafkaSourceSpec, load_spec
+
+    source = load_spec(spec).source
+    if not isinstance(source, KafkaSourceSpec):
+        return
+    from sealstream.sources.kafka import end_offsets
+
+    names = [str(p["partition"]) for p in data["partitions"]]
+    ends = end_offsets(source.settings(), names)
+    data["source_reachable"] = ends is not None
+    for p in data["partitions"]:
+        end = None if ends is None else ends.get(str(p["partition"]))
+        nxt = p.get("next_offset")
+        p["end_offset"] = end
+        p["lag"] = max(0, end - nxt) if end is not None and isinstance(nxt, int) else None
+
+
 def render_inspect(data: dict[str, Any]) -> None:
     console = Console(highlight=False)
     t = Table(title=f"checkpoint {data['id']} in {data['directory']}", show_header=False)
@@ -114,12 +134,26 @@ def render_inspect(data: dict[str, Any]) -> None:
     if data["partitions"]:
         pt = Table(title="partitions (times in UTC)")
         pt.add_column("partition", no_wrap=True)
-        for col in ("next offset", "bytes read", "watermark", "max event time", "exhausted"):
+        lag = any(p.get("lag") is not None for p in data["partitions"])
+        for col in ("next offset", "bytes read", "watermark", "max event time", "exhausted",
+                    *(("lag (broker now)",) if lag else ())):
             pt.add_column(col, overflow="fold")
         for p in data["partitions"]:
             pt.add_row(_s(p["partition"]), _s(p["next_offset"]), _s(p["byte_offset"]),
-                       _s(p["watermark_iso"]), _s(wm_iso(p["max_time_ms"])), _s(p["exhausted"]))
+                       _s(p["watermark_iso"]), _s(wm_iso(p["max_time_ms"])), _s(p["exhausted"]),
+                       *((_s(p.get("lag")),) if lag else ()))
         console.print(pt)
+    kafka = [o for o in data.get("outputs", []) if o["kafka"] is not None]
+    if kafka:
+        kt = Table(title="Kafka outputs (epochs before this one are committed below these "
+                         "offsets)")
+        for col in ("output", "topic", "epoch", "committed offsets", "tokens"):
+            kt.add_column(col, overflow="fold")
+        for o in kafka:
+            offs = ", ".join(f"p{p}={v}" for p, v in o["kafka"]["committed_offsets"].items())
+            kt.add_row(o["output"], o["kafka"]["topic"], _s(o["epoch"]), offs or "-",
+                       ", ".join(o["tokens"]) or "-")
+        console.print(kt)
     if data["files"]:
         ft = Table(title="files")
         for col in ("role", "path", "bytes", "recorded", "sha256"):

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sealstream._runtime.engine import Job
@@ -46,6 +46,11 @@ class Snapshot:
     """``time.monotonic()`` when the last checkpoint was written."""
     last_checkpoint_unix: float | None = None
     open_windows: int | None = None
+    #: the partition holding the watermark back (None: none holds it)
+    holder: str | None = None
+    #: live runs on a broker: whether it answers, and records behind each partition's end
+    connected: bool | None = None
+    lags: tuple[tuple[str, int], ...] = ()
     taken_at: float = field(default_factory=time.monotonic)
 
 
@@ -72,7 +77,25 @@ def snapshot(job: Job) -> Snapshot:
             if has_ck and st.last_at is not None else None
         ),
         open_windows=int(open_windows) if isinstance(open_windows, int) else None,
+        holder=_holder_name(job),
+        **_source_status(job),
     )
+
+
+def _source_status(job: Job) -> dict[str, Any]:
+    merger = getattr(job, "merger", None)
+    connected = getattr(merger, "connected", None)
+    lags = getattr(merger, "lags", None)
+    if not callable(connected) or not callable(lags):
+        return {}
+    return {"connected": connected(),
+            "lags": tuple((n, lag) for n, lag in zip(job.names, lags(), strict=False)
+                          if lag is not None)}
+
+
+def _holder_name(job: Job) -> str | None:
+    q = job.wm.holder()
+    return job.names[q] if q is not None and q < len(job.names) else None
 
 
 def _escape(value: str) -> str:
@@ -111,6 +134,12 @@ _METRICS: tuple[tuple[str, str, str], ...] = (
     ("sealstream_last_checkpoint_timestamp_seconds", "gauge",
      "When the last checkpoint was written (Unix time; the age for --metrics-file readers)."),
     ("sealstream_open_windows", "gauge", "Windows holding state, not yet fired."),
+    ("sealstream_source_connected", "gauge",
+     "1 while the source's broker answers, 0 while it is lost (live runs on a broker)."),
+    ("sealstream_source_lag", "gauge",
+     "Records between each partition's position and the broker's end offset."),
+    ("sealstream_watermark_holder", "gauge",
+     "1 for the partition holding the global watermark back (absent when none does)."),
 )
 
 
@@ -131,6 +160,15 @@ def render(snap: Snapshot, now: float | None = None) -> str:
         "sealstream_partition_watermark_ms": [
             (f'{pl},partition="{_escape(name)}"', ms) for name, ms in snap.partitions
         ],
+        "sealstream_source_connected": (
+            [] if snap.connected is None else [(pl, 1 if snap.connected else 0)]
+        ),
+        "sealstream_source_lag": [
+            (f'{pl},partition="{_escape(name)}"', lag) for name, lag in snap.lags
+        ],
+        "sealstream_watermark_holder": (
+            [] if snap.holder is None else [(f'{pl},partition="{_escape(snap.holder)}"', 1)]
+        ),
         "sealstream_last_checkpoint_duration_seconds": (
             [] if snap.last_checkpoint_ms is None else [(pl, snap.last_checkpoint_ms / 1000)]
         ),

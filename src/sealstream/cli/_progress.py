@@ -256,7 +256,15 @@ class Progress:
         late_bad.append(f"bad {c.bad_records:,}", style="bold red" if c.bad_records else "")
         late_bad.append(f"  windows fired {c.windows_fired:,}{ow}")
         rows.append(late_bad)
-        rows.append(Text(f"watermark {_fmt_wm(job.wm.current())}"))
+        held = job.wm.holder()
+        by = (f"  held by {job.names[held]}" if held is not None and held < len(job.names)
+              and len(job.names) > 1 else "")
+        rows.append(Text(f"watermark {_fmt_wm(job.wm.current())}{by}"))
+        connected = getattr(job.merger, "connected", None)
+        if callable(connected) and connected() is not None:
+            rows.append(Text("source connected" if connected() else
+                             "source DISCONNECTED (retrying)",
+                             style="" if connected() else "bold red"))
         if st.last_id is not None and st.last_at is not None:
             rows.append(Text(
                 f"checkpoint {st.last_id}  {_fmt_s(max(0.0, now - st.last_at))} ago  "
@@ -341,8 +349,15 @@ def checkpoint_record(job: Job, cid: int, ms: float, nbytes: int) -> dict[str, A
         "events": c["events"], "late": c["late_events"], "bad": c["bad_records"],
         "windows_fired": c["windows_fired"], "results_written": c["results_written"],
         "watermark": _fmt_wm(wm_ms), "watermark_ms": _wm_json(wm_ms),
+        "watermark_held_by": _held_by(job),
         "positions": positions,
     }
+
+
+def _held_by(job: Job) -> str | None:
+    """The partition holding the watermark back now (None: none does)."""
+    q = job.wm.holder()
+    return job.names[q] if q is not None and q < len(job.names) else None
 
 
 def print_summary(summary: RunSummary, stream: TextIO | None = None) -> None:

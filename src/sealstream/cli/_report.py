@@ -48,8 +48,10 @@ def list_checkpoints(store: CheckpointStore) -> dict[str, Any]:
 
 
 def verify_checkpoints(store: CheckpointStore, pipeline: Pipeline | None,
-                       max_age_s: float | None = None) -> dict[str, Any]:
-    """Every checkpoint's verdict; ``max_age_s``: older ones are STALE."""
+                       max_age_s: float | None = None,
+                       require_receipts: bool = False) -> dict[str, Any]:
+    """Every checkpoint's verdict; ``max_age_s``: older ones are STALE;
+    ``require_receipts``: ones without signed receipt roots are PARTIAL."""
     import time
 
     policy = guard.Policy(
@@ -58,17 +60,18 @@ def verify_checkpoints(store: CheckpointStore, pipeline: Pipeline | None,
         fingerprint=pipeline.fingerprint() if pipeline else None,
         max_age_ms=None if max_age_s is None else round(max_age_s * 1000),
         now_ms=None if max_age_s is None else int(time.time() * 1000),
+        require_receipt_roots=require_receipts,
     )
     results = []
     resume = None
     for cid in store.ids():
-        v = guard.judge(store.evidence(cid, policy.key),
-                        store.verified_parent(cid, policy.key), policy)
+        v = guard.judge_resumable(store.evidence(cid, policy.key),
+                                  store.verified_parent(cid, policy.key), policy)
         entry = v.to_json()
         entry["signer"] = v.signer
         entry["watermark_ms"] = _wm(v.watermark_ms)
         results.append(entry)
-        if v.ok:
+        if v.resumable:  # ATOMIC, or only rebuildable components damaged
             resume = cid
     return {
         "checkpoints": results,
@@ -112,7 +115,10 @@ def render_verify(data: dict[str, Any], directory: Path | str) -> None:
         table.add_row(str(c["id"]), f"[{colour}]{c['verdict']}[/]", c["reason"], c["message"])
     console.print(table)
     resume = data["resume_from"]
+    rebuild = next((c.get("rebuild") for c in data["checkpoints"] if c["id"] == resume), None)
     console.print(
-        f"a run would resume from checkpoint {resume}" if resume is not None
+        (f"a run would resume from checkpoint {resume}"
+         + (f" and rebuild its {', '.join(rebuild)}" if rebuild else ""))
+        if resume is not None
         else "[red]no checkpoint verifies: a run would refuse to start[/]"
     )

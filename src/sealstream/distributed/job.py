@@ -41,7 +41,9 @@ import polars as pl
 
 from sealstream._runtime.engine import Job
 from sealstream._runtime.merge import PartitionMerger, SourcePosition
+from sealstream.checkpoint import receipts as trees
 from sealstream.checkpoint.manifest import (
+    RECEIPT_IDS_NAME,
     RECEIPTS_NAME,
     STATE_NAME,
     SUPPRESS_NAME,
@@ -186,6 +188,9 @@ class DistributedJob(Job):
         }
         if pending is not None:
             files["suppress"] = (SUPPRESS_NAME, pending)
+        if self._receipt_ids is not None:  # the leaves of the epoch's Merkle receipt
+            files["receipt_ids"] = (RECEIPT_IDS_NAME, trees.encode_ids(self._receipt_ids))
+            self._receipt_ids = None
         dirname = checkpoint_dirname(cid)
         direct = store.direct_parts
         written: dict[str, dict[str, Any]] = {}

@@ -22,6 +22,7 @@ Example::
     'tumbling'
 """
 
+from sealstream.pipeline.kafka import KafkaSourceSpec
 from sealstream.pipeline.model import (
     ABSENT,
     AGGREGATE_FUNCTIONS,
@@ -44,12 +45,14 @@ from sealstream.pipeline.model import (
     definition_diff,
     parse_aggregate,
 )
+from sealstream.pipeline.nats import NatsSourceSpec
 from sealstream.pipeline.source import FileSource, SourceKind
 from sealstream.pipeline.spec import (
     load_spec,
     pipeline_from_dict,
     with_batch_size,
     with_max_age,
+    with_require_receipts,
     with_workers,
 )
 from sealstream.pipeline.validate import (
@@ -66,8 +69,10 @@ __all__ = [
     "Checkpoints",
     "DEFAULT_BATCH_SIZE",
     "FileSource",
+    "KafkaSourceSpec",
     "MAX_SETTING",
     "NUMERIC_FUNCTIONS",
+    "NatsSourceSpec",
     "Output",
     "Pipeline",
     "RESERVED_OUTPUT_NAMES",
@@ -90,5 +95,6 @@ __all__ = [
     "validate",
     "with_batch_size",
     "with_max_age",
+    "with_require_receipts",
     "with_workers",
 ]

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import polars as pl
 
 from sealstream.errors import SpecError
+from sealstream.pipeline.kafka import KafkaSourceSpec
+from sealstream.pipeline.nats import NatsSourceSpec
 from sealstream.pipeline.source import FileSource
 from sealstream.sources._base import FieldKind, FieldPlan
 
@@ -53,6 +55,9 @@ class Watermark:
     """Bounded out-of-orderness: ``W_p = max(event time seen in p) - max_delay_ms``."""
 
     max_delay_ms: int = 0
+    #: live runs: a partition quiet this long (processing time) leaves the global
+    #: minimum; when all are, W advances with the wall clock (docs/live.md)
+    idle_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -115,14 +120,20 @@ class Aggregate:
 
 @dataclass(frozen=True)
 class Output:
-    """A directory output (``jsonl`` or ``parquet``), ``stdout``, or a database table
-    (``sqlite`` or ``postgresql``: ``url`` and ``table``; results only)."""
+    """A directory output (``jsonl`` or ``parquet``), ``stdout``, a database table
+    (``sqlite`` or ``postgresql``: ``url`` and ``table``; results only), or a Kafka
+    topic (``kafka``: ``bootstrap``, ``topic``, client ``settings``; ``path`` is then
+    the optional local staging directory)."""
 
-    kind: Literal["jsonl", "parquet", "stdout", "sqlite", "postgresql"]
+    kind: Literal["jsonl", "parquet", "stdout", "sqlite", "postgresql", "kafka"]
     path: str | None = None
     base_dir: Path = Path(".")
     url: str | None = None
     table: str | None = None
+    bootstrap: str | None = None
+    topic: str | None = None
+    #: librdkafka settings of a kafka output, as (name, value) pairs
+    settings: tuple[tuple[str, str], ...] = ()
 
     @property
     def resolved(self) -> Path:
@@ -152,6 +163,9 @@ class Checkpoints:
     #: freshness: a checkpoint older than this many seconds is STALE (not resumed
     #: from); None: any age
     max_age_s: float | None = None
+    #: resume only from checkpoints whose manifest signs their epoch's Merkle receipt
+    #: root (older ones are PARTIAL_CHECKPOINT_REJECT, reason NO_RECEIPT_ROOTS)
+    require_receipts: bool = False
 
     @property
     def resolved(self) -> Path:
@@ -169,7 +183,7 @@ class Pipeline:
     """A complete, validated pipeline definition. See the module docstring."""
 
     name: str
-    source: FileSource
+    source: FileSource | KafkaSourceSpec | NatsSourceSpec
     window: Window
     aggregates: Mapping[str, str]
     sink: Output
@@ -227,7 +241,12 @@ class Pipeline:
             "pipeline": self.name,
             "source": {
                 "kind": self.source.kind,
-                "partitions": [n for n, _ in self.source.partitions()],
+                "partitions": (list(self.source.paths) if self.source.follow
+                               else [self.source.topic]
+                               if isinstance(self.source, KafkaSourceSpec)
+                               else list(self.source.subjects)
+                               if isinstance(self.source, NatsSourceSpec)
+                               else [n for n, _ in self.source.partitions()]),
                 "key": (self.source.key if isinstance(self.source.key, str)
                         else list(self.source.key)),
                 "time": self.source.time,

@@ -32,6 +32,35 @@ class FileSource:
     key: str | tuple[str, ...]
     time: str
     base_dir: Path = Path(".")
+    #: keep reading lines appended to the files, and open files that start to match
+    #: a glob as new partitions (a live run; docs/live.md)
+    follow: bool = False
+    #: "end": stop at the end positions seen at start (then W = +inf, everything
+    #: fires); "never": run until SIGTERM/SIGINT. Default: "never" when following,
+    #: else "end" (a bounded run)
+    stop: str | None = None
+    #: a source unreachable this long mid-run fails the run (None: the default)
+    fail_after_ms: int | None = None
+    #: how long one poll of a quiet partition waits for records
+    poll_ms: int = 200
+
+    def __post_init__(self) -> None:
+        if self.stop not in (None, "end", "never"):
+            raise SpecError(f"source.stop: expected \"end\" or \"never\", got {self.stop!r}")
+        if self.poll_ms < 0:
+            raise SpecError(f"source.poll_ms: expected an integer >= 0, got {self.poll_ms}")
+        if self.fail_after_ms is not None and self.fail_after_ms <= 0:
+            raise SpecError(
+                f"source.fail_after_ms: expected an integer > 0, got {self.fail_after_ms}")
+
+    @property
+    def live(self) -> bool:
+        """Whether runs of this source are live (planned steps, stop modes, signals)."""
+        return self.follow
+
+    @property
+    def stop_mode(self) -> str:
+        return self.stop or ("never" if self.live else "end")
 
     @property
     def key_fields(self) -> tuple[str, ...] | None:
@@ -39,12 +68,15 @@ class FileSource:
         name); None for a key written as one name (results show it as ``key``)."""
         return None if isinstance(self.key, str) else tuple(self.key)
 
-    def partitions(self) -> list[tuple[str, Path]]:
-        """``(name as written, resolved path)`` for every partition, in read order."""
+    def partitions(self, allow_empty: bool = False) -> list[tuple[str, Path]]:
+        """``(name as written, resolved path)`` for every partition, in read order.
+        ``allow_empty``: a glob matching nothing (yet) is not an error (following)."""
         out: list[tuple[str, Path]] = []
         for written in self.paths:
             if glob.has_magic(written):
                 matches = sorted(glob.glob(written, root_dir=self.base_dir))
+                if not matches and allow_empty:
+                    continue
                 if not matches:
                     raise SpecError(f"source.paths: {written!r} matches no file in {self.base_dir}")
                 for m in matches:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from sealstream.errors import SpecError
+from sealstream.pipeline.kafka import KAFKA_SETTINGS, kafka_source_from_dict
 from sealstream.pipeline.model import (
     DEFAULT_BATCH_SIZE,
     Checkpoints,
@@ -20,23 +21,43 @@ from sealstream.pipeline.model import (
     Watermark,
     Window,
 )
+from sealstream.pipeline.nats import NATS_SETTINGS, nats_source_from_dict
 from sealstream.pipeline.source import FileSource
 from sealstream.pipeline.validate import check_bad_ratio, check_max_age
 
 _SECTIONS: dict[str, set[str]] = {
     "pipeline": {"name", "batch_size", "max_bad_ratio", "workers"},
-    "source": {"kind", "paths", "path", "key", "time"},
-    "watermark": {"max_delay_ms"},
+    "source": {"kind", "paths", "path", "key", "time", "follow", "stop", "fail_after_ms",
+               "poll_ms", *KAFKA_SETTINGS, *NATS_SETTINGS},
+    "watermark": {"max_delay_ms", "idle_ms"},
     "window": {"kind", "size_ms", "slide_ms", "gap_ms", "allowed_lateness_ms"},
     "transform": {"where", "fields"},
     "aggregates": set(),
-    "sink": {"kind", "path", "url", "table"},
-    "late": {"kind", "path", "url", "table"},
-    "errors": {"kind", "path", "url", "table"},
+    "sink": {"kind", "path", "url", "table", "bootstrap", "topic", "settings"},
+    "late": {"kind", "path", "url", "table", "bootstrap", "topic", "settings"},
+    "errors": {"kind", "path", "url", "table", "bootstrap", "topic", "settings"},
     "checkpoint": {"path", "url", "every_events", "every_ms", "keep", "incremental",
-                   "full_every", "asynchronous", "max_age_s"},
+                   "full_every", "asynchronous", "max_age_s", "require_receipts"},
 }
 _REQUIRED = ("pipeline", "source", "window", "aggregates", "sink")
+
+
+def _settings(table: dict[str, Any], sec: str) -> tuple[tuple[str, str], ...]:
+    """A kafka output's client settings: a table of names to strings, numbers or booleans."""
+    raw = table.get("settings", {})
+    if not isinstance(raw, dict):
+        raise SpecError(f"{sec}.settings: expected a table of client settings, "
+                        f'e.g. {{"linger.ms" = 5}}')
+    out = []
+    for k, v in raw.items():
+        if isinstance(v, bool):
+            v = "true" if v else "false"
+        elif isinstance(v, int | float | str):
+            v = str(v)
+        else:
+            raise SpecError(f"{sec}.settings.{k}: expected a string, number or boolean")
+        out.append((str(k), v))
+    return tuple(out)
 
 
 def load_spec(path: str | Path) -> Pipeline:
@@ -111,23 +132,12 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
                      if "max_bad_ratio" in pl_sec else None)
 
     kind = _get(src, "source", "kind", str, _MISSING)
-    if "paths" in src and "path" in src:
-        raise SpecError("source: give either paths or path, not both")
-    raw_paths = src.get("paths", src.get("path"))
-    if raw_paths is None:
-        raise SpecError("source.paths: required setting is missing")
-    if isinstance(raw_paths, str):
-        raw_paths = [raw_paths]
-    if not isinstance(raw_paths, list) or not all(isinstance(x, str) for x in raw_paths):
-        raise SpecError(f"source.paths: expected a list of file paths, got {raw_paths!r}")
-    source = FileSource(
-        kind=kind,
-        paths=tuple(raw_paths),
-        key=_key(src),
-        time=_get(src, "source", "time", str, _MISSING),
-        base_dir=base_dir,
-    )
-    wm = Watermark(_get(data.get("watermark", {}), "watermark", "max_delay_ms", int, 0))
+    source = (kafka_source_from_dict(src) if kind == "kafka"
+              else nats_source_from_dict(src) if kind == "nats"
+              else _file_source(src, kind, base_dir))
+    wsec = data.get("watermark", {})
+    wm = Watermark(_get(wsec, "watermark", "max_delay_ms", int, 0),
+                   idle_ms=_get(wsec, "watermark", "idle_ms", int, None))
 
     wkind = _get(win, "window", "kind", str, _MISSING)
     lateness = _get(win, "window", "allowed_lateness_ms", int, 0)
@@ -162,7 +172,10 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
         opath = _get(data[sec], sec, "path", str, None)
         return Output(kind=okind, path=opath, base_dir=base_dir,
                       url=_get(data[sec], sec, "url", str, None),
-                      table=_get(data[sec], sec, "table", str, None))
+                      table=_get(data[sec], sec, "table", str, None),
+                      bootstrap=_get(data[sec], sec, "bootstrap", str, None),
+                      topic=_get(data[sec], sec, "topic", str, None),
+                      settings=_settings(data[sec], sec))
 
     ckpt = None
     if "checkpoint" in data:
@@ -179,6 +192,7 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
             asynchronous=_get(c, "checkpoint", "asynchronous", bool, True),
             max_age_s=(check_max_age("checkpoint.max_age_s", c["max_age_s"])
                        if "max_age_s" in c else None),
+            require_receipts=_get(c, "checkpoint", "require_receipts", bool, False),
             base_dir=base_dir,
         )
     sink = output("sink")
@@ -199,6 +213,36 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
         workers=workers,
         where=where,
         fields=fields,
+    )
+
+
+def _file_source(src: dict[str, Any], kind: Any, base_dir: Path) -> FileSource:
+    """``[source]`` of a file kind -> :class:`FileSource`."""
+    for name in sorted(KAFKA_SETTINGS - {"stop", "fail_after_ms", "poll_ms"}):
+        if name in src:
+            raise SpecError(f"source.{name}: a setting of kind = \"kafka\", not of {kind!r}")
+    for name in sorted(NATS_SETTINGS - KAFKA_SETTINGS):
+        if name in src:
+            raise SpecError(f"source.{name}: a setting of kind = \"nats\", not of {kind!r}")
+    if "paths" in src and "path" in src:
+        raise SpecError("source: give either paths or path, not both")
+    raw_paths = src.get("paths", src.get("path"))
+    if raw_paths is None:
+        raise SpecError("source.paths: required setting is missing")
+    if isinstance(raw_paths, str):
+        raw_paths = [raw_paths]
+    if not isinstance(raw_paths, list) or not all(isinstance(x, str) for x in raw_paths):
+        raise SpecError(f"source.paths: expected a list of file paths, got {raw_paths!r}")
+    return FileSource(
+        kind=kind,
+        paths=tuple(raw_paths),
+        key=_key(src),
+        time=_get(src, "source", "time", str, _MISSING),
+        base_dir=base_dir,
+        follow=_get(src, "source", "follow", bool, False),
+        stop=_get(src, "source", "stop", str, None),
+        fail_after_ms=_get(src, "source", "fail_after_ms", int, None),
+        poll_ms=_get(src, "source", "poll_ms", int, 200),
     )
 
 
@@ -245,4 +289,11 @@ def with_max_age(p: Pipeline, max_age_s: float) -> Pipeline:
     if p.checkpoint is None:
         raise SpecError("--max-age: the spec has no [checkpoint] section")
     return replace(p, checkpoint=replace(p.checkpoint, max_age_s=max_age_s))
+
+
+def with_require_receipts(p: Pipeline) -> Pipeline:
+    """A copy of ``p`` that resumes only from checkpoints with signed receipt roots."""
+    if p.checkpoint is None:
+        raise SpecError("--require-receipts: the spec has no [checkpoint] section")
+    return replace(p, checkpoint=replace(p.checkpoint, require_receipts=True))
 

@@ -4,10 +4,12 @@ the first bad setting (``window.size_ms: must be > 0, got 0``)."""
 from __future__ import annotations
 
 import glob
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
 from sealstream.errors import SpecError
+from sealstream.pipeline.kafka import KafkaSourceSpec
 from sealstream.pipeline.model import (
     Checkpoints,
     Output,
@@ -18,7 +20,28 @@ from sealstream.pipeline.model import (
     Watermark,
     parse_aggregate,
 )
+from sealstream.pipeline.nats import NatsSourceSpec
 from sealstream.pipeline.source import FileSource
+
+
+def _check_kafka_output(section: str, out: Output,
+                        topics: dict[tuple[str, str], str]) -> None:
+    """A Kafka output names a broker and a valid topic that no other output uses."""
+    if out.url is not None or out.table is not None:
+        raise SpecError(f"{section}: a kafka output takes bootstrap and topic, not url/table")
+    if not out.bootstrap:
+        raise SpecError(f'{section}.bootstrap: a kafka output needs the broker address, '
+                        f'e.g. "127.0.0.1:9092"')
+    if not out.topic:
+        raise SpecError(f"{section}.topic: a kafka output needs a topic")
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", out.topic) or out.topic in (".", ".."):
+        raise SpecError(f"{section}.topic: {out.topic!r} is not a valid Kafka topic name "
+                        "(letters, digits, '.', '_', '-')")
+    where = (out.bootstrap, out.topic)
+    if where in topics:
+        raise SpecError(f"{section}.topic: {out.topic!r} is also the {topics[where]} topic; "
+                        "give each output its own")
+    topics[where] = section
 
 
 def _check_table_output(section: str, out: Output) -> None:
@@ -73,7 +96,8 @@ def _check_types(p: Pipeline) -> None:
         return SpecError(f"{setting}: expected {want}, got {type(got).__name__} {got!r:.60}")
 
     parts: list[tuple[str, object, tuple[type, ...], str]] = [
-        ("source", p.source, (FileSource,), "a FileSource"),
+        ("source", p.source, (FileSource, KafkaSourceSpec, NatsSourceSpec),
+         "a FileSource, KafkaSourceSpec or NatsSourceSpec"),
         ("window", p.window, (Tumbling, Sliding, Session), "a Tumbling, Sliding or Session"),
         ("watermark", p.watermark, (Watermark,), "a Watermark"),
         ("sink", p.sink, (Output,), "an Output"),
@@ -105,9 +129,10 @@ def validate(p: Pipeline) -> None:
         _check_path("checkpoint.url", p.checkpoint.url)
     if not isinstance(p.name, str) or not p.name.strip():
         raise SpecError(f"pipeline.name: must be a non-empty string, got {p.name!r}")
-    if p.source.kind not in ("jsonl", "csv", "parquet"):
-        raise SpecError(f"source.kind: {p.source.kind!r} is not one of jsonl, csv, parquet")
-    if not p.source.paths:
+    if p.source.kind not in ("jsonl", "csv", "parquet", "kafka", "nats"):
+        raise SpecError(f"source.kind: {p.source.kind!r} is not one of jsonl, csv, parquet, "
+                        "kafka, nats")
+    if not p.source.paths and p.source.kind not in ("kafka", "nats"):
         raise SpecError("source.paths: at least one input file is needed")
     keys = p.source.key_fields or (p.source.key,)
     if not keys:
@@ -130,6 +155,8 @@ def validate(p: Pipeline) -> None:
     if p.workers is not None:
         _positive("pipeline.workers", p.workers)
     _positive("watermark.max_delay_ms", p.watermark.max_delay_ms, zero_ok=True)
+    if p.watermark.idle_ms is not None:
+        _positive("watermark.idle_ms", p.watermark.idle_ms)
     w = p.window
     _positive("window.allowed_lateness_ms", w.allowed_lateness_ms, zero_ok=True)
     if isinstance(w, Tumbling):
@@ -156,13 +183,27 @@ def validate(p: Pipeline) -> None:
             raise SpecError(f"aggregates.{a.name}: {a.expr} reads the key field")
     outputs = [("sink", p.sink), ("late", p.late), ("errors", p.errors)]
     seen: dict[Path, str] = {}
+    topics: dict[tuple[str, str], str] = {}
     for section, out in outputs:
         if out is None:
             continue
-        allowed = (("jsonl", "parquet", "stdout", "sqlite", "postgresql") if section == "sink"
-                   else ("jsonl", "stdout"))
+        allowed = (("jsonl", "parquet", "stdout", "sqlite", "postgresql", "kafka")
+                   if section == "sink" else ("jsonl", "stdout", "kafka"))
         if out.kind not in allowed:
             raise SpecError(f"{section}.kind: {out.kind!r} is not one of {', '.join(allowed)}")
+        if out.kind == "kafka":
+            _check_kafka_output(section, out, topics)
+            if out.path:  # its staging directory
+                res = out.resolved.resolve()
+                if res in seen:
+                    raise SpecError(f"{section}.path: {out.path!r} is also the {seen[res]} "
+                                    "directory")
+                _check_dir(f"{section}.path", out.path, res)
+                seen[res] = section
+            continue
+        if out.bootstrap is not None or out.topic is not None or out.settings:
+            raise SpecError(f"{section}: bootstrap, topic and settings are for kind = "
+                            f'"kafka", not {out.kind!r}')
         if out.kind in ("sqlite", "postgresql"):
             _check_table_output(section, out)
             continue

@@ -9,6 +9,9 @@
 * :class:`~sealstream.sinks.database.DatabaseSink` - results upserted into a
   SQLite or PostgreSQL table; exactly once, in the checkpoint's own transaction
   when the checkpoint store is the same database.
+* :class:`~sealstream.sinks.kafka.KafkaSink` - one message per row into a Kafka
+  topic, each epoch in one transaction; exactly once for ``read_committed``
+  consumers (needs confluent-kafka, the ``kafka`` extra).
 
 :func:`open_sink` builds the sink of a spec's output.
 """
@@ -74,6 +77,15 @@ def open_sink(output: Output, role: SinkRole, run_token: str,
                               if output.kind == "sqlite" else output.url)
         return DatabaseSink(output.kind, target, output.table, aggregates or {}, run_token,
                             shown=redact(output.url), role=role)
+    if output.kind == "kafka":
+        from sealstream.sinks.kafka import KafkaSink
+
+        if output.bootstrap is None or output.topic is None:
+            raise SinkError("a kafka output needs bootstrap and topic")
+        staging = (output.resolved if output.path
+                   else output.base_dir / ".sealstream-staging" / f"kafka-{output.topic}")
+        return KafkaSink(output.bootstrap, output.topic, role, run_token, staging,
+                         dict(output.settings))
     if output.kind == "jsonl":
         return JsonlDirSink(output.resolved, role, run_token)
     if output.kind == "parquet":
@@ -82,4 +94,5 @@ def open_sink(output: Output, role: SinkRole, run_token: str,
                 f'a parquet output can only hold results, not {role}; use kind = "jsonl"'
             )
         return ParquetDirSink(output.resolved, role, run_token)
-    raise SinkError(f"unknown output kind {output.kind!r}; expected jsonl, parquet or stdout")
+    raise SinkError(f"unknown output kind {output.kind!r}; expected jsonl, parquet, stdout, "
+                    "sqlite, postgresql or kafka")

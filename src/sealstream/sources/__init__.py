@@ -1,4 +1,8 @@
-"""File sources: each file is one partition, read chunk by chunk.
+"""Sources: one contract (``_live``: partitions, positions, "nothing yet" vs "ended")
+with the file kinds (``files/``: jsonl, csv, parquet) as one implementation of it,
+beside the brokers (``kafka``, ``nats``).
+
+Files: each file is one partition, read chunk by chunk.
 
 >>> from pathlib import Path
 >>> import tempfile
@@ -14,9 +18,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from ..errors import SpecError
 from ._base import (
     BAD_SCHEMA,
     KEY,
@@ -34,42 +35,16 @@ from ._base import (
     int_col,
     json_col,
 )
-
-KINDS = ("csv", "jsonl", "parquet")
-
-
-def open_partition(
-    kind: str,
-    name: str,
-    path: Path,
-    plan: FieldPlan,
-    position: PartitionPosition | None = None,
-) -> PartitionReader:
-    """Open one file as a partition, from its start or from ``position``.
-
-    ``kind`` is ``"jsonl"``, ``"csv"`` or ``"parquet"``; ``name`` is the path as
-    written in the spec (it names the partition in messages). Raises
-    :class:`~sealstream.errors.SourceError` when the file cannot be read and
-    :class:`~sealstream.errors.SourceChangedError` when ``position`` no longer
-    matches the file (it shrank, was replaced or rotated). The reader's
-    ``next_chunk`` raises :class:`~sealstream.errors.SourceChangedError` when the
-    file changes while it is read (truncated, rewritten or replaced; growing is
-    not a change), before it serves any record read after the change.
-    """
-    if kind == "jsonl":
-        from .jsonl import JsonlReader
-
-        return JsonlReader(name, Path(path), plan, position)
-    if kind == "csv":
-        from .csv import CsvReader
-
-        return CsvReader(name, Path(path), plan, position)
-    if kind == "parquet":
-        from .parquet import ParquetReader
-
-        return ParquetReader(name, Path(path), plan, position)
-    raise SpecError(f"source kind {kind!r} is not supported: use one of {', '.join(KINDS)}")
-
+from ._live import (
+    MESSAGE_KEY,
+    MESSAGE_TIMESTAMP,
+    LivePartition,
+    LiveSource,
+    ValueParser,
+    empty_chunk,
+    is_nothing_yet,
+)
+from .files import KINDS, open_partition
 
 __all__ = [
     "BAD_SCHEMA",
@@ -79,14 +54,21 @@ __all__ = [
     "KEY",
     "KEY_IS_INT",
     "KINDS",
+    "LivePartition",
+    "LiveSource",
+    "MESSAGE_KEY",
+    "MESSAGE_TIMESTAMP",
     "OFFSET",
     "PARTITION",
     "PartitionPosition",
     "PartitionReader",
     "RAW",
     "TIME",
+    "ValueParser",
+    "empty_chunk",
     "float_col",
     "int_col",
+    "is_nothing_yet",
     "json_col",
     "open_partition",
 ]

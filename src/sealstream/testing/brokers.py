@@ -33,7 +33,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["BrokerError", "KafkaBroker", "NatsServer", "free_port"]
+__all__ = ["BrokerError", "KafkaBroker", "NatsServer", "free_port", "produce_files"]
 
 HOST = "127.0.0.1"
 #: how long a server may take to start answering (generous: CI machines are loaded)
@@ -273,3 +273,78 @@ class NatsServer(_Server):
 def external_kafka() -> str | None:
     """The bootstrap address of a real Kafka given by ``SEALSTREAM_TEST_KAFKA``, if any."""
     return os.environ.get("SEALSTREAM_TEST_KAFKA", "").strip() or None
+
+
+def produce_files(bootstrap: str, topic: str, files: list[Path], partitions: int | None = None,
+                  ) -> int:
+    """Produce each JSON Lines file's lines into one partition of ``topic`` (file ``i``
+    -> partition ``i``, in order), creating the topic (``partitions``: the file count
+    by default) if it does not exist. Returns the number of messages."""
+    from confluent_kafka import KafkaException, Producer
+    from confluent_kafka.admin import AdminClient
+
+    md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30)
+    if topic not in md.topics:
+        create_topic(bootstrap, topic, partitions or len(files))
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    n = 0
+    for part, path in enumerate(files):
+        with open(path, "rb") as f:
+            for line in f:
+                line = line.rstrip(b"\r\n")
+                if not line:
+                    continue
+                while True:
+                    try:
+                        p.produce(topic, line, partition=part)
+                        break
+                    except BufferError:
+                        p.poll(0.05)
+                n += 1
+    if p.flush(120) != 0:
+        raise KafkaException(f"could not deliver every message to {bootstrap}")
+    return n
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sealstream.testing.brokers kafka|produce ...`` (see ``--help``)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        prog="python -m sealstream.testing.brokers",
+        description="A local Kafka-protocol broker for trying sealstream, and a producer.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    k = sub.add_parser("kafka", help="run a local Kafka-protocol broker (noida-db) until "
+                       "SIGINT/SIGTERM; prints its bootstrap address")
+    k.add_argument("--port", type=int, default=None)
+    k.add_argument("--data-dir", type=Path, default=None)
+    pr = sub.add_parser("produce", help="produce JSON Lines files into a topic (file i -> "
+                        "partition i), creating the topic if needed")
+    pr.add_argument("--bootstrap", required=True)
+    pr.add_argument("--topic", required=True)
+    pr.add_argument("files", nargs="+", type=Path)
+    args = ap.parse_args(argv)
+    if args.cmd == "produce":
+        n = produce_files(args.bootstrap, args.topic, sorted(args.files))
+        print(f"produced {n} messages to {args.topic} on {args.bootstrap}")
+        return 0
+    broker = KafkaBroker(port=args.port, data_dir=args.data_dir)
+    stop = {"now": False}
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    broker.start()
+    print(broker.bootstrap, flush=True)
+    try:
+        while not stop["now"] and broker.proc is not None and broker.proc.poll() is None:
+            time.sleep(0.2)
+    finally:
+        broker.close() if args.data_dir is None else broker.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -370,3 +370,39 @@ class StoreContract:
         self._write(self._store(tmp_path, key=None), 1)
         v = self._judge(self.make_store(tmp_path, key=KEY), 1)
         assert (v.verdict, v.reason) == (guard.INCONSISTENT, "PLAINTEXT_WHEN_ENCRYPTED")
+
+    # ------------------------------------------------------------ step plans
+    def test_step_plans_round_trip_chain_and_damage(self, tmp_path: Path) -> None:
+        from sealstream.checkpoint.plans import StepPlan, judge_plan, plan_name
+
+        store = self._store(tmp_path, key=None)
+        store.ensure_root()
+        prev = ""
+        plans = []
+        for step in (1, 2, 3):
+            plan = StepPlan(step=step, prev=prev, partitions=("p0", "p1"),
+                            ranges={"p0": (step * 10, step * 10 + 10)}, idle=("p1",),
+                            advance_ms=None, now_ms=step)
+            store.write_plan(step, plan.encode(b"k"))
+            plans.append(plan)
+            prev = plan.digest()
+        assert store.plan_steps() == [1, 2, 3]
+        assert store.ids() == []  # plans are not checkpoints
+        v = judge_plan(store.read_plan(2), 2, plans[0].digest(), b"k")
+        assert v.ok and v.plan == plans[1]
+        # never overwritten
+        with pytest.raises(CheckpointError):
+            store.write_plan(2, plans[1].encode(b"k"))
+        # a record out of its chain, unsigned or damaged is refused, with a reason
+        assert judge_plan(store.read_plan(3), 3, "other", b"k").reason == "CHAIN_BROKEN"
+        assert judge_plan(store.read_plan(3), 3, plans[1].digest(), None).reason == \
+            "SIGNED_WITHOUT_KEY"
+        raw = store.read_plan(3)
+        assert raw is not None
+        self.tamper(store, plan_name(3), raw.replace(b'"now_ms":3', b'"now_ms":4'))
+        assert judge_plan(store.read_plan(3), 3, plans[1].digest(), b"k").reason == \
+            "SIGNATURE_MISMATCH"
+        store.move_plan_aside(3, "SIGNATURE_MISMATCH")
+        assert store.plan_steps() == [1, 2]
+        store.delete_plans([1])
+        assert store.plan_steps() == [2]

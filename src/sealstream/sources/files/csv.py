@@ -36,9 +36,9 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-from ..errors import SourceError
-from ._base import OFFSET, RAW, FieldPlan, PartitionPosition, RawTexts
-from ._parse import (
+from ...errors import SourceError
+from .._base import OFFSET, RAW, FieldPlan, PartitionPosition, RawTexts
+from .._parse import (
     DEFAULT_BLOCK_BYTES,
     FLOAT,
     INT,

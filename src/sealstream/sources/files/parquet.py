@@ -41,9 +41,9 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import SourceChangedError, SourceError
-from ._base import OFFSET, RAW, Chunk, FieldPlan, PartitionPosition, RawSpan, RawTexts
-from ._parse import (
+from ...errors import SourceChangedError, SourceError
+from .._base import OFFSET, RAW, Chunk, FieldPlan, PartitionPosition, RawSpan, RawTexts
+from .._parse import (
     BOOL,
     FLOAT,
     INT,

@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from ._base import OFFSET, FieldPlan, PartitionPosition, RawTexts
-from ._parse import (
+from .._base import OFFSET, FieldPlan, PartitionPosition, RawTexts
+from .._parse import (
     BOOL,
     DEFAULT_BLOCK_BYTES,
     FLOAT,
@@ -52,6 +52,7 @@ from ._parse import (
     I64Array,
     LineFileReader,
     ParsedBlock,
+    Typer,
     bad_frame,
     cls_schema,
     empty_bad,
@@ -61,6 +62,7 @@ from ._parse import (
     no_texts,
     nonblank_mask,
     py_classify,
+    roles,
     string_views,
 )
 
@@ -235,6 +237,26 @@ class JsonlReader(LineFileReader):
         self._dtypes: dict[str, pl.DataType] | None = None
         super().__init__(name, path, plan, position, block_bytes, read_unterminated)
         self._schema = cls_schema(len(self._roles))
+
+    @classmethod
+    def for_values(cls, plan: FieldPlan) -> JsonlReader:
+        """A parser of message values (no file): see :meth:`parse_values_block`."""
+        self = cls.__new__(cls)
+        self.name = "<values>"
+        self._plan = plan
+        self._roles = roles(plan)
+        self.line_delta = 0
+        self._typer = Typer(plan, 0)
+        self._dtypes = None
+        self._schema = cls_schema(len(self._roles))
+        return self
+
+    def parse_values_block(self, buf: bytes) -> tuple[pl.DataFrame, pl.DataFrame, RawTexts]:
+        """Events, bad records and the text lookup of ``buf``: one record per line,
+        every line a record (no blank line), offsets = line indices."""
+        dtypes = self._prepare(lambda n: buf[:n])
+        block = self._parse_block(buf, 0, 0, True, b"", dtypes)
+        return block.events, block.bad, block.texts
 
     # -- decoding ------------------------------------------------------------
     def _guess(self, lines: list[bytes]) -> dict[str, pl.DataType]:

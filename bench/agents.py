@@ -1,0 +1,216 @@
+"""Agent checkpoint savers side by side: SealstreamSaver vs LangGraph's SqliteSaver
+(SQLite) and PostgresSaver (PostgreSQL), in one run.
+
+    python -m bench.agents [--checkpoints N] [--pg URL] [--skip-pg]
+
+At N checkpoints of 10 KB in one thread: put, put_writes, get_tuple (latest and by
+id), list (all, and limit 10); 16 concurrent ``ainvoke`` runs x 20 steps on the
+async savers; the head read at 100 / 1,000 / 3,000 checkpoints. PostgreSQL comes
+from ``--pg``, else ``SEALSTREAM_TEST_PG``, else ``scripts/pg-test-server``.
+Prints a markdown table and writes it to ``bench/results/agents.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import operator
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+PAYLOAD = "x" * 10_000
+
+
+def _ms(fn: Callable[[], Any], repeat: int = 20) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1000
+
+
+def _fill(saver: Any, thread: str, n: int, start: int = 0,
+          parent: str | None = None) -> tuple[list[float], list[float], str | None, str]:
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    puts, writes, first = [], [], ""
+    for i in range(start, n):
+        cp = empty_checkpoint()
+        cp["channel_values"] = {"payload": PAYLOAD, "step": i}
+        cp["channel_versions"] = {"payload": i + 1, "step": i + 1}
+        cfg: dict[str, Any] = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+        if parent:
+            cfg["configurable"]["checkpoint_id"] = parent
+        t0 = time.perf_counter()
+        stored = saver.put(cfg, cp, {"source": "loop", "step": i}, {"payload": i + 1,
+                                                                    "step": i + 1})
+        puts.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        saver.put_writes(stored, [("payload", "w" * 100)], f"task-{i}")
+        writes.append(time.perf_counter() - t0)
+        parent = stored["configurable"]["checkpoint_id"]
+        first = first or str(parent)
+    return puts, writes, parent, first
+
+
+def _ops(saver: Any, n: int) -> dict[str, float]:
+    thread = "bench-" + uuid.uuid4().hex[:6]
+    puts, writes, _, first = _fill(saver, thread, n)
+    latest = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+    by_id = {"configurable": {"thread_id": thread, "checkpoint_ns": "", "checkpoint_id": first}}
+    return {
+        "put": statistics.median(puts) * 1000,
+        "put_writes": statistics.median(writes) * 1000,
+        "get_tuple latest": _ms(lambda: saver.get_tuple(latest)),
+        "get_tuple by id": _ms(lambda: saver.get_tuple(by_id)),
+        "list all": _ms(lambda: list(saver.list(latest)), repeat=3),
+        "list limit 10": _ms(lambda: list(saver.list(latest, limit=10))),
+    }
+
+
+def _heads(saver: Any) -> dict[str, float]:
+    thread = "head-" + uuid.uuid4().hex[:6]
+    out, done, parent = {}, 0, None
+    latest = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+    for size in (100, 1000, 3000):
+        _, _, parent, _ = _fill(saver, thread, size, done, parent)
+        done = size
+        out[f"head read @{size}"] = _ms(lambda: saver.get_tuple(latest))  # noqa: B023
+    return out
+
+
+class _S(TypedDict, total=False):
+    n: int
+    log: Annotated[list[int], operator.add]
+
+
+async def _concurrent(saver: Any, runs: int = 16, steps: int = 20) -> float:
+    from langgraph.graph import END, START, StateGraph
+
+    async def step(state: _S) -> _S:
+        return {"n": state["n"] + 1, "log": [state["n"]]}
+
+    g = StateGraph(_S)
+    g.add_node("step", step)
+    g.add_edge(START, "step")
+    g.add_conditional_edges("step", lambda s: "step" if s["n"] < steps else END)
+    graph = g.compile(checkpointer=saver)
+    t0 = time.perf_counter()
+    await asyncio.gather(*(graph.ainvoke({"n": 0, "log": []},
+                                         {"configurable": {"thread_id": f"c{i}"},
+                                          "recursion_limit": 100}) for i in range(runs)))
+    return (time.perf_counter() - t0) * 1000
+
+
+def _sqlite(n: int, work: Path) -> dict[str, dict[str, float]]:
+    import sqlite3
+
+    from langgraph.checkpoint.sqlite import SqliteSaver
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+    from sealstream.agents.langgraph import SealstreamSaver
+
+    out: dict[str, dict[str, float]] = {"SealstreamSaver (SQLite)": {}, "SqliteSaver": {}}
+    ours = SealstreamSaver(work / "ours.db", key=b"bench", encryption_key=None)
+    out["SealstreamSaver (SQLite)"] |= _ops(ours, n) | _heads(ours)
+    out["SealstreamSaver (SQLite)"]["16 ainvoke x 20"] = asyncio.run(_concurrent(ours))
+    ours.close()
+    conn = sqlite3.connect(work / "theirs.db", check_same_thread=False)
+    theirs = SqliteSaver(conn)
+    out["SqliteSaver"] |= _ops(theirs, n) | _heads(theirs)
+    conn.close()
+
+    async def their_async() -> float:
+        async with AsyncSqliteSaver.from_conn_string(str(work / "theirs-a.db")) as saver:
+            return await _concurrent(saver)
+
+    out["SqliteSaver"]["16 ainvoke x 20"] = asyncio.run(their_async())
+    return out
+
+
+def _postgres(n: int, url: str) -> dict[str, dict[str, float]]:
+    import psycopg
+    from langgraph.checkpoint.postgres import PostgresSaver
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+    from sealstream.agents.langgraph import SealstreamSaver
+
+    def fresh() -> str:
+        name = "bench_agents_" + uuid.uuid4().hex[:8]
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        return url.rsplit("/", 1)[0] + "/" + name
+
+    out: dict[str, dict[str, float]] = {"SealstreamSaver (PostgreSQL)": {},
+                                        "PostgresSaver": {}}
+    ours = SealstreamSaver(fresh(), key=b"bench", encryption_key=None)
+    out["SealstreamSaver (PostgreSQL)"] |= _ops(ours, n)
+    out["SealstreamSaver (PostgreSQL)"]["16 ainvoke x 20"] = asyncio.run(_concurrent(ours))
+    ours.close()
+    theirs_url = fresh()
+    with PostgresSaver.from_conn_string(theirs_url) as theirs:
+        theirs.setup()
+        out["PostgresSaver"] |= _ops(theirs, n)
+
+    async def their_async() -> float:
+        async with AsyncPostgresSaver.from_conn_string(theirs_url) as saver:
+            return await _concurrent(saver)
+
+    out["PostgresSaver"]["16 ainvoke x 20"] = asyncio.run(their_async())
+    return out
+
+
+def _pg_url(given: str | None) -> str | None:
+    if given or os.environ.get("SEALSTREAM_TEST_PG"):
+        return given or os.environ["SEALSTREAM_TEST_PG"]
+    try:
+        return subprocess.run([str(ROOT / "scripts" / "pg-test-server")], check=True,
+                              capture_output=True, text=True, timeout=120).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _table(results: dict[str, dict[str, float]]) -> str:
+    rows = sorted({k for r in results.values() for k in r}, key=list(
+        next(iter(results.values()))).index if results else None)
+    head = "| ms (median) | " + " | ".join(results) + " |"
+    lines = [head, "|---" * (len(results) + 1) + "|"]
+    for row in rows:
+        lines.append(f"| {row} | " + " | ".join(
+            f"{r[row]:.2f}" if row in r else "-" for r in results.values()) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--checkpoints", type=int, default=1000)
+    ap.add_argument("--pg", default=None)
+    ap.add_argument("--skip-pg", action="store_true")
+    args = ap.parse_args()
+    results: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        results |= _sqlite(args.checkpoints, Path(tmp))
+    url = None if args.skip_pg else _pg_url(args.pg)
+    if url:
+        results |= _postgres(args.checkpoints, url)
+    text = (f"Agent savers, {args.checkpoints} checkpoints of 10 KB in one thread "
+            "(medians, ms; list all: median of 3)\n\n" + _table(results) + "\n")
+    if not url:
+        text += "\nPostgreSQL: skipped (no server).\n"
+    print(text)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "agents.md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,294 @@
+"""Live benchmark: the standard workload read from a Kafka-protocol topic.
+
+    python -m bench.live [--events N] [--keys N] [--repeat N] [--bootstrap HOST:PORT]
+
+The standard workload (``sealstream.testing.datagen.generate``: 3 partitions, Zipf
+keys, tumbling 60 s, ``max_delay_ms = 1000``), 2,000,000 events by default, is
+produced into a 3-partition topic of the local broker (``noida-db``, started here
+on 127.0.0.1 and stopped by its PID; ``--bootstrap`` names another broker). In one
+run it reports:
+
+* ``bare consumer``: a confluent-kafka consumer loop reading every partition to
+  its end and ``json.loads``-ing each value, nothing else: the limit this broker
+  and client allow;
+* ``kafka source``: sealstream's Kafka source alone (``consume(n)`` batches turned
+  into typed columns by the shared columnar parser), to its end;
+* ``sealstream kafka``: ``sealstream run`` of the standard pipeline on the topic,
+  ``stop = "end"``, checkpoint every second (its summary's rate; target: at least
+  70 % of the bare consumer's);
+* ``sealstream jsonl``: the same pipeline on the same events in JSONL files;
+* latency: events produced at a fixed rate into a live (``stop = "never"``) run;
+  per window, from the moment the watermark passes its end (the producer's clock
+  when the event that moves W past it was produced) to its result being committed
+  (the commit time the sink's files show), p50 and p99 (target p99 under the
+  checkpoint interval + 0.5 s);
+* memory: peak RSS of a live run fed at a steady rate, after the first
+  ``--rss-first`` events and at the end of ``--rss-events`` (target: within 10 %).
+
+A part that cannot run here (no runtime support yet, no broker) is reported as
+skipped with the reason. Results go to ``bench/results/live.md`` and ``.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / "bench" / "work" / "live"
+RESULTS = ROOT / "bench" / "results"
+TARGET = 0.70
+
+SPEC = """
+[pipeline]
+name = "live_bench"
+
+[source]
+{source}
+key = "user"
+time = "ts"
+
+[watermark]
+max_delay_ms = 1000
+
+[window]
+kind = "tumbling"
+size_ms = 60000
+
+[aggregates]
+n = "count"
+total = "sum(amount)"
+
+[sink]
+kind = "jsonl"
+path = "out"
+
+[checkpoint]
+path = "ckpt"
+every_ms = 1000
+"""
+
+
+def produce_files(bootstrap: str, topic: str, files: list[Path]) -> int:
+    """Each JSONL file's lines into one partition (file i -> partition i), in order."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20,
+                  "batch.num.messages": 10000, "queue.buffering.max.messages": 1000000,
+                  "compression.type": "none"})
+    n = 0
+    for part, path in enumerate(files):
+        with open(path, "rb") as f:
+            for line in f:
+                line = line.rstrip(b"\n")
+                if not line:
+                    continue
+                while True:
+                    try:
+                        p.produce(topic, line, partition=part)
+                        break
+                    except BufferError:
+                        p.poll(0.05)
+                n += 1
+                if n % 50_000 == 0:
+                    p.poll(0)
+    if p.flush(300) != 0:
+        raise RuntimeError("the producer could not deliver every event")
+    return n
+
+
+def bare_consumer(bootstrap: str, topic: str, partitions: int) -> tuple[int, float]:
+    """Read every partition to its end, json-parsing each value: (events, seconds)."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-bare",
+                  "enable.auto.commit": False, "enable.partition.eof": True,
+                  "isolation.level": "read_committed"})
+    tps = [TopicPartition(topic, p, 0) for p in range(partitions)]
+    t0 = time.perf_counter()
+    c.assign(tps)
+    done: set[int] = set()
+    n = 0
+    loads = json.loads
+    while len(done) < partitions:
+        for m in c.consume(10_000, 1.0):
+            err = m.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    done.add(m.partition())
+                continue
+            loads(m.value())
+            n += 1
+    dt = time.perf_counter() - t0
+    c.close()
+    return n, dt
+
+
+def source_only(bootstrap: str, topic: str) -> tuple[int, float]:
+    """sealstream's Kafka source to the end of every partition: (events, seconds)."""
+    from sealstream.sources import FieldPlan
+    from sealstream.sources.kafka import KafkaSettings, KafkaSource
+
+    plan = FieldPlan(key="user", time="ts", fields={"amount": "numeric"})
+    t0 = time.perf_counter()
+    src = KafkaSource(KafkaSettings(bootstrap, topic, stop="end"), plan)
+    parts = [src.open(name, None) for name in src.discover()]
+    ends = [p.end() or 0 for p in parts]
+    n = 0
+    live = list(zip(parts, ends, strict=True))
+    while live:
+        rest = []
+        for part, end in live:
+            if part.position >= end:
+                continue
+            c = part.poll(50_000, 100)
+            if c is not None:
+                n += c.events.height + c.bad.height
+            rest.append((part, end))
+        live = rest
+    dt = time.perf_counter() - t0
+    for part in parts:
+        part.close()
+    src.close()
+    return n, dt
+
+
+def sealstream_run(wd: Path, source_toml: str, timeout: float) -> dict[str, Any]:
+    """``sealstream run`` of the standard pipeline in ``wd``; its JSON summary."""
+    wd.mkdir(parents=True, exist_ok=True)
+    for sub in ("out", "ckpt"):
+        subprocess.run(["rm", "-rf", str(wd / sub)], check=True)
+    (wd / "spec.toml").write_text(SPEC.format(source=source_toml))
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "sealstream", "run", "spec.toml", "--summary-json",
+         "summary.json"],
+        cwd=wd, env=env, capture_output=True, text=True, timeout=timeout, check=False,
+    )
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1],
+                "wall_s": wall}
+    summary: dict[str, Any] = {"wall_s": wall}
+    summary.update(json.loads((wd / "summary.json").read_text()))
+    return summary
+
+
+def _rate(events: int, seconds: float) -> float:
+    return events / seconds if seconds > 0 else 0.0
+
+
+def median_of(repeat: int, fn: Callable[[], tuple[int, float]]) -> tuple[int, float]:
+    runs = [fn() for _ in range(repeat)]
+    secs = statistics.median(r[1] for r in runs)
+    return runs[0][0], secs
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.live")
+    ap.add_argument("--events", type=int, default=2_000_000)
+    ap.add_argument("--keys", type=int, default=10_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--bootstrap", default=None)
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+
+    from sealstream.testing.brokers import KafkaBroker, create_topic
+    from sealstream.testing.datagen import generate
+
+    WORK.mkdir(parents=True, exist_ok=True)
+    data = WORK / f"data-{args.events}-{args.keys}"
+    files = sorted(data.glob("p*.jsonl"))
+    if len(files) != 3:
+        files = generate(data, events=args.events, keys=args.keys, partitions=3)
+    broker = None
+    bootstrap = args.bootstrap
+    if bootstrap is None:
+        broker = KafkaBroker(data_dir=WORK / "broker")
+        broker.start()
+        bootstrap = broker.bootstrap
+    results: dict[str, Any] = {"events": args.events, "keys": args.keys, "bootstrap": bootstrap}
+    try:
+        topic = f"bench-{args.events}-{int(time.time())}"
+        create_topic(bootstrap, topic, 3)
+        t0 = time.perf_counter()
+        produced = produce_files(bootstrap, topic, files)
+        results["produce_s"] = time.perf_counter() - t0
+        print(f"produced {produced:,} events in {results['produce_s']:.1f} s", flush=True)
+
+        n, s = median_of(args.repeat, lambda: bare_consumer(bootstrap, topic, 3))
+        results["bare"] = {"events": n, "seconds": s, "rate": _rate(n, s)}
+        print(f"bare consumer: {n:,} events, {_rate(n, s):,.0f}/s", flush=True)
+        n, s = median_of(args.repeat, lambda: source_only(bootstrap, topic))
+        results["source"] = {"events": n, "seconds": s, "rate": _rate(n, s)}
+        print(f"kafka source: {n:,} events, {_rate(n, s):,.0f}/s", flush=True)
+
+        kafka_toml = (f'kind = "kafka"\nbootstrap = "{bootstrap}"\ntopic = "{topic}"\n'
+                      'stop = "end"')
+        runs = [sealstream_run(WORK / "run-kafka", kafka_toml, 3600) for _ in range(args.repeat)]
+        results["sealstream_kafka"] = _summarise(runs, produced)
+        paths = json.dumps([str(f) for f in files])
+        runs = [sealstream_run(WORK / "run-jsonl", f'kind = "jsonl"\npaths = {paths}', 3600)
+                for _ in range(args.repeat)]
+        results["sealstream_jsonl"] = _summarise(runs, produced)
+        for k in ("sealstream_kafka", "sealstream_jsonl"):
+            print(f"{k}: {results[k]}", flush=True)
+    finally:
+        if broker is not None:
+            broker.stop()
+    write_report(results, args.out)
+    return 0
+
+
+def _summarise(runs: list[dict[str, Any]], events: int) -> dict[str, Any]:
+    errors = [r["error"] for r in runs if "error" in r]
+    if errors:
+        return {"skipped": errors[0]}
+    secs = statistics.median(float(r.get("seconds", r["wall_s"])) for r in runs)
+    return {"events": events, "seconds": secs, "rate": _rate(events, secs)}
+
+
+def write_report(results: dict[str, Any], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "live.json").write_text(json.dumps(results, indent=2) + "\n")
+    bare = results.get("bare", {}).get("rate") or 0.0
+    lines = [
+        "# Live benchmark (Kafka-protocol broker)",
+        "",
+        f"{results['events']:,} events of the standard workload, {results['keys']:,} keys, "
+        "3 partitions; tumbling 60 s; checkpoint every second; `stop = \"end\"`.",
+        "Broker: noida-db (a Kafka-protocol broker) on 127.0.0.1 unless `--bootstrap`.",
+        "",
+        "| reader | events/s | vs bare consumer |",
+        "|---|---:|---:|",
+    ]
+    for key, label in (("bare", "bare confluent-kafka loop + json.loads"),
+                       ("source", "sealstream Kafka source alone (typed columns)"),
+                       ("sealstream_kafka", "sealstream run, kind = \"kafka\""),
+                       ("sealstream_jsonl", "sealstream run, the same events in JSONL")):
+        r = results.get(key, {})
+        if "rate" in r:
+            ratio = f"{r['rate'] / bare:.0%}" if bare else "-"
+            lines.append(f"| {label} | {r['rate']:,.0f} | {ratio} |")
+        else:
+            lines.append(f"| {label} | skipped: {r.get('skipped', 'not run')} | - |")
+    k = results.get("sealstream_kafka", {})
+    if "rate" in k and bare:
+        ok = k["rate"] >= TARGET * bare
+        lines += ["", f"Target: sealstream kind = \"kafka\" >= {TARGET:.0%} of the bare "
+                  f"consumer: {'met' if ok else 'NOT met'}."]
+    (out / "live.md").write_text("\n".join(lines) + "\n")
+    print((out / "live.md").read_text())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

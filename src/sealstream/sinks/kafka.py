@@ -1,0 +1,617 @@
+"""Exactly-once output into a Kafka topic: one transaction per epoch.
+
+Selected in the spec (for ``[sink]``, ``[late]`` and ``[errors]``)::
+
+    [sink]
+    kind = "kafka"
+    bootstrap = "127.0.0.1:9092"
+    topic = "page-views-per-minute"
+    # path = ".sealstream-staging/results"   # local staging directory (optional)
+    [sink.settings]                          # librdkafka settings, passed through
+    "transaction.timeout.ms" = "60000"
+
+Each row becomes one message: key = the result's key (for late events and bad
+records: the name of the source partition they came from), value = the row as
+JSON (the line the JSON Lines sink writes), headers ``sealstream-id`` (the
+row's identity as JSON: key, key-is-integer, window start and end; or source
+partition and offset) and ``sealstream-token`` (the epoch's commit token,
+``<epoch:012d>-<run>``).
+
+The protocol (the two-phase contract of :mod:`sealstream.sinks._base`):
+
+1. ``write``: rows are kept in memory, already shaped as (key, value, id).
+2. ``prepare``: the epoch's rows are written to a local Arrow IPC file
+   (``.part-<token>.arrow`` in the staging directory), fsynced, before the
+   checkpoint refers to the token. Nothing reaches Kafka yet.
+3. the checkpoint manifest is published (the commit point of the epoch).
+4. ``commit``: one Kafka transaction produces every row of the staged file and
+   commits; then the staged file is deleted. The transaction is opened here and
+   lives only as long as it takes to produce one epoch.
+
+**Order: manifest first, Kafka commit second.** A crash before the manifest
+leaves only a staged file that no checkpoint names (recovery deletes it, the
+replay produces the rows again). A crash after the manifest and before (or
+during) the Kafka commit leaves the staged file that the restored checkpoint
+names: recovery produces it.
+
+**How recovery learns what Kafka holds.** Each checkpoint records, as the
+output's ``path`` entry, the topic and the end offset of each partition after
+the previous epoch was committed (``{"topic": ..., "offsets": {"0": 120}}``).
+At start the sink (a) creates its transactional producer, whose
+``init_transactions`` fences any older instance and completes or aborts the
+transaction it left open, then (b) reads the topic back with
+``isolation.level=read_committed`` from those offsets to its end, collecting
+the ``sealstream-token`` and ``sealstream-id`` headers. A prepared token found
+there is committed already and is not produced again; tokens of later epochs
+(committed after a checkpoint that was then lost or rejected) are listed by
+:meth:`KafkaSink.committed` so that the engine suppresses their rows during the
+replay. A run without a checkpoint reads the topic from its beginning.
+
+**Fencing.** The ``transactional.id`` is stable per job and output
+(``sealstream-<pipeline>-<output>``, or ``transactional.id`` in the settings).
+A second instance of the job fences the first at its start; the fenced one's
+open transaction is aborted and its next commit fails, so the run stops with a
+:class:`SinkError` and none of its later results become visible.
+
+**Transaction timeouts.** Unlike Flink's KafkaSink (which writes into a
+transaction during the whole checkpoint interval and must commit it after a
+restart, losing it when ``transaction.timeout.ms`` passed meanwhile), the
+rows wait in the staged file, not in an open transaction: a transaction that
+outlives the broker's timeout is aborted by the broker, which fences the
+producer; this run stops with a clear error and the next run produces the
+staged epoch again. Nothing is lost and nothing is doubled.
+
+**Broker faults** (connection lost, timeouts, a retriable or abortable
+transaction error): the producer is thrown away, a new one is created
+(``init_transactions`` settles what the old one left), the topic is read back
+from the last known end to see whether the epoch made it, and the epoch is
+produced again if not; for ``retry_s`` seconds at most (default 60), then a
+one-line :class:`SinkError` naming the topic and the broker's reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from sealstream.errors import SinkError
+from sealstream.sinks._base import JSON_LINE, CommittedFile, Sink, SinkRole
+from sealstream.sinks._files import (
+    check_epoch,
+    check_role,
+    check_run_token,
+    ensure_dir,
+    fsync_dir,
+    id_schema,
+    os_reason,
+    write_new,
+)
+
+__all__ = ["ID_HEADER", "TOKEN_HEADER", "KafkaSink", "parse_location"]
+
+ID_HEADER = "sealstream-id"
+TOKEN_HEADER = "sealstream-token"
+_TOKEN_RE = re.compile(r"([0-9]{12,})-([A-Za-z0-9]{1,64})")
+_TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
+_STAGED_RE = re.compile(r"\.part-([0-9]{12,}-[A-Za-z0-9]{1,64})\.arrow")
+#: consumer settings taken over from the output's settings (connection and security)
+_SHARED_PREFIXES = ("security.", "sasl.", "ssl.", "socket.", "broker.", "client.",
+                    "metadata.", "api.version", "reconnect.", "retry.backoff")
+_log = logging.getLogger("sealstream.kafka")
+_log.addHandler(logging.NullHandler())  # the client's chatter stays off stderr
+
+
+def _token_epoch(token: str) -> int | None:
+    m = _TOKEN_RE.fullmatch(token)
+    if m is None or f"{int(m.group(1)):012d}" != m.group(1):
+        return None
+    return int(m.group(1))
+
+
+def parse_location(value: object) -> tuple[str, dict[int, int]] | None:
+    """The (topic, partition -> offset) a checkpoint recorded for a Kafka output,
+    or None when ``value`` is not such a record (checked, never trusted)."""
+    if not isinstance(value, str) or not value.startswith("{"):
+        return None
+    try:
+        doc = json.loads(value)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("topic"), str):
+        return None
+    offsets = doc.get("offsets")
+    if not isinstance(offsets, dict):
+        return None
+    out: dict[int, int] = {}
+    for p, o in offsets.items():
+        if not (isinstance(p, str) and p.isdigit() and isinstance(o, int)
+                and not isinstance(o, bool) and o >= 0):
+            return None
+        out[int(p)] = o
+    return str(doc["topic"]), out
+
+
+class KafkaSink(Sink):
+    """Rows of each epoch produced to ``topic`` in one Kafka transaction.
+
+    ``staging`` is a local directory for the prepared epochs (it must survive a
+    crash, like the checkpoint directory). ``settings`` are librdkafka settings
+    for the producer (connection and security ones also serve the read-back
+    consumer). See the module docstring for the protocol.
+
+    >>> # sink = KafkaSink("127.0.0.1:9092", "out", "results", "run1", Path("stage"))
+    >>> # sink.recover({}); sink.write(1, frame); sink.commit(1, sink.prepare(1))
+    """
+
+    def __init__(self, bootstrap: str, topic: str, role: SinkRole, run_token: str,
+                 staging: str | os.PathLike[str], settings: Mapping[str, str] | None = None,
+                 *, transactional_id: str | None = None, retry_s: float = 60.0) -> None:
+        if not _TOPIC_RE.fullmatch(topic) or topic in (".", ".."):
+            raise SinkError(f"topic: {topic!r} is not a valid Kafka topic name "
+                            "(letters, digits, '.', '_', '-')")
+        self.role = check_role(role)
+        self.run_token = check_run_token(run_token)
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.path = Path(staging)
+        self.settings = {str(k): str(v) for k, v in (settings or {}).items()}
+        self.retry_s = retry_s
+        self._tid = self.settings.pop("transactional.id", "") or transactional_id \
+            or f"sealstream-{topic}-{role}"
+        try:
+            ensure_dir(self.path)
+        except OSError as exc:
+            raise SinkError(f"cannot create the Kafka staging directory {self.path}: "
+                            f"{os_reason(exc)}") from None
+        self._buffers: dict[int, list[pl.DataFrame]] = {}
+        self._prepared: dict[int, str | None] = {}  # epoch -> token (None: no rows)
+        self._producer: Any = None
+        self._meta: Any = None  # a consumer for metadata and offsets
+        #: where the read-back starts (None: the beginning), and what it found
+        self._floor: dict[int, int] | None = None
+        self._known: dict[str, int] | None = None  # token -> epoch, committed in Kafka
+        self._ids: pl.DataFrame | None = None  # token + id columns of what was read back
+        self._end: dict[int, int] | None = None  # end offsets after our last commit
+        self._end_stale = True
+
+    # ------------------------------------------------------------ naming
+    def set_job(self, pipeline: str, output: str) -> None:
+        """Name the transactional id after the job and its output (unless the
+        settings name one). Call before anything is produced."""
+        if "transactional.id" not in self.settings and self._producer is None:
+            self._tid = f"sealstream-{pipeline}-{output}"
+
+    @property
+    def transactional_id(self) -> str:
+        return self._tid
+
+    def _token(self, epoch: int) -> str:
+        return f"{epoch:012d}-{self.run_token}"
+
+    def _staged(self, token: str) -> Path:
+        return self.path / f".part-{token}.arrow"
+
+    # ------------------------------------------------------------ clients
+    def _error(self, what: str, exc: BaseException, more: str = "") -> SinkError:
+        reason = exc.args[0] if exc.args else exc
+        text = getattr(reason, "str", None)
+        shown = text() if callable(text) else str(reason)
+        return SinkError(f"cannot {what} Kafka topic {self.topic!r} at {self.bootstrap}: "
+                         f"{shown.strip().splitlines()[0] if shown.strip() else type(exc).__name__}"
+                         f"{more}")
+
+    def _base_conf(self) -> dict[str, Any]:
+        return {"bootstrap.servers": self.bootstrap, "logger": _log}
+
+    def _new_producer(self) -> Any:
+        from confluent_kafka import Producer
+
+        conf: dict[str, Any] = {
+            **self._base_conf(),
+            "transactional.id": self._tid,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 20,
+            "batch.size": 1_000_000,
+            "queue.buffering.max.messages": 1_000_000,
+            "queue.buffering.max.kbytes": 1_048_576,
+            "partitioner": "murmur2_random",  # as Java clients: keys co-partitioned
+            "transaction.timeout.ms": 60_000,
+        }
+        conf.update(self.settings)
+        p = Producer(conf)
+        p.init_transactions(self._timeout())
+        return p
+
+    def _consumer(self) -> Any:
+        from confluent_kafka import Consumer
+
+        conf: dict[str, Any] = {
+            **self._base_conf(),
+            "group.id": f"sealstream-readback-{uuid.uuid4().hex}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+        }
+        conf.update({k: v for k, v in self.settings.items() if k.startswith(_SHARED_PREFIXES)})
+        return Consumer(conf)
+
+    def _timeout(self) -> float:
+        """Seconds one request (metadata, offsets, init_transactions) may take."""
+        return max(1.0, min(10.0, self.retry_s))
+
+    def _commit_timeout(self) -> float:
+        """Seconds a transaction's commit (which flushes its rows) may take: as long as
+        the broker lets the transaction live."""
+        try:
+            return max(1.0, int(self.settings.get("transaction.timeout.ms", "60000")) / 1000)
+        except ValueError:
+            return 60.0
+
+    def _retrying(self, what: str, fn: Callable[[], Any]) -> Any:
+        """``fn()``, again with back-off while the broker fails, for ``retry_s`` at most."""
+        from confluent_kafka import KafkaError, KafkaException
+
+        deadline = time.monotonic() + self.retry_s
+        delay = 0.1
+        while True:
+            try:
+                return fn()
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if isinstance(err, KafkaError) and err.code() in (
+                        KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
+                        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                        KafkaError.UNKNOWN_TOPIC_OR_PART):
+                    more = ""
+                    if err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED):
+                        more = (f" (transactional.id {self._tid!r} was taken over by another "
+                                "instance of this job, or the broker aborted a transaction "
+                                "that outlived transaction.timeout.ms; this run stops, the "
+                                "next run produces its prepared epochs again)")
+                    raise self._error(what, exc, more) from None
+                self._drop_producer()
+                if time.monotonic() + delay > deadline:
+                    raise self._error(what, exc, f" (retried for {self.retry_s:g} s)") from None
+                _log.warning("kafka sink: cannot %s %s: %s; retrying", what, self.topic, exc)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def _drop_producer(self) -> None:
+        p, self._producer = self._producer, None
+        if p is not None:
+            with contextlib.suppress(Exception):
+                p.purge()
+
+    def _ensure_producer(self) -> Any:
+        if self._producer is None:
+            self._producer = self._new_producer()
+        return self._producer
+
+    def _partitions(self, consumer: Any) -> list[int]:
+        md = consumer.list_topics(self.topic, timeout=self._timeout())
+        t = md.topics.get(self.topic)
+        if t is None or t.error is not None or not t.partitions:
+            from confluent_kafka import KafkaError, KafkaException
+
+            raise KafkaException(t.error if t is not None and t.error is not None
+                                 else KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART,
+                                                 "the topic does not exist"))
+        return sorted(t.partitions)
+
+    def _ends(self) -> dict[int, int]:
+        """Each partition's end offset now."""
+        from confluent_kafka import TopicPartition
+
+        def ask() -> dict[int, int]:
+            if self._meta is None:
+                self._meta = self._consumer()
+            out = {}
+            for p in self._partitions(self._meta):
+                _, hi = self._meta.get_watermark_offsets(TopicPartition(self.topic, p),
+                                                         timeout=self._timeout(), cached=False)
+                out[p] = int(hi)
+            return out
+
+        result: dict[int, int] = self._retrying("read the offsets of", ask)
+        return result
+
+    # ------------------------------------------------------------ read-back
+    def _read_back(self, start: dict[int, int] | None) -> tuple[pl.DataFrame, dict[int, int]]:
+        """(token, id) of every sealstream message committed from ``start`` (partition
+        -> offset; None: the beginning) to the end, and the end offsets."""
+        result: tuple[pl.DataFrame, dict[int, int]] = self._retrying(
+            "read back", lambda: self._read_back_once(start))
+        return result
+
+    def _read_back_once(self, start: dict[int, int] | None) -> tuple[pl.DataFrame,
+                                                                       dict[int, int]]:
+        from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+        c = self._consumer()
+        try:
+            ends: dict[int, int] = {}
+            assign = []
+            for p in self._partitions(c):
+                lo, hi = c.get_watermark_offsets(TopicPartition(self.topic, p),
+                                                 timeout=self._timeout(), cached=False)
+                ends[p] = int(hi)
+                begin = max(int(lo), (start or {}).get(p, 0))
+                if begin < hi:
+                    assign.append(TopicPartition(self.topic, p, begin))
+            tokens: list[str] = []
+            ids: list[bytes] = []
+            if assign:
+                c.assign(assign)
+                pending = {tp.partition for tp in assign}
+                deadline = time.monotonic() + max(self.retry_s, 10.0)
+                while pending:
+                    if time.monotonic() > deadline:
+                        raise KafkaException(KafkaError(KafkaError._TIMED_OUT,
+                                                        "reading the topic back timed out"))
+                    for m in c.consume(10_000, 0.5):
+                        err = m.error()
+                        if err is not None:
+                            if err.code() == KafkaError._PARTITION_EOF:
+                                pending.discard(m.partition())
+                                continue
+                            raise KafkaException(err)
+                        if m.offset() + 1 >= ends[m.partition()]:
+                            pending.discard(m.partition())
+                        tok = idv = None
+                        for name, value in m.headers() or ():
+                            if name == TOKEN_HEADER:
+                                tok = value
+                            elif name == ID_HEADER:
+                                idv = value
+                        if tok is not None and idv is not None:
+                            tokens.append(tok.decode("utf-8", "replace"))
+                            ids.append(idv)
+        finally:
+            c.close()
+        frame = pl.DataFrame({"token": tokens, "id": pl.Series(ids, dtype=pl.Binary)})
+        return frame, ends
+
+    def _load(self, floor: dict[int, int] | None) -> None:
+        """Fence older instances (settling their open transaction), then learn which
+        tokens the topic holds from ``floor`` on."""
+        self._retrying("start a transactional producer for", self._ensure_producer)
+        frame, ends = self._read_back(floor)
+        self._floor = floor
+        self._ids = frame
+        self._known = {}
+        for token in frame.get_column("token").unique().to_list():
+            epoch = _token_epoch(token)
+            if epoch is not None:
+                self._known[token] = epoch
+        self._end = ends
+        self._end_stale = False
+
+    def _ensure_loaded(self) -> dict[str, int]:
+        if self._known is None:
+            self._load(self._floor)
+        assert self._known is not None
+        return self._known
+
+    # ------------------------------------------------------------ two phases
+    def write(self, epoch: int, frame: pl.DataFrame) -> None:
+        check_epoch(epoch)
+        if epoch in self._prepared:
+            raise ValueError(f"epoch {epoch} was prepared; it takes no more rows")
+        if not frame.height:
+            return
+        if self.role == "results":
+            key = pl.col("key").cast(pl.String)
+            ident = pl.struct(key.alias("key"), pl.col("__kint").cast(pl.Boolean),
+                              pl.col("window_start").cast(pl.Int64),
+                              pl.col("window_end").cast(pl.Int64))
+        else:
+            key = pl.col("_partition").cast(pl.String)
+            ident = pl.struct(pl.col("_partition").cast(pl.String),
+                              pl.col("_offset").cast(pl.Int64))
+        shaped = frame.select(key.alias("k"), pl.col(JSON_LINE).alias("v"),
+                              ident.struct.json_encode().alias("id"))
+        self._buffers.setdefault(epoch, []).append(shaped)
+
+    def prepare_deferred(self, epoch: int) -> tuple[list[str], Callable[[], None]]:
+        check_epoch(epoch)
+        if epoch in self._prepared:
+            token = self._prepared[epoch]
+            return ([token] if token else []), _nothing
+        frames = self._buffers.pop(epoch, [])
+        if not frames:
+            self._prepared[epoch] = None
+            return [], _nothing
+        token = self._token(epoch)
+        self._prepared[epoch] = token
+        table = pl.concat(frames).to_arrow()
+        path = self._staged(token)
+
+        def durable() -> None:
+            sink = pa.BufferOutputStream()
+            with ipc.new_file(sink, table.schema) as w:
+                w.write_table(table)
+            try:
+                write_new(path, sink.getvalue().to_pybytes())
+            except FileExistsError:
+                pass  # made durable by an earlier call
+            except OSError as exc:
+                raise SinkError(f"cannot stage {self.role} for Kafka topic {self.topic!r} "
+                                f"in {path}: {os_reason(exc)}") from None
+
+        return [token], durable
+
+    def prepare(self, epoch: int) -> list[str]:
+        tokens, durable = self.prepare_deferred(epoch)
+        durable()
+        return tokens
+
+    def _read_staged(self, token: str) -> pa.Table:
+        path = self._staged(token)
+        try:
+            with pa.memory_map(str(path)) as f:
+                return ipc.open_file(f).read_all()
+        except FileNotFoundError:
+            raise SinkError(f"cannot commit {self.role} {token} to Kafka topic "
+                            f"{self.topic!r}: the staged rows are gone ({path})") from None
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise SinkError(f"cannot read the staged {self.role} {path}: {exc}") from None
+
+    def _produce(self, token: str, table: pa.Table) -> None:
+        """Produce ``table`` in one transaction and commit it (retrying as the module
+        docstring says); returns once the token is committed in Kafka."""
+        known = self._ensure_loaded()
+        keys = table.column("k").to_pylist()
+        values = table.column("v").to_pylist()
+        ids = table.column("id").to_pylist()
+        tok = token.encode()
+        topic = self.topic
+        attempts = 0
+
+        def once() -> None:
+            nonlocal attempts
+            attempts += 1
+            if attempts > 1:
+                # an earlier attempt may have committed after all: look after our last end
+                frame, _ = self._read_back_once(self._end)
+                if token in frame.get_column("token").to_list():
+                    return
+            p = self._ensure_producer()
+            p.begin_transaction()
+            produce = p.produce
+            for k, v, i in zip(keys, values, ids, strict=True):
+                try:
+                    produce(topic, v, k, headers=[(ID_HEADER, i), (TOKEN_HEADER, tok)])
+                except BufferError:
+                    p.flush(self._commit_timeout())
+                    produce(topic, v, k, headers=[(ID_HEADER, i), (TOKEN_HEADER, tok)])
+            _sink_point("kafka_in_transaction")
+            p.commit_transaction(self._commit_timeout())
+
+        self._retrying("commit a transaction to", once)
+        known[token] = _token_epoch(token) or 0
+        self._end_stale = True
+
+    def commit(self, epoch: int, tokens: list[str]) -> None:
+        check_epoch(epoch)
+        for token in tokens:
+            if _token_epoch(token) != epoch:
+                raise SinkError(f"Kafka topic {self.topic!r}: token {token!r} does not belong "
+                                f"to epoch {epoch}")
+            if token not in self._ensure_loaded():
+                self._produce(token, self._read_staged(token))
+            self._remove_staged(token)
+        self._prepared.pop(epoch, None)
+
+    def _remove_staged(self, token: str) -> None:
+        path = self._staged(token)
+        try:
+            os.unlink(path)
+            fsync_dir(self.path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise SinkError(f"cannot remove the staged {path}: {os_reason(exc)}") from None
+
+    def recover(self, prepared: dict[int, list[str]]) -> None:
+        self._recover(None, prepared)
+
+    def recover_at(self, staged_at: object, prepared: dict[int, list[str]]) -> None:
+        loc = parse_location(staged_at)
+        self._recover(loc[1] if loc is not None and loc[0] == self.topic else None, prepared)
+
+    def _recover(self, floor: dict[int, int] | None, prepared: dict[int, list[str]]) -> None:
+        self._buffers.clear()
+        self._prepared.clear()
+        self._drop_producer()
+        self._load(floor)
+        keep: set[str] = set()
+        for epoch, tokens in sorted(prepared.items()):
+            self.commit(epoch, tokens)
+            keep.update(tokens)
+        try:
+            names = os.listdir(self.path)
+        except OSError as exc:
+            raise SinkError(f"cannot list the Kafka staging directory {self.path}: "
+                            f"{os_reason(exc)}") from None
+        for name in names:
+            m = _STAGED_RE.fullmatch(name)
+            if m is not None and m.group(1) not in keep:
+                self._remove_staged(m.group(1))
+
+    def location(self) -> str | None:
+        if self._end is None or self._end_stale:
+            self._end = self._ends()
+            self._end_stale = False
+        return json.dumps({"topic": self.topic,
+                           "offsets": {str(p): o for p, o in sorted(self._end.items())}},
+                          sort_keys=True)
+
+    def committed(self) -> list[CommittedFile]:
+        known = self._ensure_loaded()
+        return [CommittedFile(e, t) for t, e in sorted(known.items(), key=lambda x: (x[1], x[0]))]
+
+    def read_ids(self, files: list[CommittedFile]) -> pl.DataFrame:
+        schema = id_schema(self.role)
+        wanted = {f.token for f in files}
+        if not wanted:
+            return pl.DataFrame(schema=schema)
+        frame = self._ids
+        if frame is None or not wanted <= set(frame.get_column("token").unique().to_list()):
+            frame, _ = self._read_back(self._floor)
+            self._ids = frame
+        got = frame.filter(pl.col("token").is_in(list(wanted)))
+        if not got.height:
+            return pl.DataFrame(schema=schema)
+        decoded = got.get_column("id").cast(pl.String).str.json_decode(
+            pl.Struct(schema))
+        return decoded.struct.unnest().select(
+            [pl.col(c).cast(t) for c, t in schema.items()])
+
+    def close(self) -> None:
+        p, self._producer = self._producer, None
+        if p is not None:
+            with contextlib.suppress(Exception):
+                p.flush(0)
+        m, self._meta = self._meta, None
+        if m is not None:
+            with contextlib.suppress(Exception):
+                m.close()
+
+
+def _nothing() -> None:
+    return None
+
+
+_points: Any = None
+
+
+def _sink_point(name: str) -> None:
+    """The sink's own crash/pause point (``kafka_in_transaction``: the epoch's rows are
+    produced, the transaction is not committed yet), driven by the same environment
+    variables as :mod:`sealstream._runtime.crash`."""
+    global _points
+    if _points is None:
+        if not (os.environ.get("SEALSTREAM_CRASH_AT") or os.environ.get("SEALSTREAM_PAUSE_AT")):
+            _points = False
+            return
+        from sealstream._runtime.crash import CrashPoints
+
+        _points = CrashPoints()
+    if _points:
+        _points(name)

@@ -12,6 +12,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +155,15 @@ def test_checkpoint_commands_show_the_parts(ray_cluster: Any, tmp_path: Path) ->
     assert [p["worker"] for p in doc["distributed"]["parts"]] == [0, 1, 2]
 
 
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie nobody reaped yet does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
 def test_a_node_removed_mid_run(ray_cluster: Any, tmp_path: Path) -> None:
     from conftest import NODE
 
@@ -168,9 +178,16 @@ def test_a_node_removed_mid_run(ray_cluster: Any, tmp_path: Path) -> None:
     removed: list[int] = []
 
     def remove(job: Any) -> None:
-        if not removed and job.counters.events >= 1200:
+        if not removed and job.counters.events >= 600:
+            pids = list(job.worker_pids)
             ray_cluster.remove_node(node)
             removed.append(job.counters.events)
+            # the node's worker processes end once its raylet is gone: wait for that
+            # event (on a loaded machine it can come after the job's last step)
+            deadline = time.monotonic() + 120
+            while all(_alive(p) for p in pids):
+                assert time.monotonic() < deadline, "no worker was on the removed node"
+                time.sleep(0.01)
 
     job = _job(spec, 3, progress=remove)
     job.run()

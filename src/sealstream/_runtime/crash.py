@@ -6,7 +6,8 @@ cleanup, no flush, exactly like a power cut for everything not yet fsynced.
 
 Points, in the order a checkpoint passes them: ``batch`` (after a batch was
 applied, before its output is staged), ``after_stage`` (output staged),
-``after_sink_prepare``, ``after_write_state``, ``after_write_receipts``,
+``after_sink_prepare``, ``after_write_parts`` (scale-out: every worker wrote
+its part), ``after_write_state``, ``after_write_receipts``,
 ``after_write_suppress``, ``before_manifest_publish``,
 ``after_manifest_publish``, ``after_commit_results``, ``after_commit_late``,
 ``after_commit_errors``, ``after_retention``.
@@ -34,6 +35,7 @@ POINTS = (
     "batch",
     "after_stage",
     "after_sink_prepare",
+    "after_write_parts",
     "after_write_state",
     "after_write_receipts",
     "after_write_suppress",

@@ -457,10 +457,12 @@ class PostgresCheckpointStore(CheckpointStore):
             f"was lost while this run held it ({why}); nothing more was committed. "
             "Run again: the job resumes from its last checkpoint")
 
-    def _check_fence(self, conn: Any, *, hold: bool = True) -> None:
+    def _check_fence(self, conn: Any, *, hold: bool = True, share: bool = False) -> None:
         """Inside the caller's transaction (``hold``: locking the holder row until it
-        ends): LockHeldError unless this run still holds the job's lock. A no-op for
-        a store that is not :meth:`locked`."""
+        ends; ``share``: in share mode, so that several workers' writes proceed
+        together while a run taking the lock waits for all of them): LockHeldError
+        unless this run still holds the job's lock. A no-op for a store that is not
+        :meth:`locked` (nor given a :meth:`fence`)."""
         fence = self._fence
         if fence is None:
             return
@@ -472,7 +474,7 @@ class PostgresCheckpointStore(CheckpointStore):
             "AND l.database = (SELECT oid FROM pg_database "
             "WHERE datname = current_database())) "
             "FROM sealstream_lock_holders h WHERE h.pipeline = %s"
-            + (" FOR UPDATE OF h" if hold else ""),
+            + ((" FOR SHARE OF h" if share else " FOR UPDATE OF h") if hold else ""),
             ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF, self.pipeline)).fetchone()
         if row is None or (int(row[0]), row[1]) != fence:
             raise self._lost("another run took it")
@@ -490,19 +492,7 @@ class PostgresCheckpointStore(CheckpointStore):
         except psycopg.Error as exc:
             raise self._failed("check the lock in", exc) from None
 
-    def write_checkpoint(self, cid: int, files: dict[str, bytes], manifest: bytes,
-                         crash: Any = None,
-                         in_publish: Callable[[Any], None] | None = None) -> None:
-        """See :meth:`CheckpointStore.write_checkpoint`. ``in_publish(conn)`` runs in
-        the transaction that publishes the manifest (a sink's rows in this database
-        commit exactly with the checkpoint); it may run again on a new connection
-        when the connection was lost before that transaction committed."""
-        psycopg = _psycopg()
-        self.ensure_root()
-        d = checkpoint_dirname(cid)
-        mrel = f"{d}/{MANIFEST_NAME}"
-        claimed = False
-
+    def _claim(self, cid: int) -> Callable[[Any, int], None]:
         def claim(conn: Any, attempt: int) -> None:
             with conn.transaction():
                 self._check_fence(conn)
@@ -512,6 +502,93 @@ class PostgresCheckpointStore(CheckpointStore):
                     return  # the lost attempt's claim went through
                 conn.execute("INSERT INTO sealstream_checkpoints (pipeline, id) "
                              "VALUES (%s, %s)", (self.pipeline, cid))
+        return claim
+
+    direct_parts = True
+
+    def claim(self, cid: int) -> None:
+        """Insert checkpoint ``cid``'s row (fenced; fails when the id is taken)."""
+        psycopg = _psycopg()
+        self.ensure_root()
+        try:
+            self._retrying(self._claim(cid))
+        except psycopg.Error as exc:
+            what = ("already exists" if isinstance(exc, psycopg.errors.UniqueViolation)
+                    else _reason(exc) + (retried_for() if transient(exc, self._conn) else ""))
+            raise CheckpointError(
+                f"cannot write checkpoint {cid} in {self._shown}: {what}; "
+                "the previous checkpoints are intact") from None
+
+    def fence(self) -> list[int] | None:
+        """This run's fencing token: the lock's generation and its session's backend
+        pid (while :meth:`locked` holds it), else None."""
+        return None if self._fence is None else list(self._fence)
+
+    def write_part(self, cid: int, name: str, data: bytes, fence: Any) -> None:
+        """See :meth:`CheckpointStore.write_part`: one committed transaction that
+        locks the job's holder row in share mode and checks the generation and the
+        lock's session (the run's :meth:`fence`, as every commit of the run does),
+        locks the checkpoint's row in share mode (it must exist: claimed, not moved
+        aside nor dropped meanwhile), checks that no manifest is published, and
+        inserts the part (fails when present). A run taking the lock over bumps the
+        generation only after such a transaction ends, so no part lands in a
+        checkpoint of the new holder (whose ids are above every id used)."""
+        from sealstream.checkpoint.store import _PART_FILE
+
+        psycopg = _psycopg()
+        if not _PART_FILE.fullmatch(name):
+            raise CheckpointError(f"checkpoint {cid}: {name!r} is not a state part's name")
+        if fence is not None:
+            if not (isinstance(fence, list | tuple) and len(fence) == 2
+                    and all(isinstance(x, int) and not isinstance(x, bool) for x in fence)):
+                raise CheckpointError(f"checkpoint {cid}: malformed fencing token {fence!r}")
+            self._fence = (int(fence[0]), int(fence[1]))
+        d = checkpoint_dirname(cid)
+        rel, mrel = f"{d}/{name}", f"{d}/{MANIFEST_NAME}"
+        sealed = self._seal(rel, data)
+
+        def run(conn: Any, attempt: int) -> None:
+            with conn.transaction():
+                self._check_fence(conn, share=True)
+                if conn.execute(
+                        "SELECT 1 FROM sealstream_checkpoints WHERE pipeline = %s AND id = %s "
+                        "FOR SHARE", (self.pipeline, cid)).fetchone() is None:
+                    raise CheckpointError(
+                        f"cannot write {rel} in {self._shown}: checkpoint {cid} is not being "
+                        "written (never claimed, moved aside or dropped)")
+                if conn.execute(
+                        "SELECT 1 FROM sealstream_checkpoint_files WHERE pipeline = %s "
+                        "AND name = %s", (self.pipeline, mrel)).fetchone() is not None:
+                    raise CheckpointError(f"cannot write {rel} in {self._shown}: checkpoint "
+                                          f"{cid} is already published")
+                if attempt:  # the lost attempt's row, if it went through
+                    conn.execute("DELETE FROM sealstream_checkpoint_files WHERE "
+                                 "pipeline = %s AND id = %s AND name = %s",
+                                 (self.pipeline, cid, rel))
+                conn.execute(
+                    "INSERT INTO sealstream_checkpoint_files (pipeline, id, name, data) "
+                    "VALUES (%s, %s, %s, %s)", (self.pipeline, cid, rel, sealed))
+
+        try:
+            self._retrying(run)
+        except psycopg.Error as exc:
+            what = ("already exists" if isinstance(exc, psycopg.errors.UniqueViolation)
+                    else _reason(exc) + (retried_for() if transient(exc, self._conn) else ""))
+            raise CheckpointError(f"cannot write {rel} in {self._shown}: {what}") from None
+
+    def write_checkpoint(self, cid: int, files: dict[str, bytes], manifest: bytes,
+                         crash: Any = None,
+                         in_publish: Callable[[Any], None] | None = None,
+                         claimed: bool = False) -> None:
+        """See :meth:`CheckpointStore.write_checkpoint`. ``in_publish(conn)`` runs in
+        the transaction that publishes the manifest (a sink's rows in this database
+        commit exactly with the checkpoint); it may run again on a new connection
+        when the connection was lost before that transaction committed."""
+        psycopg = _psycopg()
+        self.ensure_root()
+        d = checkpoint_dirname(cid)
+        mrel = f"{d}/{MANIFEST_NAME}"
+        already = claimed
 
         def put(rel: str, blob: bytes) -> Callable[[Any, int], None]:
             def run(conn: Any, attempt: int) -> None:
@@ -542,7 +619,8 @@ class PostgresCheckpointStore(CheckpointStore):
                     "VALUES (%s, %s, %s, %s)", (self.pipeline, cid, mrel, sealed))
 
         try:
-            self._retrying(claim)
+            if not already:
+                self._retrying(self._claim(cid))
             claimed = True
             for name, data in files.items():
                 rel = f"{d}/{name}"

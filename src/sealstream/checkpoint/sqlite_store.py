@@ -325,9 +325,17 @@ class SqliteCheckpointStore(CheckpointStore):
 
     transactional = True
 
+    #: no :meth:`write_part`: the lock is a kernel lock of the coordinator's process on
+    #: a database file (one host: no worker on another node can reach it safely, and
+    #: SQLite over a network file system is unsafe), so parts go through the coordinator
+    direct_parts = False
+
     def write_checkpoint(self, cid: int, files: dict[str, bytes], manifest: bytes,
                          crash: Any = None,
-                         in_publish: Callable[[Any], None] | None = None) -> None:
+                         in_publish: Callable[[Any], None] | None = None,
+                         claimed: bool = False) -> None:
+        if claimed:
+            raise TypeError("an SQLite store has no direct parts: nothing claims ids")
         conn = self._db(create=True)
         assert conn is not None
         d = checkpoint_dirname(cid)

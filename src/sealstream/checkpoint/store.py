@@ -41,6 +41,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import time
@@ -265,14 +266,42 @@ class CheckpointStore(abc.ABC):
     @abc.abstractmethod
     def write_checkpoint(self, cid: int, files: dict[str, bytes], manifest: bytes,
                          crash: Any = None,
-                         in_publish: Callable[[Any], None] | None = None) -> None:
+                         in_publish: Callable[[Any], None] | None = None,
+                         claimed: bool = False) -> None:
         """Write ``files`` of checkpoint ``cid`` (create-if-absent), then publish the
         manifest atomically; CheckpointError when it cannot (the previous checkpoints
         are intact). ``crash`` is called with a point name between steps.
 
         ``in_publish(connection)``, only for a :attr:`transactional` store, runs inside
         the transaction that publishes the manifest, so what it writes in the same
-        database becomes durable exactly when the checkpoint does."""
+        database becomes durable exactly when the checkpoint does.
+
+        ``claimed``: the id was taken by :meth:`claim` (and other files of it may have
+        been written by :meth:`write_part`); otherwise it is claimed here."""
+
+    # ------------------------------------------------------------ direct parts
+    #: whether other processes (scale-out workers) may write files of a claimed
+    #: checkpoint themselves (:meth:`claim`, :meth:`fence`, :meth:`write_part`)
+    direct_parts: bool = False
+
+    def claim(self, cid: int) -> None:
+        """Take checkpoint id ``cid`` (create-if-absent, durable, fenced like every
+        write of a locked store) so that :meth:`write_part` may add files to it;
+        CheckpointError when it cannot."""
+        raise NotImplementedError(f"{type(self).__name__} has no direct parts")
+
+    def fence(self) -> Any:
+        """What a worker needs to check that this run still holds the job's lock
+        (JSON-like, no secret): given back to :meth:`write_part`."""
+        return None
+
+    def write_part(self, cid: int, name: str, data: bytes, fence: Any) -> None:
+        """Add file ``name`` (a state part: ``state.part-NNNN.arrow``) to checkpoint
+        ``cid``, claimed and not yet published, from another process: create-if-absent,
+        durable before it returns, and only while the run whose :meth:`fence` this is
+        still holds the job's lock (LockHeldError otherwise, nothing written);
+        CheckpointError when the checkpoint is not one being written."""
+        raise NotImplementedError(f"{type(self).__name__} has no direct parts")
 
     @abc.abstractmethod
     def move_aside(self, cid: int, reason: str) -> object | None:
@@ -479,6 +508,16 @@ class CheckpointStore(abc.ABC):
 
 
 _ARROW_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+#: the only files a worker may add to a checkpoint (:meth:`CheckpointStore.write_part`)
+_PART_FILE = re.compile(r"state\.part-[0-9]{4,}\.arrow")
+
+
+def _exists_at(dfd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 #: the most bytes of a manifest read (an encrypted one carries the envelope's overhead)
 _MANIFEST_LIMIT = MAX_JSON_BYTES + crypto.OVERHEAD
 
@@ -587,17 +626,76 @@ class LocalCheckpointStore(CheckpointStore):
             ) from None
         check_private_dir(self.root, "checkpoint directory")
 
+    direct_parts = True
+
+    def claim(self, cid: int) -> None:
+        """Create ``cp-<cid>/`` (only if absent, fsynced): workers may add parts to it."""
+        try:
+            self.path_of(cid).mkdir(mode=0o700)
+            fsync_dir(self.root)
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot write checkpoint {cid} in {self.root}: {os_reason(exc)}; "
+                "the previous checkpoints are intact"
+            ) from None
+
+    def fence(self) -> str | None:
+        """The holder recorded in ``LOCK`` while this process holds it (pid, host and
+        start time), else None."""
+        return file_lock_holder(self.root / LOCK_NAME)
+
+    def write_part(self, cid: int, name: str, data: bytes, fence: Any) -> None:
+        """See :meth:`CheckpointStore.write_part`. The worker never creates a
+        checkpoint directory: it only adds an ``O_EXCL`` file to ``cp-<cid>/`` as the
+        coordinator claimed it, and checkpoint ids are never reused (a partial
+        checkpoint is moved aside, and ``max_id_ever`` counts it), so a worker of a
+        run that lost the lock can at most add a file to its own run's partial
+        checkpoint, which is judged like any crashed writer's directory. The ``LOCK``
+        holder is checked first as well (the coordinator's kernel lock)."""
+        if not _PART_FILE.fullmatch(name):
+            raise CheckpointError(f"checkpoint {cid}: {name!r} is not a state part's name")
+        if fence is not None and file_lock_holder(self.root / LOCK_NAME) != fence:
+            raise LockHeldError(
+                f"checkpoint directory {self.root}: the run that asked for part {name} of "
+                f"checkpoint {cid} no longer holds the lock; nothing was written")
+        d = self.path_of(cid)
+        rel = f"{d.name}/{name}"
+        try:
+            dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot write {rel} in {self.root}: checkpoint {cid} is not being written "
+                f"({os_reason(exc)})") from None
+        try:
+            if _exists_at(dfd, MANIFEST_NAME):
+                raise CheckpointError(f"cannot write {rel} in {self.root}: checkpoint {cid} "
+                                      "is already published")
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+            with os.fdopen(fd, "wb") as f:
+                f.write(self._seal(rel, data))
+                fsync_file(f)
+            os.fsync(dfd)
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot write {rel} in {self.root}: {os_reason(exc)}") from None
+        finally:
+            os.close(dfd)
+
     def write_checkpoint(self, cid: int, files: dict[str, bytes], manifest: bytes,
                          crash: Any = None,
-                         in_publish: Callable[[Any], None] | None = None) -> None:
+                         in_publish: Callable[[Any], None] | None = None,
+                         claimed: bool = False) -> None:
         """Write ``files`` into ``cp-<cid>/`` (create-if-absent, fsynced), then publish
-        the manifest atomically. ``crash`` is called with a point name between steps."""
+        the manifest atomically. ``crash`` is called with a point name between steps.
+        ``claimed``: :meth:`claim` created the directory already."""
         if in_publish is not None:
             raise TypeError("a checkpoint directory has no transaction to publish in")
         d = self.path_of(cid)
         try:
-            d.mkdir(mode=0o700)
-            fsync_dir(self.root)
+            if not claimed:
+                d.mkdir(mode=0o700)
+                fsync_dir(self.root)
             for name, data in files.items():
                 fd = open_no_follow(d / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
                 with os.fdopen(fd, "wb") as f:

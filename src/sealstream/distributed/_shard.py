@@ -23,7 +23,6 @@ from sealstream.distributed._worker import ShardWorker, from_ipc, to_ipc
 from sealstream.errors import SealstreamError
 from sealstream.pipeline import Pipeline
 from sealstream.sources._base import KEY, KEY_IS_INT, OFFSET, PARTITION
-from sealstream.state.codec import decode_table
 from sealstream.windows.aggregates import WEND, WSTART
 from sealstream.windows.operator import Output, WindowOperator
 
@@ -98,7 +97,6 @@ class ShardedOperator(WindowOperator):
         self.part_rows = [0] * workers
         #: set by the job before a checkpoint's snapshot (the state files' metadata)
         self.part_metadata: dict[str, Any] | None = None
-        self.last_parts: list[bytes] = []
         self.pids: list[int] = self._get(
             [a.load.remote(pipeline, i, ray.put(to_ipc(part)))
              for i, (a, part) in enumerate(zip(self.actors, split(whole, workers), strict=True))],
@@ -124,21 +122,32 @@ class ShardedOperator(WindowOperator):
         return Output(fired=fired, late=late)
 
     def snapshot(self) -> pl.DataFrame:
-        """The whole state. With :attr:`part_metadata` set (a checkpoint is being
-        taken), each worker also encodes its part as a checkpoint file:
-        :attr:`last_parts` holds them, in worker order, beside the frame returned."""
+        """The whole state; but with :attr:`part_metadata` set (a checkpoint is being
+        taken), each worker encodes its part as a checkpoint file and keeps it
+        (:meth:`write_parts` or :meth:`take_parts` next), and what is returned is the
+        state's schema only (no rows): the state does not cross the coordinator."""
         meta = self.part_metadata
         if meta is None:
             parts = self._get([a.snapshot.remote() for a in self.actors], "snapshot")
             frames = [from_ipc(p) for p in parts]
-        else:
-            self.part_metadata = None
-            encoded = self._get([a.encode_part.remote(meta) for a in self.actors],
-                                "checkpoint")
-            frames = [decode_table(p)[0] for p in encoded]
-            self.last_parts = encoded
-        self.part_rows = [f.height for f in frames]
-        return pl.concat(frames, how="vertical").cast(self.schema)  # type: ignore[arg-type]
+            self.part_rows = [f.height for f in frames]
+            return pl.concat(frames, how="vertical").cast(self.schema)  # type: ignore[arg-type]
+        self.part_metadata = None
+        self.part_rows = self._get([a.stage_part.remote(meta) for a in self.actors],
+                                   "checkpoint")
+        return pl.DataFrame(schema=self.schema)
+
+    def write_parts(self, cid: int, fence: Any, encryption_key: bytes | None
+                    ) -> list[tuple[str, str, int]]:
+        """Each worker writes its staged part into checkpoint ``cid`` of the job's
+        store itself; (name, SHA-256, size) per worker, in worker order."""
+        return [tuple(r) for r in self._get(
+            [a.write_part.remote(cid, fence, encryption_key) for a in self.actors],
+            "checkpoint part")]
+
+    def take_parts(self) -> list[bytes]:
+        """The staged parts' bytes, in worker order (stores without direct parts)."""
+        return self._get([a.take_part.remote() for a in self.actors], "checkpoint part")
 
     @property
     def state(self) -> pl.DataFrame:

@@ -3,8 +3,16 @@
 A worker runs the single-process :class:`~sealstream.windows.operator.WindowOperator`
 on the keys that hash to it. Batches arrive as Arrow IPC buffers through Ray's
 object store (never a Python object per event) and leave the same way. A worker
-holds no durable state: the coordinator's checkpoint has it, and a lost worker is
-replaced by restoring every worker from the newest atomic checkpoint.
+holds no durable state: the checkpoint has it, and a lost worker is replaced by
+restoring every worker from the newest atomic checkpoint.
+
+At a checkpoint a worker encodes its part of the state (:meth:`ShardWorker.stage_part`,
+at the step boundary) and then writes it itself into the job's checkpoint store
+(:meth:`ShardWorker.write_part`: a directory every node reaches, or PostgreSQL),
+opened from the pipeline's ``[checkpoint]`` configuration with the coordinator's
+encryption key and fencing token; only the part's name, SHA-256 and size go back to
+the coordinator, which signs and publishes the manifest. For a store without
+direct parts (SQLite) the coordinator takes the bytes (:meth:`ShardWorker.take_part`).
 """
 
 from __future__ import annotations
@@ -16,11 +24,13 @@ from typing import Any
 
 import polars as pl
 
+from sealstream.checkpoint.manifest import part_name
+from sealstream.checkpoint.store import CheckpointStore
 from sealstream.pipeline import Pipeline
 from sealstream.sources import open_partition
 from sealstream.sources._base import Chunk, FieldPlan, PartitionPosition, PartitionReader
 from sealstream.state import incremental
-from sealstream.state.codec import encode_table
+from sealstream.state.codec import encode_table, sha256_hex
 from sealstream.windows.operator import WindowOperator
 
 
@@ -42,6 +52,9 @@ class ShardWorker:
         self.index = -1
         self.op: WindowOperator | None = None
         self.readers: dict[str, PartitionReader] = {}
+        self.pipeline: Pipeline | None = None
+        self.staged: bytes | None = None
+        self.store: CheckpointStore | None = None
 
     # ---------------------------------------------------------------- reading
     def open_reader(self, kind: str, name: str, path: str, plan: FieldPlan,
@@ -74,6 +87,10 @@ class ShardWorker:
         next job of the same driver reuses it). Returns the process id."""
         self.index = index
         self.op = WindowOperator(pipeline, from_ipc(state))
+        self.staged = None
+        if self.store is not None:
+            self.store.close()
+        self.pipeline, self.store = pipeline, None
         return os.getpid()
 
     def _op(self) -> WindowOperator:
@@ -91,10 +108,37 @@ class ShardWorker:
     def snapshot(self) -> bytes:
         return to_ipc(self._op().snapshot())
 
-    def encode_part(self, metadata: dict[str, Any]) -> bytes:
-        """This worker's part of a checkpoint's state: the checkpoint file itself
-        (Arrow IPC, key-ordered, with ``metadata``), encoded here, beside the state."""
-        return encode_table(incremental.key_ordered(self._op().snapshot()), metadata)
+    def stage_part(self, metadata: dict[str, Any]) -> int:
+        """Encode this worker's part of a checkpoint's state at the step boundary: the
+        checkpoint file itself (Arrow IPC, key-ordered, with ``metadata``), kept here
+        until :meth:`write_part` or :meth:`take_part`. Returns its row count."""
+        frame = incremental.key_ordered(self._op().snapshot())
+        self.staged = encode_table(frame, metadata)
+        return frame.height
+
+    def take_part(self) -> bytes:
+        """The staged part's bytes (for the coordinator to write)."""
+        data, self.staged = self.staged, None
+        assert data is not None, "stage_part() first"
+        return data
+
+    def write_part(self, cid: int, fence: Any, encryption_key: bytes | None
+                   ) -> tuple[str, str, int]:
+        """Write the staged part into checkpoint ``cid`` of the job's store (claimed by
+        the coordinator), create-if-absent and durable, under the coordinator's
+        fencing token ``fence``; return its name, SHA-256 and size (plaintext)."""
+        data = self.take_part()
+        name = part_name(self.index)
+        self._store(encryption_key).write_part(cid, name, data, fence)
+        return name, sha256_hex(data), len(data)
+
+    def _store(self, encryption_key: bytes | None) -> CheckpointStore:
+        if self.store is None:
+            assert self.pipeline is not None and self.pipeline.checkpoint is not None
+            self.store = self.pipeline.checkpoint.open_store(self.pipeline.name)
+        # the coordinator's key, so that every file of the checkpoint is sealed alike
+        self.store._init_key(encryption_key)
+        return self.store
 
     def open_windows(self) -> int:
         return self._op().open_windows

@@ -13,9 +13,12 @@ refusal, exactly-once sinks) is the single-process one.
 
 Checkpoint at a step boundary: every worker encodes its part of the state (its
 keys' open windows, a checkpoint file of its own: ``state.part-<i>.arrow``); the
-coordinator writes the parts with the receipts and the suppression list into the
-job's checkpoint store, and publishes one signed manifest last, which names every
-part with its SHA-256 beside the positions, the watermark and the receipts. Its
+coordinator claims the checkpoint id in the job's checkpoint store, each worker
+writes its own part into it (directory or PostgreSQL store: create-if-absent,
+durable, fenced by the coordinator's lock token; an SQLite store gets the parts
+through the coordinator), the coordinator writes the receipts and the suppression
+list and publishes one signed manifest last, which names every part with the
+SHA-256 its worker reported beside the positions, the watermark and the receipts. Its
 ``distributed`` entry records the worker count, each part's rows and the key
 routing. The guard judges the whole: a part missing or damaged makes the whole
 checkpoint PARTIAL or INCONSISTENT, and recovery falls back.
@@ -57,6 +60,7 @@ from sealstream.distributed._shard import (
     acquire,
     release,
 )
+from sealstream.errors import CheckpointError
 from sealstream.pipeline import Pipeline
 from sealstream.sources._base import PartitionReader
 from sealstream.state import incremental
@@ -166,12 +170,17 @@ class DistributedJob(Job):
         """The single-process writer, with the state as one part per worker: the
         ``state`` file keeps the schema and the watermark (no rows), ``part:<i>``
         files hold worker ``i``'s rows; the signed manifest names every file with its
-        SHA-256 and is published last (one atomic step, as on one process)."""
+        SHA-256 and is published last (one atomic step, as on one process).
+
+        With a store that takes direct parts (directory, PostgreSQL) the coordinator
+        claims the checkpoint id, each worker writes its own part into it (fenced by
+        the coordinator's lock token) and returns its name, SHA-256 and size; the
+        coordinator then writes the small files and publishes the manifest. Otherwise
+        (SQLite) the coordinator takes the parts' bytes and writes them itself."""
         op = self.operator
         if not isinstance(op, ShardedOperator) or chain is not None:
             return super()._write_checkpoint(store, cid, snap, wm_json, chain, touched,
                                              last_state, receipts, pending, body, together)
-        parts = op.last_parts
         meta = {WATERMARK_META.decode(): wm_json}
         files: dict[str, tuple[str, bytes]] = {
             "state": (STATE_NAME, encode_table(snap.clear(), meta)),
@@ -182,25 +191,45 @@ class DistributedJob(Job):
         if self._receipt_ids is not None:  # the leaves of the epoch's Merkle receipt
             files["receipt_ids"] = (RECEIPT_IDS_NAME, trees.encode_ids(self._receipt_ids))
             self._receipt_ids = None
-        for i, data in enumerate(parts):
-            files[f"{incremental.PART_ROLE}{i}"] = (part_name(i), data)
         dirname = checkpoint_dirname(cid)
+        direct = store.direct_parts
+        written: dict[str, dict[str, Any]] = {}
+        if direct:
+            store.claim(cid)
+            for i, (name, digest, size) in enumerate(
+                    op.write_parts(cid, store.fence(), store.encryption_key)):
+                if name != part_name(i):
+                    raise CheckpointError(f"checkpoint {cid}: worker {i} wrote {name!r}, "
+                                          f"expected {part_name(i)!r}")
+                written[f"{incremental.PART_ROLE}{i}"] = {
+                    "path": f"{dirname}/{name}", "sha256": digest, "bytes": size}
+            self.crash("after_write_parts")
+        else:
+            for i, data in enumerate(op.take_parts()):
+                files[f"{incremental.PART_ROLE}{i}"] = (part_name(i), data)
         entries = {role: {"path": f"{dirname}/{name}", "sha256": sha256_hex(data),
                           "bytes": len(data)} for role, (name, data) in files.items()}
+        entries.update(written)
         body["state"]["sha256"] = entries["state"]["sha256"]
         body["files"] = entries
         manifest = seal(body, self.key)
         blobs = dict(files.values())
+        in_publish: Callable[[Any], None] | None = None
         if together:
             def in_publish(conn: Any) -> None:
                 for commit in together:
                     commit(conn)
+        if direct:
+            store.write_checkpoint(cid, blobs, manifest, crash=self.crash,
+                                   in_publish=in_publish, claimed=True)
+        elif in_publish is not None:
             store.write_checkpoint(cid, blobs, manifest, crash=self.crash,
                                    in_publish=in_publish)
         else:
             store.write_checkpoint(cid, blobs, manifest, crash=self.crash)
         self.crash("after_manifest_publish")
-        return entries, sum(len(b) for b in blobs.values()) + len(manifest)
+        size = sum(len(b) for b in blobs.values()) + len(manifest)
+        return entries, size + sum(int(e["bytes"]) for e in written.values())
 
     def manifest_extra(self) -> dict[str, Any]:
         op = self.operator

@@ -195,3 +195,43 @@ def test_key_rotation_keeps_old_checkpoints_verifiable_under_their_key_id(
     with pytest.raises(AgentCheckpointError, match="UNKNOWN_KEY_ID"):
         store.load("e", first.checkpoint_id)
     store.close()
+
+
+def test_forking_past_a_damaged_newest_checkpoint(backend_url: str) -> None:
+    """LangGraph's ``update_state`` asks the saver for the thread's latest checkpoint
+    (to know whether the thread moved past the fork's parent). With the newest one
+    damaged that read is refused under the default policy, so the fork is refused
+    with the verdict; after ``repair`` (damaged one moved aside) or under
+    ``fallback="verified"`` (reported) the fork works and names its parent."""
+    saver = SealstreamSaver(backend_url, key=KEY, encryption_key=None)
+    graph = _graph(saver)
+    cfg = {"configurable": {"thread_id": "f"}}
+    graph.invoke({"n": 0, "log": []}, cfg)
+    history = list(graph.get_state_history(cfg))
+    ids = [h.config["configurable"]["checkpoint_id"] for h in history]  # newest first
+    _damage(saver, ids[0], "f")
+    with pytest.raises(AgentCheckpointError, match="SIGNATURE_MISMATCH.*agents repair"):
+        graph.update_state(history[1].config, {"n": 100})
+    saver.close()
+
+    lenient = SealstreamSaver(backend_url, key=KEY, encryption_key=None, fallback="verified")
+    lgraph = _graph(lenient)
+    fork = lgraph.update_state(history[1].config, {"n": 100})
+    state = lgraph.get_state(fork)
+    assert state.values["n"] == 100
+    assert state.parent_config is not None
+    assert state.parent_config["configurable"]["checkpoint_id"] == ids[1]  # named parent
+    assert [v.checkpoint_id for v in lenient.problems("f")] == [ids[0]]  # still reported
+    lenient.close()
+
+    saver = SealstreamSaver(backend_url, key=KEY, encryption_key=None)
+    graph = _graph(saver)
+    assert [e["moved_aside"] for e in saver.store.repair("f")] == [[ids[0]]]
+    fork = graph.update_state(history[2].config, {"n": 200})
+    state = graph.get_state(fork)
+    assert state.values["n"] == 200
+    assert state.parent_config is not None
+    assert state.parent_config["configurable"]["checkpoint_id"] == ids[2]
+    assert graph.get_state(cfg).values["n"] == 200  # the fork is the thread's head
+    assert saver.problems("f") == []
+    saver.close()

@@ -72,6 +72,13 @@ CREATE TABLE IF NOT EXISTS agent_rows (
 )
 """
 
+# names compared bytewise (COLLATE "C": pending writes by checkpoint prefix, the newest
+# checkpoints first) whatever the database's collation: an index, not a scan and sort
+_PG_INDEX = """
+CREATE INDEX IF NOT EXISTS agent_rows_c_names
+ON agent_rows (space, execution, ns, name COLLATE "C")
+"""
+
 
 @dataclass(frozen=True)
 class Row:
@@ -130,6 +137,26 @@ class RowTx(abc.ABC):
                 [r for r in self.scan("w", execution, ns, writes_prefix)
                  if r.name.startswith(writes_prefix)])
 
+    def checkpoints_rows(self, execution: str, ns: str, cids: Sequence[str],
+                         writes_prefixes: Sequence[str]
+                         ) -> dict[str, tuple[bytes | None, bytes | None, list[Row]]]:
+        """:meth:`checkpoint_rows` of several checkpoints of one history (``cids[i]``'s
+        pending writes start with ``writes_prefixes[i]``), in as few round trips as the
+        backend allows (PostgreSQL: one)."""
+        return {cid: self.checkpoint_rows(execution, ns, cid, prefix)
+                for cid, prefix in zip(cids, writes_prefixes, strict=True)}
+
+    def fetch(self, execution: str, ns: str, cids: Sequence[str],
+              writes_prefixes: Sequence[str], blobs: Sequence[str], meta: bool
+              ) -> tuple[dict[str, tuple[bytes | None, bytes | None, list[Row]]],
+                         dict[str, bytes], bytes | None]:
+        """:meth:`checkpoints_rows`, the ``blob`` rows named ``blobs`` that exist and
+        (with ``meta``) the history's head marker, in as few round trips as the
+        backend allows (PostgreSQL: one statement)."""
+        return (self.checkpoints_rows(execution, ns, cids, writes_prefixes),
+                self.get_many("blob", execution, ns, blobs) if blobs else {},
+                self.get("meta", execution, ns, "history") if meta else None)
+
     def get_many(self, space: str, execution: str, ns: str, names: Sequence[str]
                  ) -> dict[str, bytes]:
         """The rows named ``names`` that exist."""
@@ -163,6 +190,17 @@ class RowStore(abc.ABC):
     @abc.abstractmethod
     def transaction(self) -> contextlib.AbstractContextManager[RowTx]:
         """One atomic unit of work; committed when the block exits normally."""
+
+    #: whether :meth:`reading` runs each statement on its own (no snapshot across
+    #: statements): a reader that finds something that does not verify must then
+    #: read again in a :meth:`transaction` before it reports it
+    reads_without_snapshot: bool = False
+
+    def reading(self) -> contextlib.AbstractContextManager[RowTx]:
+        """A read-only unit of work; by default a :meth:`transaction`. PostgreSQL:
+        statements in autocommit, without BEGIN/COMMIT round trips (see
+        :attr:`reads_without_snapshot`)."""
+        return self.transaction()
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -266,6 +304,34 @@ class _SqliteTx(RowTx):
              newest_first: bool = True) -> list[tuple[str, str, str]]:
         sql, args = _keys_sql(space, execution, ns, before, limit, newest_first, "?", "")
         return [(r[0], r[1], r[2]) for r in self._c.execute(sql, args).fetchall()]
+
+    def get_many(self, space: str, execution: str, ns: str, names: Sequence[str]
+                 ) -> dict[str, bytes]:
+        out: dict[str, bytes] = {}
+        names = list(names)
+        for i in range(0, len(names), 500):  # SQLite's bound-parameter limit
+            where, args = _where(space, execution, ns, names[i:i + 500], "?")
+            out.update((r[0], _blob(r[1])) for r in self._c.execute(
+                f"SELECT name, data FROM agent_rows WHERE {where}", args).fetchall())
+        return out
+
+    def checkpoints_rows(self, execution: str, ns: str, cids: Sequence[str],
+                         writes_prefixes: Sequence[str]
+                         ) -> dict[str, tuple[bytes | None, bytes | None, list[Row]]]:
+        cp: dict[str, bytes] = {}
+        wi: dict[str, bytes] = {}
+        ids = list(cids)
+        for i in range(0, len(ids), 500):  # SQLite's bound-parameter limit
+            part = ids[i:i + 500]
+            for space, name, data in self._c.execute(
+                    "SELECT space, name, data FROM agent_rows WHERE space IN ('cp', 'wi') "
+                    "AND execution = ? AND ns = ? AND name IN ("
+                    + ", ".join("?" * len(part)) + ")", [execution, ns, *part]).fetchall():
+                (cp if space == "cp" else wi)[name] = _blob(data)
+        return {cid: (cp.get(cid), wi.get(cid),
+                      [r for r in self.scan("w", execution, ns, prefix)
+                       if r.name.startswith(prefix)] if cid in wi else [])
+                for cid, prefix in zip(cids, writes_prefixes, strict=True)}
 
     def get(self, space: str, execution: str, ns: str, name: str,
             *, lock: bool = False) -> bytes | None:
@@ -418,6 +484,52 @@ class _PgTx(RowTx):
                 writes.append(Row("w", execution, ns, name, _blob(data)))
         return cp, wi, writes
 
+    def checkpoints_rows(self, execution: str, ns: str, cids: Sequence[str],
+                         writes_prefixes: Sequence[str]
+                         ) -> dict[str, tuple[bytes | None, bytes | None, list[Row]]]:
+        return self.fetch(execution, ns, cids, writes_prefixes, (), False)[0]
+
+    def fetch(self, execution: str, ns: str, cids: Sequence[str],
+              writes_prefixes: Sequence[str], blobs: Sequence[str], meta: bool
+              ) -> tuple[dict[str, tuple[bytes | None, bytes | None, list[Row]]],
+                         dict[str, bytes], bytes | None]:
+        prefixes = list(writes_prefixes)
+        ends = [p[:-1] + chr(ord(p[-1]) + 1) for p in prefixes]
+        rows = self._c.execute(
+            "SELECT space, name, data FROM agent_rows WHERE space IN ('cp', 'wi') "
+            "AND execution = %s AND ns = %s AND name = ANY(%s) "
+            "UNION ALL SELECT space, name, data FROM agent_rows WHERE space = 'blob' "
+            "AND execution = %s AND ns = %s AND name = ANY(%s) "
+            "UNION ALL SELECT space, name, data FROM agent_rows WHERE space = 'meta' "
+            "AND execution = %s AND ns = %s AND name = 'history' AND %s "
+            "UNION ALL SELECT r.space, r.name, r.data "
+            "FROM unnest(%s::text[], %s::text[]) AS p(lo, hi) JOIN LATERAL ("
+            "SELECT space, name, data FROM agent_rows WHERE space = 'w' AND execution = %s "
+            "AND ns = %s AND name COLLATE \"C\" >= p.lo AND name COLLATE \"C\" < p.hi"
+            ") r ON true",
+            (execution, ns, list(cids), execution, ns, list(blobs), execution, ns, meta,
+             prefixes, ends, execution, ns)).fetchall()
+        found: dict[str, list[Any]] = {cid: [None, None, []] for cid in cids}
+        owner = dict(zip(prefixes, cids, strict=True))
+        blob_rows: dict[str, bytes] = {}
+        marker = None
+        for space, name, data in rows:
+            if space in ("cp", "wi"):
+                if name in found:
+                    found[name][0 if space == "cp" else 1] = _blob(data)
+            elif space == "blob":
+                blob_rows[name] = _blob(data)
+            elif space == "meta":
+                marker = _blob(data)
+            else:
+                cid = owner.get(name[:name.find("|") + 1])
+                if cid is not None:
+                    found[cid][2].append(Row("w", execution, ns, name, _blob(data)))
+        out: dict[str, tuple[bytes | None, bytes | None, list[Row]]] = {}
+        for cid, (cp, wi, writes) in found.items():
+            out[cid] = (cp, wi, sorted(writes, key=lambda r: r.name.encode()))
+        return out, blob_rows, marker
+
     def get_many(self, space: str, execution: str, ns: str, names: Sequence[str]
                  ) -> dict[str, bytes]:
         if not names:
@@ -500,6 +612,7 @@ class PostgresRowStore(RowStore):
                 try:
                     with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as c:
                         c.execute(_PG_SCHEMA)
+                        c.execute(_PG_INDEX)
                     pool = ConnectionPool(
                         self.url, min_size=1, max_size=self.parallelism, open=False,
                         kwargs={"autocommit": True, "connect_timeout": 10}, timeout=30.0,
@@ -523,6 +636,23 @@ class PostgresRowStore(RowStore):
         pool = self._db()
         try:
             with pool.connection() as conn, conn.transaction():
+                yield _PgTx(conn)
+        except psycopg.Error as exc:
+            raise CheckpointError(
+                f"agent store {self.location}: {str(exc).strip()}") from None
+        except PoolTimeout as exc:
+            raise CheckpointError(f"agent store {self.location}: {exc}") from None
+
+    reads_without_snapshot = True
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[RowTx]:
+        import psycopg
+        from psycopg_pool import PoolTimeout
+
+        pool = self._db()
+        try:
+            with pool.connection() as conn:  # autocommit: no BEGIN/COMMIT round trips
                 yield _PgTx(conn)
         except psycopg.Error as exc:
             raise CheckpointError(

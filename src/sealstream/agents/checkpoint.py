@@ -486,9 +486,11 @@ class AgentCheckpointStore:
                 body: Mapping[str, Any], blobs: Mapping[str, bytes], reuse: Sequence[str],
                 writes: bool, created_ms: int, overwrite: bool = False) -> None:
         entries: dict[str, dict[str, Any]] = {}
+        inserted = tx.insert_many("blob", ex, ns, {
+            name: wrap(self.keys, ("blob", ex, ns, name), data) for name, data in blobs.items()})
         for name, data in blobs.items():
             addr = ("blob", ex, ns, name)
-            if not tx.insert(*addr, wrap(self.keys, addr, data)):
+            if name not in inserted:
                 old = self._read(tx, addr)
                 if old.data != data:
                     raise CheckpointError(

@@ -428,6 +428,9 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
             channels[channel], blobs[name] = name, blob
         with self.store.rows.transaction() as tx:
             tx.lock_history(thread, ns)
+            # the head marker and the head (as this store last saw it) in one round trip
+            guess = self.store.head_hint(thread, ns)
+            tx.prefetch(thread, ns, [guess] if guess else [])
             self.store.check_kind(tx, thread, ns,
                                   self.store._meta(tx, thread, ns).get("head") or "",
                                   KIND_LANGGRAPH)
@@ -523,22 +526,28 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
         keys = self.store.keys
         iaddr = ("wi", thread, ns, cid)
         tx.lock_history(thread, ns)
-        if tx.get(*iaddr, lock=True) is None:
+        raw = tx.get(*iaddr, lock=True)
+        if raw is None:
             raise _WaitForCheckpoint
-        row = self.store._read(tx, iaddr)
+        row = self.store._opened(iaddr, raw)
         bad, index = _judge.judge_row(row, keys.sign, missing="NO_WRITES_INDEX")
         if bad is not None or index is None:
             assert bad is not None
             raise AgentCheckpointError(bad)
         listed = dict(index["writes"])
-        for name, overwrite, doc in rows:
-            addr = ("w", thread, ns, name)
-            plain = seal_plain(keys, addr, doc)
+        plains = {name: seal_plain(keys, ("w", thread, ns, name), doc)
+                  for name, _, doc in rows}
+        for name, overwrite, _ in rows:
             if overwrite:
-                tx.upsert(*addr, wrap(keys, addr, plain))
-            elif not tx.insert(*addr, wrap(keys, addr, plain)):
-                continue  # already written (a retried task): keep the first
-            listed[name] = _judge_digest(plain)
+                addr = ("w", thread, ns, name)
+                tx.upsert(*addr, wrap(keys, addr, plains[name]))
+                listed[name] = _judge_digest(plains[name])
+        # the others create-if-absent, in one statement: a retried task keeps the first
+        inserted = tx.insert_many("w", thread, ns, {
+            name: wrap(keys, ("w", thread, ns, name), plains[name])
+            for name, overwrite, _ in rows if not overwrite})
+        for name in inserted:
+            listed[name] = _judge_digest(plains[name])
         self.store.crash("inside_writes_commit")
         tx.upsert(*iaddr, wrap(keys, iaddr, seal_plain(keys, iaddr, {
             "checkpoint": cid, "writes": listed})))

@@ -167,6 +167,25 @@ class RowTx(abc.ABC):
                 out[name] = data
         return out
 
+    #: rows read ahead by :meth:`prefetch` (None: known absent); writes through this
+    #: transaction forget them
+    seen: dict[tuple[str, str, str, str], bytes | None]
+
+    def prefetch(self, execution: str, ns: str, cids: Sequence[str]) -> None:
+        """Read a history's head marker and the manifests of ``cids`` in one round trip,
+        so that :meth:`get` of them in this transaction needs none (call it once the
+        history is locked: :meth:`lock_history`)."""
+        rows, _, marker = self.fetch(execution, ns, cids, [c + "|" for c in cids], (), True)
+        self.seen[("meta", execution, ns, "history")] = marker
+        for cid in cids:
+            self.seen[("cp", execution, ns, cid)] = rows[cid][0]
+
+    def insert_many(self, space: str, execution: str, ns: str, rows: dict[str, bytes]
+                    ) -> set[str]:
+        """:meth:`insert` of several rows; the names actually inserted."""
+        return {name for name, data in rows.items()
+                if self.insert(space, execution, ns, name, data)}
+
     def lock_history(self, execution: str, ns: str) -> None:
         """Serialize writers of one history until the transaction ends (a no-op where
         transactions are serialized anyway: SQLite's ``BEGIN IMMEDIATE``)."""
@@ -298,6 +317,7 @@ def _keys_sql(space: str, execution: str | None, ns: str | None, before: str | N
 class _SqliteTx(RowTx):
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._c = conn
+        self.seen = {}
 
     def keys(self, space: str, execution: str | None, ns: str | None = None, *,
              before: str | None = None, limit: int | None = None,
@@ -335,18 +355,22 @@ class _SqliteTx(RowTx):
 
     def get(self, space: str, execution: str, ns: str, name: str,
             *, lock: bool = False) -> bytes | None:
+        if not lock and (space, execution, ns, name) in self.seen:
+            return self.seen[(space, execution, ns, name)]
         row = self._c.execute(
             "SELECT data FROM agent_rows WHERE space = ? AND execution = ? AND ns = ? "
             "AND name = ?", (space, execution, ns, name)).fetchone()
         return _blob(row[0]) if row is not None else None
 
     def insert(self, space: str, execution: str, ns: str, name: str, data: bytes) -> bool:
+        self.seen.pop((space, execution, ns, name), None)
         cur = self._c.execute(
             "INSERT INTO agent_rows (space, execution, ns, name, data) VALUES (?, ?, ?, ?, ?) "
             "ON CONFLICT DO NOTHING", (space, execution, ns, name, data))
         return cur.rowcount == 1
 
     def upsert(self, space: str, execution: str, ns: str, name: str, data: bytes) -> None:
+        self.seen.pop((space, execution, ns, name), None)
         self._c.execute(
             "INSERT INTO agent_rows (space, execution, ns, name, data) VALUES (?, ?, ?, ?, ?) "
             "ON CONFLICT (space, execution, ns, name) DO UPDATE SET data = excluded.data",
@@ -356,6 +380,7 @@ class _SqliteTx(RowTx):
                names: Sequence[str] | None = None) -> int:
         if names is not None and not names:
             return 0
+        self.seen.clear()
         where, args = _where(space, execution, ns, names, "?")
         return int(self._c.execute(f"DELETE FROM agent_rows WHERE {where}", args).rowcount)
 
@@ -455,6 +480,7 @@ class SqliteRowStore(RowStore):
 class _PgTx(RowTx):
     def __init__(self, conn: Any) -> None:
         self._c = conn
+        self.seen = {}
         self._locked: set[tuple[str, str]] = set()
 
     def keys(self, space: str, execution: str | None, ns: str | None = None, *,
@@ -530,6 +556,19 @@ class _PgTx(RowTx):
             out[cid] = (cp, wi, sorted(writes, key=lambda r: r.name.encode()))
         return out, blob_rows, marker
 
+    def insert_many(self, space: str, execution: str, ns: str, rows: dict[str, bytes]
+                    ) -> set[str]:
+        if not rows:
+            return set()
+        for name in rows:
+            self.seen.pop((space, execution, ns, name), None)
+        got = self._c.execute(
+            "INSERT INTO agent_rows (space, execution, ns, name, data) "
+            "SELECT %s, %s, %s, n, d FROM unnest(%s::text[], %s::bytea[]) AS t(n, d) "
+            "ON CONFLICT DO NOTHING RETURNING name",
+            (space, execution, ns, list(rows), list(rows.values()))).fetchall()
+        return {r[0] for r in got}
+
     def get_many(self, space: str, execution: str, ns: str, names: Sequence[str]
                  ) -> dict[str, bytes]:
         if not names:
@@ -548,6 +587,8 @@ class _PgTx(RowTx):
 
     def get(self, space: str, execution: str, ns: str, name: str,
             *, lock: bool = False) -> bytes | None:
+        if not lock and (space, execution, ns, name) in self.seen:
+            return self.seen[(space, execution, ns, name)]
         row = self._c.execute(
             "SELECT data FROM agent_rows WHERE space = %s AND execution = %s AND ns = %s "
             "AND name = %s" + (" FOR UPDATE" if lock else ""),
@@ -555,6 +596,7 @@ class _PgTx(RowTx):
         return _blob(row[0]) if row is not None else None
 
     def insert(self, space: str, execution: str, ns: str, name: str, data: bytes) -> bool:
+        self.seen.pop((space, execution, ns, name), None)
         cur = self._c.execute(
             "INSERT INTO agent_rows (space, execution, ns, name, data) "
             "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
@@ -562,6 +604,7 @@ class _PgTx(RowTx):
         return int(cur.rowcount) == 1
 
     def upsert(self, space: str, execution: str, ns: str, name: str, data: bytes) -> None:
+        self.seen.pop((space, execution, ns, name), None)
         self._c.execute(
             "INSERT INTO agent_rows (space, execution, ns, name, data) "
             "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (space, execution, ns, name) "
@@ -571,6 +614,7 @@ class _PgTx(RowTx):
                names: Sequence[str] | None = None) -> int:
         if names is not None and not names:
             return 0
+        self.seen.clear()
         where, args = _where(space, execution, ns, names, "%s")
         return int(self._c.execute(f"DELETE FROM agent_rows WHERE {where}", args).rowcount)
 

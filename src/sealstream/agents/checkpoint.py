@@ -245,6 +245,7 @@ class AgentCheckpointStore:
         # guesses of which rows to fetch in one statement (never trusted)
         self._hints: OrderedDict[tuple[str, str, str], list[str]] = OrderedDict()
         self._heads: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._markers: OrderedDict[tuple[Any, bytes | None], dict[str, Any]] = OrderedDict()
         self._cache_lock = threading.Lock()
 
     def close(self) -> None:
@@ -335,10 +336,16 @@ class AgentCheckpointStore:
                     ex, ns, "(head)", _judge.PARTIAL, "NO_MANIFEST",
                     f"history {ex!r}/{ns!r}: its signed head marker is missing")
             return None, None
-        bad, doc = _judge.judge_row(row, self.keys.sign)
-        if bad is not None or doc is None:
-            assert bad is not None
-            return None, bad
+        mkey = (addr, row.data)
+        with self._cache_lock:
+            doc = self._markers.get(mkey) if row.data is not None else None
+        if doc is None:
+            bad, doc = _judge.judge_row(row, self.keys.sign)
+            if bad is not None or doc is None:
+                assert bad is not None
+                return None, bad
+            if row.data is not None:  # verified: cached by its exact bytes
+                self._remember(self._markers, mkey, doc)
         head = doc.get("head") or ""
         if not isinstance(head, str) or not head:
             if tx.keys("cp", ex, ns, limit=1):

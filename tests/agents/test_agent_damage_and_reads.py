@@ -6,6 +6,7 @@ of the history's length (measured in SQLite virtual-machine steps, not time)."""
 
 from __future__ import annotations
 
+import json
 import operator
 import sqlite3
 from pathlib import Path
@@ -234,4 +235,38 @@ def test_forking_past_a_damaged_newest_checkpoint(backend_url: str) -> None:
     assert state.parent_config["configurable"]["checkpoint_id"] == ids[2]
     assert graph.get_state(cfg).values["n"] == 200  # the fork is the thread's head
     assert saver.problems("f") == []
+    saver.close()
+
+
+@pytest.mark.parametrize("space", ["cp", "blob", "w", "wi", "meta"])
+def test_a_row_changed_after_a_cached_read_is_judged_again(backend_url: str,
+                                                           space: str) -> None:
+    """Verified checkpoints are cached by the exact bytes of every row they were
+    judged on: a row changed after a read (same saver, same cache) is refused on the
+    next read, by id and as the head, and skipped by ``list``."""
+    saver = SealstreamSaver(backend_url, key=KEY, encryption_key=None)
+    ids = _thread(saver)
+    head = generate_config(T)
+    by_id = generate_config(T)
+    by_id["configurable"]["checkpoint_id"] = ids[2]
+    for _ in range(2):  # read twice: the second read is served by the cache
+        assert saver.get_tuple(head) is not None and saver.get_tuple(by_id) is not None
+    manifest = saver.store.rows.get("cp", T, "", ids[2])
+    assert manifest is not None
+    name = {"cp": ids[2], "wi": ids[2], "meta": "history",
+            "blob": min(json.loads(manifest)["blobs"]),
+            "w": next(r.name for r in saver.store.rows.scan("w", T, "")
+                      if r.name.startswith(ids[2] + "|"))}[space]
+    data = saver.store.rows.get(space, T, "", name)
+    assert data is not None
+    # a blob is not JSON: flip one bit of it; the others: a field added
+    changed = data[:-1] + bytes([data[-1] ^ 1]) if space == "blob" else _alter_json(data)
+    _set(saver, space, name, changed)
+    if space != "meta":  # the marker only matters to the head read
+        with pytest.raises(AgentCheckpointError):
+            saver.get_tuple(by_id)
+        assert ids[2] not in [t.config["configurable"]["checkpoint_id"]
+                              for t in saver.list(head)]
+    with pytest.raises(AgentCheckpointError):
+        saver.get_tuple(head)
     saver.close()

@@ -64,18 +64,47 @@ def _fill(saver: Any, thread: str, n: int, start: int = 0,
 
 
 def _ops(saver: Any, n: int) -> dict[str, float]:
+    return _ops_pair(saver, None, n)[0]
+
+
+def _ops_pair(ours: Any, theirs: Any | None, n: int
+              ) -> tuple[dict[str, float], dict[str, float]]:
+    """The operations on both savers *interleaved* (one put here, one there; one read
+    here, one there): on a loaded machine both see the same load, so their ratio
+    means something even when absolute times wander."""
+    savers = [s for s in (ours, theirs) if s is not None]
     thread = "bench-" + uuid.uuid4().hex[:6]
-    puts, writes, _, first = _fill(saver, thread, n)
+    puts: list[list[float]] = [[] for _ in savers]
+    writes: list[list[float]] = [[] for _ in savers]
+    parents: list[str | None] = [None for _ in savers]
+    firsts: list[str] = ["" for _ in savers]
+    for i in range(n):
+        for k, saver in enumerate(savers):
+            p, w, parents[k], first = _fill(saver, thread, i + 1, i, parents[k])
+            puts[k] += p
+            writes[k] += w
+            firsts[k] = firsts[k] or first
     latest = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
-    by_id = {"configurable": {"thread_id": thread, "checkpoint_ns": "", "checkpoint_id": first}}
-    return {
-        "put": statistics.median(puts) * 1000,
-        "put_writes": statistics.median(writes) * 1000,
-        "get_tuple latest": _ms(lambda: saver.get_tuple(latest)),
-        "get_tuple by id": _ms(lambda: saver.get_tuple(by_id)),
-        "list all": _ms(lambda: list(saver.list(latest)), repeat=3),
-        "list limit 10": _ms(lambda: list(saver.list(latest, limit=10))),
-    }
+    out: list[dict[str, float]] = [{"put": statistics.median(puts[k]) * 1000,
+                                    "put_writes": statistics.median(writes[k]) * 1000}
+                                   for k in range(len(savers))]
+    reads: list[tuple[str, int, Callable[[Any, str], Any]]] = [
+        ("get_tuple latest", 20, lambda s, f: s.get_tuple(latest)),
+        ("get_tuple by id", 20, lambda s, f: s.get_tuple(
+            {"configurable": {"thread_id": thread, "checkpoint_ns": "", "checkpoint_id": f}})),
+        ("list all", 3, lambda s, f: list(s.list(latest))),
+        ("list limit 10", 20, lambda s, f: list(s.list(latest, limit=10))),
+    ]
+    for name, repeat, op in reads:
+        times: list[list[float]] = [[] for _ in savers]
+        for _ in range(repeat):
+            for k, saver in enumerate(savers):
+                t0 = time.perf_counter()
+                op(saver, firsts[k])
+                times[k].append(time.perf_counter() - t0)
+        for k in range(len(savers)):
+            out[k][name] = statistics.median(times[k]) * 1000
+    return out[0], (out[1] if theirs is not None else {})
 
 
 def _heads(saver: Any) -> dict[str, float]:
@@ -122,12 +151,13 @@ def _sqlite(n: int, work: Path) -> dict[str, dict[str, float]]:
 
     out: dict[str, dict[str, float]] = {"SealstreamSaver (SQLite)": {}, "SqliteSaver": {}}
     ours = SealstreamSaver(work / "ours.db", key=b"bench", encryption_key=None)
-    out["SealstreamSaver (SQLite)"] |= _ops(ours, n) | _heads(ours)
-    out["SealstreamSaver (SQLite)"]["16 ainvoke x 20"] = asyncio.run(_concurrent(ours))
-    ours.close()
     conn = sqlite3.connect(work / "theirs.db", check_same_thread=False)
     theirs = SqliteSaver(conn)
-    out["SqliteSaver"] |= _ops(theirs, n) | _heads(theirs)
+    a, b = _ops_pair(ours, theirs, n)
+    out["SealstreamSaver (SQLite)"] |= a | _heads(ours)
+    out["SqliteSaver"] |= b | _heads(theirs)
+    out["SealstreamSaver (SQLite)"]["16 ainvoke x 20"] = asyncio.run(_concurrent(ours))
+    ours.close()
     conn.close()
 
     async def their_async() -> float:
@@ -154,13 +184,14 @@ def _postgres(n: int, url: str) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {"SealstreamSaver (PostgreSQL)": {},
                                         "PostgresSaver": {}}
     ours = SealstreamSaver(fresh(), key=b"bench", encryption_key=None)
-    out["SealstreamSaver (PostgreSQL)"] |= _ops(ours, n)
-    out["SealstreamSaver (PostgreSQL)"]["16 ainvoke x 20"] = asyncio.run(_concurrent(ours))
-    ours.close()
     theirs_url = fresh()
     with PostgresSaver.from_conn_string(theirs_url) as theirs:
         theirs.setup()
-        out["PostgresSaver"] |= _ops(theirs, n)
+        a, b = _ops_pair(ours, theirs, n)
+    out["SealstreamSaver (PostgreSQL)"] |= a
+    out["PostgresSaver"] |= b
+    out["SealstreamSaver (PostgreSQL)"]["16 ainvoke x 20"] = asyncio.run(_concurrent(ours))
+    ours.close()
 
     async def their_async() -> float:
         async with AsyncPostgresSaver.from_conn_string(theirs_url) as saver:
@@ -191,6 +222,17 @@ def _table(results: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+def _ratios(results: dict[str, dict[str, float]]) -> str:
+    lines = []
+    for ours, theirs in (("SealstreamSaver (SQLite)", "SqliteSaver"),
+                         ("SealstreamSaver (PostgreSQL)", "PostgresSaver")):
+        if ours in results and theirs in results:
+            a, b = results[ours], results[theirs]
+            lines.append(f"{ours} / {theirs}: " + ", ".join(
+                f"{k} {a[k] / b[k]:.2f}x" for k in a if k in b and b[k] > 0))
+    return ("\n" + "\n\n".join(lines) + "\n") if lines else ""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--checkpoints", type=int, default=1000)
@@ -204,7 +246,9 @@ def main() -> None:
     if url:
         results |= _postgres(args.checkpoints, url)
     text = (f"Agent savers, {args.checkpoints} checkpoints of 10 KB in one thread "
-            "(medians, ms; list all: median of 3)\n\n" + _table(results) + "\n")
+            "(medians, ms; list all: median of 3; each saver's operations interleaved "
+            "with its LangGraph counterpart's)\n\n" + _table(results) + "\n"
+            + _ratios(results))
     if not url:
         text += "\nPostgreSQL: skipped (no server).\n"
     print(text)

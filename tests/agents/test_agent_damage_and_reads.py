@@ -6,6 +6,7 @@ of the history's length (measured in SQLite virtual-machine steps, not time)."""
 
 from __future__ import annotations
 
+import json
 import operator
 import sqlite3
 from pathlib import Path
@@ -195,3 +196,77 @@ def test_key_rotation_keeps_old_checkpoints_verifiable_under_their_key_id(
     with pytest.raises(AgentCheckpointError, match="UNKNOWN_KEY_ID"):
         store.load("e", first.checkpoint_id)
     store.close()
+
+
+def test_forking_past_a_damaged_newest_checkpoint(backend_url: str) -> None:
+    """LangGraph's ``update_state`` asks the saver for the thread's latest checkpoint
+    (to know whether the thread moved past the fork's parent). With the newest one
+    damaged that read is refused under the default policy, so the fork is refused
+    with the verdict; after ``repair`` (damaged one moved aside) or under
+    ``fallback="verified"`` (reported) the fork works and names its parent."""
+    saver = SealstreamSaver(backend_url, key=KEY, encryption_key=None)
+    graph = _graph(saver)
+    cfg = {"configurable": {"thread_id": "f"}}
+    graph.invoke({"n": 0, "log": []}, cfg)
+    history = list(graph.get_state_history(cfg))
+    ids = [h.config["configurable"]["checkpoint_id"] for h in history]  # newest first
+    _damage(saver, ids[0], "f")
+    with pytest.raises(AgentCheckpointError, match="SIGNATURE_MISMATCH.*agents repair"):
+        graph.update_state(history[1].config, {"n": 100})
+    saver.close()
+
+    lenient = SealstreamSaver(backend_url, key=KEY, encryption_key=None, fallback="verified")
+    lgraph = _graph(lenient)
+    fork = lgraph.update_state(history[1].config, {"n": 100})
+    state = lgraph.get_state(fork)
+    assert state.values["n"] == 100
+    assert state.parent_config is not None
+    assert state.parent_config["configurable"]["checkpoint_id"] == ids[1]  # named parent
+    assert [v.checkpoint_id for v in lenient.problems("f")] == [ids[0]]  # still reported
+    lenient.close()
+
+    saver = SealstreamSaver(backend_url, key=KEY, encryption_key=None)
+    graph = _graph(saver)
+    assert [e["moved_aside"] for e in saver.store.repair("f")] == [[ids[0]]]
+    fork = graph.update_state(history[2].config, {"n": 200})
+    state = graph.get_state(fork)
+    assert state.values["n"] == 200
+    assert state.parent_config is not None
+    assert state.parent_config["configurable"]["checkpoint_id"] == ids[2]
+    assert graph.get_state(cfg).values["n"] == 200  # the fork is the thread's head
+    assert saver.problems("f") == []
+    saver.close()
+
+
+@pytest.mark.parametrize("space", ["cp", "blob", "w", "wi", "meta"])
+def test_a_row_changed_after_a_cached_read_is_judged_again(backend_url: str,
+                                                           space: str) -> None:
+    """Verified checkpoints are cached by the exact bytes of every row they were
+    judged on: a row changed after a read (same saver, same cache) is refused on the
+    next read, by id and as the head, and skipped by ``list``."""
+    saver = SealstreamSaver(backend_url, key=KEY, encryption_key=None)
+    ids = _thread(saver)
+    head = generate_config(T)
+    by_id = generate_config(T)
+    by_id["configurable"]["checkpoint_id"] = ids[2]
+    for _ in range(2):  # read twice: the second read is served by the cache
+        assert saver.get_tuple(head) is not None and saver.get_tuple(by_id) is not None
+    manifest = saver.store.rows.get("cp", T, "", ids[2])
+    assert manifest is not None
+    name = {"cp": ids[2], "wi": ids[2], "meta": "history",
+            "blob": min(json.loads(manifest)["blobs"]),
+            "w": next(r.name for r in saver.store.rows.scan("w", T, "")
+                      if r.name.startswith(ids[2] + "|"))}[space]
+    data = saver.store.rows.get(space, T, "", name)
+    assert data is not None
+    # a blob is not JSON: flip one bit of it; the others: a field added
+    changed = data[:-1] + bytes([data[-1] ^ 1]) if space == "blob" else _alter_json(data)
+    _set(saver, space, name, changed)
+    if space != "meta":  # the marker only matters to the head read
+        with pytest.raises(AgentCheckpointError):
+            saver.get_tuple(by_id)
+        assert ids[2] not in [t.config["configurable"]["checkpoint_id"]
+                              for t in saver.list(head)]
+    with pytest.raises(AgentCheckpointError):
+        saver.get_tuple(head)
+    saver.close()

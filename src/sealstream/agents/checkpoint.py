@@ -42,7 +42,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -60,6 +62,7 @@ from sealstream.errors import CheckpointError, NoValidCheckpointError, SpecError
 _log = logging.getLogger("sealstream.agents")
 
 FALLBACKS = ("refuse", "verified")
+_UNREAD = object()
 
 FORMAT = 1
 KIND_AGENT = "agent"
@@ -235,6 +238,15 @@ class AgentCheckpointStore:
         #: crash points for tests (``SEALSTREAM_CRASH_AT``): ``inside_checkpoint_commit``
         #: (manifest and blobs written, transaction not committed), ``inside_writes_commit``
         self.crash = crash if crash is not None else CrashPoints()
+        #: verified checkpoints kept, keyed by all their stored bytes (see _load_many)
+        self.cache_size = 1024
+        self._verified: OrderedDict[tuple[Any, ...], Loaded] = OrderedDict()
+        self._names: OrderedDict[tuple[str, str, str, bytes], list[str]] = OrderedDict()
+        # guesses of which rows to fetch in one statement (never trusted)
+        self._hints: OrderedDict[tuple[str, str, str], list[str]] = OrderedDict()
+        self._heads: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._markers: OrderedDict[tuple[Any, bytes | None], dict[str, Any]] = OrderedDict()
+        self._cache_lock = threading.Lock()
 
     def close(self) -> None:
         self.rows.close()
@@ -307,23 +319,33 @@ class AgentCheckpointStore:
             f"execution {execution_id!r}: checkpoint(s) exist but none verifies; see "
             "AgentCheckpointStore.history()")
 
-    def head(self, tx: RowTx, ex: str, ns: str) -> tuple[str | None, AgentVerdict | None]:
+    def head(self, tx: RowTx, ex: str, ns: str, *, rows_checked: bool = True,
+             stored_meta: bytes | None | object = _UNREAD
+             ) -> tuple[str | None, AgentVerdict | None]:
         """The history's head checkpoint id from its signed marker (constant-time),
         and the verdict that makes it unusable: ``(None, None)`` for an empty
         history; ``(id, None)`` for a head whose manifest row exists (it still has
         to verify); ``(None, verdict)`` when the marker is gone or damaged, or names
         a checkpoint whose rows are gone."""
-        row = self._read(tx, ("meta", ex, ns, "history"))
+        addr = ("meta", ex, ns, "history")
+        row = (self._read(tx, addr) if stored_meta is _UNREAD
+               else self._opened(addr, stored_meta if isinstance(stored_meta, bytes) else None))
         if row.data is None and row.problem is None:
             if tx.keys("cp", ex, ns, limit=1):
                 return None, AgentVerdict(
                     ex, ns, "(head)", _judge.PARTIAL, "NO_MANIFEST",
                     f"history {ex!r}/{ns!r}: its signed head marker is missing")
             return None, None
-        bad, doc = _judge.judge_row(row, self.keys.sign)
-        if bad is not None or doc is None:
-            assert bad is not None
-            return None, bad
+        mkey = (addr, row.data)
+        with self._cache_lock:
+            doc = self._markers.get(mkey) if row.data is not None else None
+        if doc is None:
+            bad, doc = _judge.judge_row(row, self.keys.sign)
+            if bad is not None or doc is None:
+                assert bad is not None
+                return None, bad
+            if row.data is not None:  # verified: cached by its exact bytes
+                self._remember(self._markers, mkey, doc)
         head = doc.get("head") or ""
         if not isinstance(head, str) or not head:
             if tx.keys("cp", ex, ns, limit=1):
@@ -332,12 +354,18 @@ class AgentCheckpointStore:
                     f"history {ex!r}/{ns!r}: its signed head marker names no checkpoint "
                     "but checkpoints exist")
             return None, None
-        if tx.get("cp", ex, ns, head) is None:
-            return None, AgentVerdict(
-                ex, ns, head, _judge.PARTIAL, "NO_MANIFEST",
-                f"checkpoint {head!r} of {ex!r}/{ns!r} is the signed head of its history "
-                "but its rows are gone")
+        if rows_checked and tx.get("cp", ex, ns, head) is None:
+            return None, self.head_gone(ex, ns, head)
+        self._remember(self._heads, (ex, ns), head)
         return head, None
+
+    @staticmethod
+    def head_gone(ex: str, ns: str, head: str) -> AgentVerdict:
+        """The verdict for a head checkpoint whose rows are gone."""
+        return AgentVerdict(
+            ex, ns, head, _judge.PARTIAL, "NO_MANIFEST",
+            f"checkpoint {head!r} of {ex!r}/{ns!r} is the signed head of its history "
+            "but its rows are gone")
 
     def load(self, execution_id: str, checkpoint_id: str, namespace: str = ""
              ) -> AgentCheckpoint:
@@ -465,9 +493,11 @@ class AgentCheckpointStore:
                 body: Mapping[str, Any], blobs: Mapping[str, bytes], reuse: Sequence[str],
                 writes: bool, created_ms: int, overwrite: bool = False) -> None:
         entries: dict[str, dict[str, Any]] = {}
+        inserted = tx.insert_many("blob", ex, ns, {
+            name: wrap(self.keys, ("blob", ex, ns, name), data) for name, data in blobs.items()})
         for name, data in blobs.items():
             addr = ("blob", ex, ns, name)
-            if not tx.insert(*addr, wrap(self.keys, addr, data)):
+            if name not in inserted:
                 old = self._read(tx, addr)
                 if old.data != data:
                     raise CheckpointError(
@@ -498,21 +528,28 @@ class AgentCheckpointStore:
             waddr = ("wi", ex, ns, cid)
             tx.insert(*waddr, seal_doc(self.keys, waddr, {"checkpoint": cid, "writes": {}}))
         self._set_meta(tx, ex, ns, head=cid)
+        self._remember(self._hints, (ex, ns, cid), sorted(entries))
+        self._remember(self._heads, (ex, ns), cid)
 
     def _evidence(self, tx: RowTx, ex: str, ns: str, cid: str) -> CheckpointEvidence:
         raw_cp, raw_wi, raw_writes = tx.checkpoint_rows(ex, ns, cid, f"{_esc(cid)}|")
+        doc = _loads(self._opened(("cp", ex, ns, cid), raw_cp).data)
+        found = tx.get_many("blob", ex, ns, _blob_names(doc))
+        return self._evidence_of(ex, ns, cid, raw_cp, raw_wi, raw_writes, found)
+
+    def _evidence_of(self, ex: str, ns: str, cid: str, raw_cp: bytes | None,
+                     raw_wi: bytes | None, raw_writes: Sequence[Any],
+                     found: Mapping[str, bytes]) -> CheckpointEvidence:
+        """The evidence of one checkpoint from its stored rows (``found``: blob rows
+        by name, a superset of those its manifest lists)."""
         manifest = self._opened(("cp", ex, ns, cid), raw_cp)
         doc = _loads(manifest.data)
         blobs: dict[str, RowRead] = {}
         index = None
         writes: dict[str, RowRead] = {}
         if doc is not None:
-            entries = doc.get("blobs")
-            if isinstance(entries, dict):
-                names = [n for n in entries if isinstance(n, str)]
-                found = tx.get_many("blob", ex, ns, names)
-                for name in names:
-                    blobs[name] = self._opened(("blob", ex, ns, name), found.get(name))
+            for name in _blob_names(doc):
+                blobs[name] = self._opened(("blob", ex, ns, name), found.get(name))
             if doc.get("writes"):
                 index = self._opened(("wi", ex, ns, cid), raw_wi)
                 for row in raw_writes:
@@ -524,16 +561,108 @@ class AgentCheckpointStore:
         return CheckpointEvidence(manifest, blobs, index, writes)
 
     def _load(self, tx: RowTx, ex: str, ns: str, cid: str) -> Loaded | None:
-        """The verified checkpoint, None when absent; raises AgentCheckpointError when
-        it is present (or named by the head) but does not verify."""
-        ev = self._evidence(tx, ex, ns, cid)
-        verdict = _judge.judge(ev, self.keys.sign)
-        if not verdict.ok:
-            raise AgentCheckpointError(verdict)
-        assert verdict.manifest is not None
-        blobs = {k: r.data for k, r in ev.blobs.items() if r.data is not None}
-        writes = [d for _, r in sorted(ev.writes.items()) if (d := _loads(r.data)) is not None]
-        return Loaded(verdict, verdict.manifest, blobs, writes)
+        """The verified checkpoint; raises AgentCheckpointError when it is absent or
+        does not verify."""
+        got = self._load_many(tx, [(cid, ex, ns)])[(cid, ex, ns)]
+        if isinstance(got, AgentVerdict):
+            raise AgentCheckpointError(got)
+        if got is None:
+            raise AgentCheckpointError(_judge.judge(CheckpointEvidence(
+                RowRead(("cp", ex, ns, cid), None)), self.keys.sign))
+        return got
+
+    def _load_many(self, tx: RowTx, keys: Sequence[tuple[str, str, str]]
+                   ) -> dict[tuple[str, str, str], Loaded | AgentVerdict | None]:
+        """Several checkpoints (``(id, execution, ns)``) in few round trips (per
+        history: one for manifests, writes indexes and writes, one for blobs): each
+        one verified (:class:`Loaded`), rejected (its verdict), or None when its
+        manifest row is absent.
+
+        Verified checkpoints are cached by the exact stored bytes of *every* row
+        they were judged on (manifest, writes index, writes, blobs) and by their
+        address: a checkpoint is immutable once written and the verdict is a pure
+        function of those bytes and the store's keys, so a row changed in any way
+        misses the cache and is judged again. The rows are always read."""
+        out: dict[tuple[str, str, str], Loaded | AgentVerdict | None] = {}
+        groups: dict[tuple[str, str], list[str]] = {}
+        for cid, ex, ns in keys:
+            groups.setdefault((ex, ns), []).append(cid)
+        for (ex, ns), cids in groups.items():
+            got, _ = self._load_group(tx, ex, ns, cids, meta=False)
+            out.update(((cid, ex, ns), v) for cid, v in got.items())
+        return out
+
+    def _remember(self, table: OrderedDict[Any, Any], key: Any, value: Any) -> None:
+        with self._cache_lock:
+            table[key] = value
+            table.move_to_end(key)
+            while len(table) > self.cache_size:
+                table.popitem(last=False)
+
+    def head_hint(self, ex: str, ns: str) -> str | None:
+        """The head this store last saw for a history: only a guess of which rows to
+        fetch together with the head marker (:meth:`_load_group`), never trusted."""
+        with self._cache_lock:
+            return self._heads.get((ex, ns))
+
+    def _load_group(self, tx: RowTx, ex: str, ns: str, cids: Sequence[str], *, meta: bool
+                    ) -> tuple[dict[str, Loaded | AgentVerdict | None], bytes | None]:
+        """:meth:`_load_many` for one history, and (``meta``) its stored head marker
+        read in the same statement. The blobs this store last saw listed by these
+        manifests are fetched in that statement too (a guess: any blob the manifests
+        actually list that was not fetched is fetched next)."""
+        out: dict[str, Loaded | AgentVerdict | None] = {}
+        with self._cache_lock:
+            hinted = sorted({n for c in cids for n in self._hints.get((ex, ns, c), ())})
+        raw, found, marker = tx.fetch(ex, ns, cids, [f"{_esc(c)}|" for c in cids], hinted,
+                                      meta)
+        docs: dict[str, list[str]] = {}
+        names: set[str] = set()
+        for cid in cids:
+            raw_cp = raw[cid][0]
+            if raw_cp is None:
+                continue
+            # the blob names a manifest lists (unverified: only what to fetch; the
+            # cache key and the verdict below use the bytes themselves)
+            nkey = (ex, ns, cid, raw_cp)
+            with self._cache_lock:
+                listed = self._names.get(nkey)
+            if listed is None:
+                listed = _blob_names(_loads(self._opened(("cp", ex, ns, cid), raw_cp).data))
+                self._remember(self._names, nkey, listed)
+            self._remember(self._hints, (ex, ns, cid), listed)
+            docs[cid] = listed
+            names.update(listed)
+        missing = sorted(names - set(hinted))
+        if missing:
+            found = {**found, **tx.get_many("blob", ex, ns, missing)}
+        for cid in cids:
+            raw_cp, raw_wi, raw_writes = raw[cid]
+            if raw_cp is None:
+                out[cid] = None
+                continue
+            bnames = docs[cid]
+            ckey = (ex, ns, cid, raw_cp, raw_wi, tuple((r.name, r.data) for r in raw_writes),
+                    tuple((n, found.get(n)) for n in bnames))
+            with self._cache_lock:
+                hit = self._verified.get(ckey)
+                if hit is not None:
+                    self._verified.move_to_end(ckey)
+            if hit is not None:
+                out[cid] = hit
+                continue
+            ev = self._evidence_of(ex, ns, cid, raw_cp, raw_wi, raw_writes, found)
+            verdict = _judge.judge(ev, self.keys.sign)
+            if not verdict.ok:
+                out[cid] = verdict
+                continue
+            assert verdict.manifest is not None
+            blobs = {k: r.data for k, r in ev.blobs.items() if r.data is not None}
+            writes = [d for _, r in sorted(ev.writes.items()) if (d := _loads(r.data)) is not None]
+            loaded = Loaded(verdict, verdict.manifest, blobs, writes)
+            out[cid] = loaded
+            self._remember(self._verified, ckey, loaded)
+        return out, marker
 
     def _prune(self, tx: RowTx, ex: str, ns: str, keep_last: int,
                max_age_s: float | None = None) -> list[str]:
@@ -708,6 +837,14 @@ def _policy(value: Any) -> str:
     if value not in FALLBACKS:
         raise SpecError(f"fallback: expected 'refuse' or 'verified', got {value!r}")
     return str(value)
+
+
+def _blob_names(doc: Mapping[str, Any] | None) -> list[str]:
+    """The blob names a (parsed, not yet verified) manifest lists, sorted."""
+    entries = doc.get("blobs") if doc is not None else None
+    if not isinstance(entries, dict):
+        return []
+    return sorted(n for n in entries if isinstance(n, str))
 
 
 def _loads(data: bytes | None) -> dict[str, Any] | None:

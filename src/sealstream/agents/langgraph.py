@@ -265,14 +265,23 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
     def _latest(self, tx: RowTx, thread: str, ns: str) -> Loaded | None:
         """The thread's head checkpoint (constant-time in its history's length); when
         it is gone or does not verify, the saver's ``fallback`` policy decides."""
-        cid, problem = self.store.head(tx, thread, ns)
+        guess = self.store.head_hint(thread, ns)
+        ahead: Loaded | AgentVerdict | None = None
+        if guess is not None:  # the marker and the guessed head's rows: one statement
+            rows, marker = self.store._load_group(tx, thread, ns, [guess], meta=True)
+            cid, problem = self.store.head(tx, thread, ns, rows_checked=False,
+                                           stored_meta=marker)
+            ahead = rows[guess]
+        else:
+            cid, problem = self.store.head(tx, thread, ns, rows_checked=False)
         if cid is None and problem is None:
             return None
         if cid is not None:
-            try:
-                return self.store._load(tx, thread, ns, cid)
-            except AgentCheckpointError as err:
-                problem = err.verdict
+            got = ahead if cid == guess else self.store._load_many(
+                tx, [(cid, thread, ns)])[(cid, thread, ns)]
+            if isinstance(got, Loaded):
+                return got
+            problem = got if got is not None else self.store.head_gone(thread, ns, cid)
         assert problem is not None
         if self.store.fallback == "refuse":
             raise AgentCheckpointError(replace(problem, message=(
@@ -295,17 +304,37 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
         raise AgentCheckpointError(skipped[0])
 
     # ------------------------------------------------------------ sync API
+    def _reading(self, work: Callable[[RowTx], _T], failed: Callable[[_T], bool]) -> _T:
+        """``work`` in a read-only unit of work; where that has no snapshot across
+        statements (PostgreSQL) and something did not verify (``failed``), read again
+        in a transaction before reporting it: a checkpoint pruned between two
+        statements is never reported as damaged."""
+        rows = self.store.rows
+        try:
+            with rows.reading() as tx:
+                result = work(tx)
+        except AgentCheckpointError:
+            if not rows.reads_without_snapshot:
+                raise
+        else:
+            if not rows.reads_without_snapshot or not failed(result):
+                return result
+        with rows.transaction() as tx:
+            return work(tx)
+
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         conf = config["configurable"]
         thread, ns = str(conf["thread_id"]), str(conf.get("checkpoint_ns", ""))
         cid = get_checkpoint_id(config)
-        with self.store.rows.transaction() as tx:
+
+        def work(tx: RowTx) -> Loaded | AgentVerdict | None:
             if cid is None:
-                loaded = self._latest(tx, thread, ns)
-            elif tx.get("cp", thread, ns, cid) is None:
-                return None
-            else:
-                loaded = self.store._load(tx, thread, ns, cid)
+                return self._latest(tx, thread, ns)
+            return self.store._load_many(tx, [(cid, thread, ns)])[(cid, thread, ns)]
+
+        loaded = self._reading(work, lambda got: isinstance(got, AgentVerdict))
+        if isinstance(loaded, AgentVerdict):
+            raise AgentCheckpointError(loaded)
         return None if loaded is None else self._tuple(loaded)
 
     def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
@@ -314,7 +343,8 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
         """Checkpoints newest first. A checkpoint that does not verify is skipped and
         reported (log warning ``sealstream.agents``; :meth:`problems`), never fatal:
         one damaged checkpoint or thread never hides the others. ``limit`` without a
-        ``filter`` reads only ``limit`` checkpoints."""
+        ``filter`` reads only ``limit`` checkpoints. Checkpoints are read in batches
+        (a few round trips per batch, not per checkpoint)."""
         conf = (config or {}).get("configurable", {})
         thread = conf.get("thread_id")
         ns = conf.get("checkpoint_ns")
@@ -322,34 +352,50 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
         before_id = get_checkpoint_id(before) if before else None
         th = None if thread is None else str(thread)
         cns = None if ns is None else str(ns)
-        out: list[CheckpointTuple] = []
-        with self.store.rows.transaction() as tx:
+
+        def work(tx: RowTx) -> tuple[builtins.list[CheckpointTuple],
+                                     builtins.list[tuple[tuple[str, str, str], AgentVerdict]]]:
+            out: builtins.list[CheckpointTuple] = []
+            skipped: builtins.list[tuple[tuple[str, str, str], AgentVerdict]] = []
             # with a limit, read that many keys first; only when some of them are
             # skipped (damaged, filtered out) read all keys (names only, no data)
             keys = tx.keys("cp", th, cns, before=before_id,
                            limit=None if (limit is None or filter or only) else limit)
+            if only is not None:
+                keys = [k for k in keys if k[0] == str(only)]
             done = 0
             while True:
-                for cid, ex, c_ns in keys[done:]:
+                pending = keys[done:]
+                while pending:
+                    want = len(pending) if limit is None else max(limit - len(out), 1)
+                    batch, pending = pending[:max(want, 16)], pending[max(want, 16):]
+                    got = self.store._load_many(tx, batch)
+                    for key in batch:
+                        if limit is not None and len(out) >= limit:
+                            break
+                        loaded = got[key]
+                        if loaded is None:
+                            continue
+                        if isinstance(loaded, AgentVerdict):
+                            skipped.append((key, loaded))
+                            continue
+                        tup = self._tuple(loaded)
+                        if filter and any(tup.metadata.get(k) != v
+                                          for k, v in filter.items()):
+                            continue
+                        out.append(tup)
                     if limit is not None and len(out) >= limit:
                         break
-                    if only is not None and cid != str(only):
-                        continue
-                    try:
-                        loaded = self.store._load(tx, ex, c_ns, cid)
-                    except AgentCheckpointError as err:
-                        _log.warning("list: skipping checkpoint %r of %r/%r: %s", cid, ex,
-                                     c_ns, err)
-                        continue
-                    assert loaded is not None
-                    tup = self._tuple(loaded)
-                    if filter and any(tup.metadata.get(k) != v for k, v in filter.items()):
-                        continue
-                    out.append(tup)
                 if limit is None or len(out) >= limit or len(keys) < limit or done:
                     break
                 done = len(keys)
                 keys = tx.keys("cp", th, cns, before=before_id)
+            return out, skipped
+
+        out, skipped = self._reading(work, lambda got: bool(got[1]))
+        for (cid, ex, c_ns), verdict in skipped:
+            _log.warning("list: skipping checkpoint %r of %r/%r: %s", cid, ex, c_ns,
+                         AgentCheckpointError(verdict))
         yield from out
 
     def problems(self, thread_id: str, checkpoint_ns: str = "") -> builtins.list[AgentVerdict]:
@@ -382,6 +428,9 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
             channels[channel], blobs[name] = name, blob
         with self.store.rows.transaction() as tx:
             tx.lock_history(thread, ns)
+            # the head marker and the head (as this store last saw it) in one round trip
+            guess = self.store.head_hint(thread, ns)
+            tx.prefetch(thread, ns, [guess] if guess else [])
             self.store.check_kind(tx, thread, ns,
                                   self.store._meta(tx, thread, ns).get("head") or "",
                                   KIND_LANGGRAPH)
@@ -477,22 +526,28 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
         keys = self.store.keys
         iaddr = ("wi", thread, ns, cid)
         tx.lock_history(thread, ns)
-        if tx.get(*iaddr, lock=True) is None:
+        raw = tx.get(*iaddr, lock=True)
+        if raw is None:
             raise _WaitForCheckpoint
-        row = self.store._read(tx, iaddr)
+        row = self.store._opened(iaddr, raw)
         bad, index = _judge.judge_row(row, keys.sign, missing="NO_WRITES_INDEX")
         if bad is not None or index is None:
             assert bad is not None
             raise AgentCheckpointError(bad)
         listed = dict(index["writes"])
-        for name, overwrite, doc in rows:
-            addr = ("w", thread, ns, name)
-            plain = seal_plain(keys, addr, doc)
+        plains = {name: seal_plain(keys, ("w", thread, ns, name), doc)
+                  for name, _, doc in rows}
+        for name, overwrite, _ in rows:
             if overwrite:
-                tx.upsert(*addr, wrap(keys, addr, plain))
-            elif not tx.insert(*addr, wrap(keys, addr, plain)):
-                continue  # already written (a retried task): keep the first
-            listed[name] = _judge_digest(plain)
+                addr = ("w", thread, ns, name)
+                tx.upsert(*addr, wrap(keys, addr, plains[name]))
+                listed[name] = _judge_digest(plains[name])
+        # the others create-if-absent, in one statement: a retried task keeps the first
+        inserted = tx.insert_many("w", thread, ns, {
+            name: wrap(keys, ("w", thread, ns, name), plains[name])
+            for name, overwrite, _ in rows if not overwrite})
+        for name in inserted:
+            listed[name] = _judge_digest(plains[name])
         self.store.crash("inside_writes_commit")
         tx.upsert(*iaddr, wrap(keys, iaddr, seal_plain(keys, iaddr, {
             "checkpoint": cid, "writes": listed})))

@@ -72,6 +72,13 @@ CREATE TABLE IF NOT EXISTS agent_rows (
 )
 """
 
+# names compared bytewise (COLLATE "C": pending writes by checkpoint prefix, the newest
+# checkpoints first) whatever the database's collation: an index, not a scan and sort
+_PG_INDEX = """
+CREATE INDEX IF NOT EXISTS agent_rows_c_names
+ON agent_rows (space, execution, ns, name COLLATE "C")
+"""
+
 
 @dataclass(frozen=True)
 class Row:
@@ -130,6 +137,26 @@ class RowTx(abc.ABC):
                 [r for r in self.scan("w", execution, ns, writes_prefix)
                  if r.name.startswith(writes_prefix)])
 
+    def checkpoints_rows(self, execution: str, ns: str, cids: Sequence[str],
+                         writes_prefixes: Sequence[str]
+                         ) -> dict[str, tuple[bytes | None, bytes | None, list[Row]]]:
+        """:meth:`checkpoint_rows` of several checkpoints of one history (``cids[i]``'s
+        pending writes start with ``writes_prefixes[i]``), in as few round trips as the
+        backend allows (PostgreSQL: one)."""
+        return {cid: self.checkpoint_rows(execution, ns, cid, prefix)
+                for cid, prefix in zip(cids, writes_prefixes, strict=True)}
+
+    def fetch(self, execution: str, ns: str, cids: Sequence[str],
+              writes_prefixes: Sequence[str], blobs: Sequence[str], meta: bool
+              ) -> tuple[dict[str, tuple[bytes | None, bytes | None, list[Row]]],
+                         dict[str, bytes], bytes | None]:
+        """:meth:`checkpoints_rows`, the ``blob`` rows named ``blobs`` that exist and
+        (with ``meta``) the history's head marker, in as few round trips as the
+        backend allows (PostgreSQL: one statement)."""
+        return (self.checkpoints_rows(execution, ns, cids, writes_prefixes),
+                self.get_many("blob", execution, ns, blobs) if blobs else {},
+                self.get("meta", execution, ns, "history") if meta else None)
+
     def get_many(self, space: str, execution: str, ns: str, names: Sequence[str]
                  ) -> dict[str, bytes]:
         """The rows named ``names`` that exist."""
@@ -139,6 +166,25 @@ class RowTx(abc.ABC):
             if data is not None:
                 out[name] = data
         return out
+
+    #: rows read ahead by :meth:`prefetch` (None: known absent); writes through this
+    #: transaction forget them
+    seen: dict[tuple[str, str, str, str], bytes | None]
+
+    def prefetch(self, execution: str, ns: str, cids: Sequence[str]) -> None:
+        """Read a history's head marker and the manifests of ``cids`` in one round trip,
+        so that :meth:`get` of them in this transaction needs none (call it once the
+        history is locked: :meth:`lock_history`)."""
+        rows, _, marker = self.fetch(execution, ns, cids, [c + "|" for c in cids], (), True)
+        self.seen[("meta", execution, ns, "history")] = marker
+        for cid in cids:
+            self.seen[("cp", execution, ns, cid)] = rows[cid][0]
+
+    def insert_many(self, space: str, execution: str, ns: str, rows: dict[str, bytes]
+                    ) -> set[str]:
+        """:meth:`insert` of several rows; the names actually inserted."""
+        return {name for name, data in rows.items()
+                if self.insert(space, execution, ns, name, data)}
 
     def lock_history(self, execution: str, ns: str) -> None:
         """Serialize writers of one history until the transaction ends (a no-op where
@@ -163,6 +209,17 @@ class RowStore(abc.ABC):
     @abc.abstractmethod
     def transaction(self) -> contextlib.AbstractContextManager[RowTx]:
         """One atomic unit of work; committed when the block exits normally."""
+
+    #: whether :meth:`reading` runs each statement on its own (no snapshot across
+    #: statements): a reader that finds something that does not verify must then
+    #: read again in a :meth:`transaction` before it reports it
+    reads_without_snapshot: bool = False
+
+    def reading(self) -> contextlib.AbstractContextManager[RowTx]:
+        """A read-only unit of work; by default a :meth:`transaction`. PostgreSQL:
+        statements in autocommit, without BEGIN/COMMIT round trips (see
+        :attr:`reads_without_snapshot`)."""
+        return self.transaction()
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -260,6 +317,7 @@ def _keys_sql(space: str, execution: str | None, ns: str | None, before: str | N
 class _SqliteTx(RowTx):
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._c = conn
+        self.seen = {}
 
     def keys(self, space: str, execution: str | None, ns: str | None = None, *,
              before: str | None = None, limit: int | None = None,
@@ -267,20 +325,52 @@ class _SqliteTx(RowTx):
         sql, args = _keys_sql(space, execution, ns, before, limit, newest_first, "?", "")
         return [(r[0], r[1], r[2]) for r in self._c.execute(sql, args).fetchall()]
 
+    def get_many(self, space: str, execution: str, ns: str, names: Sequence[str]
+                 ) -> dict[str, bytes]:
+        out: dict[str, bytes] = {}
+        names = list(names)
+        for i in range(0, len(names), 500):  # SQLite's bound-parameter limit
+            where, args = _where(space, execution, ns, names[i:i + 500], "?")
+            out.update((r[0], _blob(r[1])) for r in self._c.execute(
+                f"SELECT name, data FROM agent_rows WHERE {where}", args).fetchall())
+        return out
+
+    def checkpoints_rows(self, execution: str, ns: str, cids: Sequence[str],
+                         writes_prefixes: Sequence[str]
+                         ) -> dict[str, tuple[bytes | None, bytes | None, list[Row]]]:
+        cp: dict[str, bytes] = {}
+        wi: dict[str, bytes] = {}
+        ids = list(cids)
+        for i in range(0, len(ids), 500):  # SQLite's bound-parameter limit
+            part = ids[i:i + 500]
+            for space, name, data in self._c.execute(
+                    "SELECT space, name, data FROM agent_rows WHERE space IN ('cp', 'wi') "
+                    "AND execution = ? AND ns = ? AND name IN ("
+                    + ", ".join("?" * len(part)) + ")", [execution, ns, *part]).fetchall():
+                (cp if space == "cp" else wi)[name] = _blob(data)
+        return {cid: (cp.get(cid), wi.get(cid),
+                      [r for r in self.scan("w", execution, ns, prefix)
+                       if r.name.startswith(prefix)] if cid in wi else [])
+                for cid, prefix in zip(cids, writes_prefixes, strict=True)}
+
     def get(self, space: str, execution: str, ns: str, name: str,
             *, lock: bool = False) -> bytes | None:
+        if not lock and (space, execution, ns, name) in self.seen:
+            return self.seen[(space, execution, ns, name)]
         row = self._c.execute(
             "SELECT data FROM agent_rows WHERE space = ? AND execution = ? AND ns = ? "
             "AND name = ?", (space, execution, ns, name)).fetchone()
         return _blob(row[0]) if row is not None else None
 
     def insert(self, space: str, execution: str, ns: str, name: str, data: bytes) -> bool:
+        self.seen.pop((space, execution, ns, name), None)
         cur = self._c.execute(
             "INSERT INTO agent_rows (space, execution, ns, name, data) VALUES (?, ?, ?, ?, ?) "
             "ON CONFLICT DO NOTHING", (space, execution, ns, name, data))
         return cur.rowcount == 1
 
     def upsert(self, space: str, execution: str, ns: str, name: str, data: bytes) -> None:
+        self.seen.pop((space, execution, ns, name), None)
         self._c.execute(
             "INSERT INTO agent_rows (space, execution, ns, name, data) VALUES (?, ?, ?, ?, ?) "
             "ON CONFLICT (space, execution, ns, name) DO UPDATE SET data = excluded.data",
@@ -290,6 +380,7 @@ class _SqliteTx(RowTx):
                names: Sequence[str] | None = None) -> int:
         if names is not None and not names:
             return 0
+        self.seen.clear()
         where, args = _where(space, execution, ns, names, "?")
         return int(self._c.execute(f"DELETE FROM agent_rows WHERE {where}", args).rowcount)
 
@@ -389,6 +480,7 @@ class SqliteRowStore(RowStore):
 class _PgTx(RowTx):
     def __init__(self, conn: Any) -> None:
         self._c = conn
+        self.seen = {}
         self._locked: set[tuple[str, str]] = set()
 
     def keys(self, space: str, execution: str | None, ns: str | None = None, *,
@@ -418,6 +510,65 @@ class _PgTx(RowTx):
                 writes.append(Row("w", execution, ns, name, _blob(data)))
         return cp, wi, writes
 
+    def checkpoints_rows(self, execution: str, ns: str, cids: Sequence[str],
+                         writes_prefixes: Sequence[str]
+                         ) -> dict[str, tuple[bytes | None, bytes | None, list[Row]]]:
+        return self.fetch(execution, ns, cids, writes_prefixes, (), False)[0]
+
+    def fetch(self, execution: str, ns: str, cids: Sequence[str],
+              writes_prefixes: Sequence[str], blobs: Sequence[str], meta: bool
+              ) -> tuple[dict[str, tuple[bytes | None, bytes | None, list[Row]]],
+                         dict[str, bytes], bytes | None]:
+        prefixes = list(writes_prefixes)
+        ends = [p[:-1] + chr(ord(p[-1]) + 1) for p in prefixes]
+        rows = self._c.execute(
+            "SELECT space, name, data FROM agent_rows WHERE space IN ('cp', 'wi') "
+            "AND execution = %s AND ns = %s AND name = ANY(%s) "
+            "UNION ALL SELECT space, name, data FROM agent_rows WHERE space = 'blob' "
+            "AND execution = %s AND ns = %s AND name = ANY(%s) "
+            "UNION ALL SELECT space, name, data FROM agent_rows WHERE space = 'meta' "
+            "AND execution = %s AND ns = %s AND name = 'history' AND %s "
+            "UNION ALL SELECT r.space, r.name, r.data "
+            "FROM unnest(%s::text[], %s::text[]) AS p(lo, hi) JOIN LATERAL ("
+            "SELECT space, name, data FROM agent_rows WHERE space = 'w' AND execution = %s "
+            "AND ns = %s AND name COLLATE \"C\" >= p.lo AND name COLLATE \"C\" < p.hi"
+            ") r ON true",
+            (execution, ns, list(cids), execution, ns, list(blobs), execution, ns, meta,
+             prefixes, ends, execution, ns)).fetchall()
+        found: dict[str, list[Any]] = {cid: [None, None, []] for cid in cids}
+        owner = dict(zip(prefixes, cids, strict=True))
+        blob_rows: dict[str, bytes] = {}
+        marker = None
+        for space, name, data in rows:
+            if space in ("cp", "wi"):
+                if name in found:
+                    found[name][0 if space == "cp" else 1] = _blob(data)
+            elif space == "blob":
+                blob_rows[name] = _blob(data)
+            elif space == "meta":
+                marker = _blob(data)
+            else:
+                cid = owner.get(name[:name.find("|") + 1])
+                if cid is not None:
+                    found[cid][2].append(Row("w", execution, ns, name, _blob(data)))
+        out: dict[str, tuple[bytes | None, bytes | None, list[Row]]] = {}
+        for cid, (cp, wi, writes) in found.items():
+            out[cid] = (cp, wi, sorted(writes, key=lambda r: r.name.encode()))
+        return out, blob_rows, marker
+
+    def insert_many(self, space: str, execution: str, ns: str, rows: dict[str, bytes]
+                    ) -> set[str]:
+        if not rows:
+            return set()
+        for name in rows:
+            self.seen.pop((space, execution, ns, name), None)
+        got = self._c.execute(
+            "INSERT INTO agent_rows (space, execution, ns, name, data) "
+            "SELECT %s, %s, %s, n, d FROM unnest(%s::text[], %s::bytea[]) AS t(n, d) "
+            "ON CONFLICT DO NOTHING RETURNING name",
+            (space, execution, ns, list(rows), list(rows.values()))).fetchall()
+        return {r[0] for r in got}
+
     def get_many(self, space: str, execution: str, ns: str, names: Sequence[str]
                  ) -> dict[str, bytes]:
         if not names:
@@ -436,6 +587,8 @@ class _PgTx(RowTx):
 
     def get(self, space: str, execution: str, ns: str, name: str,
             *, lock: bool = False) -> bytes | None:
+        if not lock and (space, execution, ns, name) in self.seen:
+            return self.seen[(space, execution, ns, name)]
         row = self._c.execute(
             "SELECT data FROM agent_rows WHERE space = %s AND execution = %s AND ns = %s "
             "AND name = %s" + (" FOR UPDATE" if lock else ""),
@@ -443,6 +596,7 @@ class _PgTx(RowTx):
         return _blob(row[0]) if row is not None else None
 
     def insert(self, space: str, execution: str, ns: str, name: str, data: bytes) -> bool:
+        self.seen.pop((space, execution, ns, name), None)
         cur = self._c.execute(
             "INSERT INTO agent_rows (space, execution, ns, name, data) "
             "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
@@ -450,6 +604,7 @@ class _PgTx(RowTx):
         return int(cur.rowcount) == 1
 
     def upsert(self, space: str, execution: str, ns: str, name: str, data: bytes) -> None:
+        self.seen.pop((space, execution, ns, name), None)
         self._c.execute(
             "INSERT INTO agent_rows (space, execution, ns, name, data) "
             "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (space, execution, ns, name) "
@@ -459,6 +614,7 @@ class _PgTx(RowTx):
                names: Sequence[str] | None = None) -> int:
         if names is not None and not names:
             return 0
+        self.seen.clear()
         where, args = _where(space, execution, ns, names, "%s")
         return int(self._c.execute(f"DELETE FROM agent_rows WHERE {where}", args).rowcount)
 
@@ -500,6 +656,7 @@ class PostgresRowStore(RowStore):
                 try:
                     with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as c:
                         c.execute(_PG_SCHEMA)
+                        c.execute(_PG_INDEX)
                     pool = ConnectionPool(
                         self.url, min_size=1, max_size=self.parallelism, open=False,
                         kwargs={"autocommit": True, "connect_timeout": 10}, timeout=30.0,
@@ -523,6 +680,23 @@ class PostgresRowStore(RowStore):
         pool = self._db()
         try:
             with pool.connection() as conn, conn.transaction():
+                yield _PgTx(conn)
+        except psycopg.Error as exc:
+            raise CheckpointError(
+                f"agent store {self.location}: {str(exc).strip()}") from None
+        except PoolTimeout as exc:
+            raise CheckpointError(f"agent store {self.location}: {exc}") from None
+
+    reads_without_snapshot = True
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[RowTx]:
+        import psycopg
+        from psycopg_pool import PoolTimeout
+
+        pool = self._db()
+        try:
+            with pool.connection() as conn:  # autocommit: no BEGIN/COMMIT round trips
                 yield _PgTx(conn)
         except psycopg.Error as exc:
             raise CheckpointError(

@@ -592,14 +592,13 @@ class Job(Checkpointing):
                 if batch.finished:
                     break
                 continue
-            due = batch.finished or (
-                (cfg.every_events is not None and since_events >= cfg.every_events)
-                or (
-                    cfg.every_ms is not None
-                    and (time.monotonic() - last_ck) * 1000 >= cfg.every_ms
-                )
-            )
-            if due and dirty:
+            timed = (cfg.every_ms is not None
+                     and (time.monotonic() - last_ck) * 1000 >= cfg.every_ms)
+            due = batch.finished or timed or (
+                cfg.every_events is not None and since_events >= cfg.every_events)
+            # a live run checkpoints on its interval while no input arrives too (as
+            # Flink does): the checkpoint's time and the group's offsets stay fresh
+            if due and (dirty or (self.live and timed and not batch.finished)):
                 self._checkpoint(checkpoint)
                 since_events, last_ck, dirty = 0, time.monotonic(), False
                 if (

@@ -77,7 +77,7 @@ keep = 3
 
 def writer(path: Path, rate: int, events: int, done: threading.Event) -> None:
     """``events`` lines at ``rate`` per second, in 20 ms slices."""
-    written, t0, i = 0, time.time(), 0
+    written, t0 = 0, time.time()
     with open(path, "a", encoding="utf-8") as f:
         while written < events:
             due = min(events, int((time.time() - t0) * rate))
@@ -88,7 +88,6 @@ def writer(path: Path, rate: int, events: int, done: threading.Event) -> None:
                     for k in range(due - written)))
                 f.flush()
                 written = due
-            i += 1
             time.sleep(0.02)
     done.set()
 
@@ -191,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         "# Live latency and memory (followed JSONL file)\n\n"
         f"{events:,} events at {a.rate:,}/s ({'reduced run' if not a.full else 'full run'}; "
         "a shared, loaded 2-core machine). `python -m bench.live_soak"
-        f"{' --full' if a.full else ''}`.\n\n"
+        f"{' --full' if a.full else f' --events {events}'} --rate {a.rate}`.\n\n"
         f"- latency, window end passing the watermark -> result committed: p50 "
         f"{res['latency_p50_s']} s, p99 {res['latency_p99_s']} s over {len(lat)} windows "
         f"(target p99 < {res['latency_target_s']} s)\n"

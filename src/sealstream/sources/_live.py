@@ -153,8 +153,10 @@ class ValueParser:
     The values of one poll (bytes, each one JSON record as in a JSONL line) are
     joined and parsed by the same columnar JSON parser the JSONL files use, so a
     message is typed exactly as the same text in a file would be. An empty value is
-    a bad record ("empty message"); raw newlines inside a value are whitespace
-    to JSON and are read as spaces.
+    a bad record ("empty message"); a raw newline between tokens is whitespace
+    (read as a space), one inside a JSON string a bad record (JSON forbids raw
+    control characters there). With ``time = "@timestamp"`` a message without a
+    broker timestamp (-1) is a bad record.
 
     ``key = "@key"`` / ``time = "@timestamp"`` in the plan take the message key /
     the broker timestamp passed to :meth:`parse` instead of a field; a message

@@ -24,7 +24,7 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/mypy
 	SEALSTREAM_TEST_PG="$${SEALSTREAM_TEST_PG:-$$(scripts/pg-test-server)}" \
-	  $(PY) -m pytest -W error -p no:cacheprovider -n 2 --dist worksteal
+	  $(PY) -m pytest -W error -p no:cacheprovider -n 2 --dist worksteal --durations=25
 
 bench: $(STAMP) bench-flink bench-quix
 	$(PY) -m bench

@@ -33,6 +33,7 @@ bench: $(STAMP) bench-flink bench-quix
 	$(PY) -m bench.transforms
 	$(PY) -m bench.scaleout
 	$(PY) -m bench.live
+	$(PY) -m bench.live_soak
 	$(PY) -m bench.nats
 	$(PY) -m bench.kafka_eos
 	$(PY) -m bench.agents

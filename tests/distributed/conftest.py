@@ -18,7 +18,7 @@ import pytest
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ.setdefault("RAY_AUTH_MODE", "token")
 
-NODE = {"node_ip_address": "127.0.0.1", "include_dashboard": False, "num_cpus": 2}
+from _ray_nodes import NODE
 
 
 @pytest.fixture(scope="session")

@@ -165,7 +165,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_node_removed_mid_run(ray_cluster: Any, tmp_path: Path) -> None:
-    from conftest import NODE
+    from _ray_nodes import NODE
 
     reference_run(tmp_path / "ref", window=WINDOWS["sliding"], **STORY)
     d = tmp_path / "dist"
@@ -290,3 +290,41 @@ def test_a_partition_changed_since_the_checkpoint_is_reported_by_its_worker(
     assert main(["run", str(spec), "--quiet", "--workers", "2"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "in/p0.jsonl" in err[0], err
+
+
+def test_a_followed_source_runs_on_workers_and_resumes_with_another_count(
+        ray_cluster: Any, tmp_path: Path) -> None:
+    """A live source (files followed as they grow, stop = "end") is read by the
+    coordinator's recorded steps and its state sharded: with 2 workers, then (after
+    lines are appended and a new file appears) resumed with 3, the output is that of
+    one process doing the same."""
+    from scenarios.test_live_crash import spec_text
+    from sealstream.cli import main
+
+    def lines(first: int, n: int, part: int) -> str:
+        return "".join(json.dumps({"user": f"u{(i * 7 + part) % 13}", "ts": 100 * i + part,
+                                   "amount": i % 5}) + "\n" for i in range(first, first + n))
+
+    outputs = []
+    for workers in (None, 2):
+        d = tmp_path / f"w{workers}"
+        (d / "in").mkdir(parents=True)
+        (d / "spec.toml").write_text(spec_text("end"))
+        for part in range(2):
+            (d / "in" / f"p{part}.jsonl").write_text(lines(0, 200, part))
+        cwd = os.getcwd()
+        os.chdir(d)
+        try:
+            extra = [] if workers is None else ["--workers", str(workers)]
+            assert main(["run", "spec.toml", "--quiet", *extra]) == 0
+            for part in range(2):
+                with (d / "in" / f"p{part}.jsonl").open("a") as f:
+                    f.write(lines(200, 150, part))
+            (d / "in" / "p2.jsonl").write_text(lines(300, 100, 2))
+            extra = [] if workers is None else ["--workers", str(workers + 1)]
+            assert main(["run", "spec.toml", "--quiet", *extra]) == 0
+        finally:
+            os.chdir(cwd)
+        outputs.append([sorted(json.dumps(r, sort_keys=True) for r in read_jsonl_dir(d / sub))
+                        for sub in ("out", "late")])
+    assert outputs[0][0] and outputs[0] == outputs[1]

@@ -41,3 +41,28 @@ def test_nothing_yet() -> None:
     chunk = empty_chunk(PLAN, 42)
     assert is_nothing_yet(chunk) and chunk.position.offset == 42 and not chunk.eof
     assert ValueParser(PLAN).parse([], np.array([], np.int64), 42).position.offset == 42
+
+
+def test_a_raw_newline_inside_a_string_is_a_bad_record() -> None:
+    """JSON forbids raw control characters in strings: never mended into a space."""
+    values = [
+        b'{"user":"a\nb","ts":5,"amount":1}',  # inside a string: invalid JSON
+        b'{"user":"c",\r\n"ts":6,"amount":2}',  # between tokens: whitespace, valid
+        b'{"user":"d","ts":7,"amount":3}',
+    ]
+    chunk = ValueParser(PLAN).parse(values, np.array([3, 4, 5]), next_position=6)
+    assert chunk.events["__off"].to_list() == [4, 5]
+    assert chunk.bad["_offset"].to_list() == [3]
+    assert "control character" in chunk.bad["_reason"][0]
+    assert chunk.bad["_raw"][0] == '{"user":"a\nb","ts":5,"amount":1}'
+
+
+def test_a_message_without_a_broker_timestamp_is_a_bad_record() -> None:
+    parser = ValueParser(FieldPlan(key="user", time="@timestamp", fields={"amount": "numeric"}))
+    chunk = parser.parse(
+        [b'{"user":"a","amount":1}', b'{"user":"b","amount":2}'], np.array([10, 11]), 12,
+        timestamps_ms=np.array([-1, 200]),
+    )
+    assert chunk.events.select("__off", "__t").rows() == [(11, 200)]
+    assert chunk.bad["_offset"].to_list() == [10]
+    assert "no timestamp" in chunk.bad["_reason"][0]

@@ -132,12 +132,15 @@ class StartPoint:
     ``positions`` has one entry per partition; ``state`` is the window state
     (None: no open window) and ``watermark`` a :class:`WatermarkState` as JSON
     (None: the initial watermark). ``description`` is shown in summaries.
+    ``names``: a live source's partitions that ``positions`` belong to (one each);
+    the source's other partitions open where its ``start`` says.
     """
 
     positions: tuple[SourcePosition, ...]
     state: pl.DataFrame | None = None
     watermark: dict[str, Any] | None = None
     description: str = "start"
+    names: tuple[str, ...] | None = None
 
 
 ProgressFn = Callable[["Job"], None]
@@ -248,10 +251,11 @@ class Job(Checkpointing):
         self._writer = None
         self._inflight = None
         self._receipts_now = {}  # this epoch's, per output
-        if start is not None and len(start.positions) != len(self.partitions):
+        want = len(self.partitions) if start is None or start.names is None else len(start.names)
+        if start is not None and len(start.positions) != want:
             raise ValueError(
                 f"start point has {len(start.positions)} positions for "
-                f"{len(self.partitions)} partitions"
+                f"{want} partitions"
             )
 
     # ================================================================ public
@@ -438,6 +442,8 @@ class Job(Checkpointing):
             self.operator = WindowOperator(self.p)
             return [SourcePosition.start() for _ in self.partitions]
         self.operator = WindowOperator(self.p, self.start.state)
+        if self.start.names is not None:  # a live source's partitions, by name
+            self.names = list(self.start.names)
         if self.start.watermark is not None:
             self.wm = WatermarkState.from_json(self.start.watermark)
         return list(self.start.positions)
@@ -586,14 +592,13 @@ class Job(Checkpointing):
                 if batch.finished:
                     break
                 continue
-            due = batch.finished or (
-                (cfg.every_events is not None and since_events >= cfg.every_events)
-                or (
-                    cfg.every_ms is not None
-                    and (time.monotonic() - last_ck) * 1000 >= cfg.every_ms
-                )
-            )
-            if due and dirty:
+            timed = (cfg.every_ms is not None
+                     and (time.monotonic() - last_ck) * 1000 >= cfg.every_ms)
+            due = batch.finished or timed or (
+                cfg.every_events is not None and since_events >= cfg.every_events)
+            # a live run checkpoints on its interval while no input arrives too (as
+            # Flink does): the checkpoint's time and the group's offsets stay fresh
+            if due and (dirty or (self.live and timed and not batch.finished)):
                 self._checkpoint(checkpoint)
                 since_events, last_ck, dirty = 0, time.monotonic(), False
                 if (

@@ -20,7 +20,12 @@ ORIGIN is one of:
   that checkpoint.
 * ``p0=OFFSET,p1=OFFSET`` — the named partitions (by name as written in the
   spec, or ``p<index>``) start at those offsets, the others at their start,
-  with empty window state and the initial watermark. **Windows spanning the
+  with empty window state and the initial watermark. On a live source the
+  partitions are those the source lists now (a Kafka topic's ``topic/N``, whose
+  positions are offsets; a NATS source's subjects, whose positions are stream
+  sequences; followed files) and the ones not named open where the spec's
+  ``start`` says; a named position below the earliest one retained is refused
+  (exit 1), never skipped. **Windows spanning the
   start are partial** (they miss the events before it) and lateness is judged
   against a watermark that starts afresh; the summary says so.
 
@@ -101,7 +106,7 @@ def check_destination(p: Pipeline, dest: Path) -> Path:
             f"--to {dest}: the replay destination {rel} the live {section} directory {live}; "
             "choose a separate directory so live output and checkpoints stay untouched"
         )
-    for _, path in p.source.partitions():
+    for _, path in p.source.partitions(allow_empty=p.source.live):
         if path.resolve().is_relative_to(d):
             raise SpecError(
                 f"--to {dest}: the replay destination contains the input file {path}; "
@@ -172,7 +177,30 @@ def parse_offsets(text: str, names: list[str]) -> dict[int, int]:
     return out
 
 
+def live_partitions(p: Pipeline) -> list[str]:
+    """The partitions a live source lists now (a broker is asked; files are listed)."""
+    if p.source.kind not in ("kafka", "nats"):
+        return [n for n, _ in p.source.partitions(allow_empty=True)]
+    source = p.source.open_live(p.field_plan())
+    try:
+        return list(source.discover())
+    finally:
+        source.close()
+
+
 def start_from_offsets(p: Pipeline, text: str) -> StartPoint:
+    if p.source.live:
+        # only the named partitions get a position: the others open where `start`
+        # says (a position 0 would be judged as a saved one against expiry)
+        listed = live_partitions(p)
+        given = parse_offsets(text, listed)
+        named = tuple(listed[q] for q in sorted(given))
+        desc = ", ".join(f"{listed[q]}={off}" for q, off in sorted(given.items()))
+        return StartPoint(
+            tuple(SourcePosition(PartitionPosition(offset=given[q]), given[q])
+                  for q in sorted(given)),
+            description=f"offsets {desc}", names=named,
+        )
     names = [n for n, _ in p.source.partitions()]
     offsets = parse_offsets(text, names)
     positions = tuple(
@@ -224,9 +252,13 @@ def start_from_checkpoint(p: Pipeline, cid: int) -> tuple[StartPoint, dict[str, 
             "job?); choose a newer checkpoint"
         ) from None
     by_name = {d["partition"]: SourcePosition.from_json(d) for d in doc["positions"]}
+    wm = meta[WATERMARK_META.decode()]
+    if p.source.live:  # the checkpoint's partitions, in its order (the watermark's)
+        live_names = tuple(d["partition"] for d in doc["positions"])
+        return StartPoint(tuple(by_name[n] for n in live_names), state, wm,
+                          description=f"checkpoint {cid}", names=live_names), doc
     names = [n for n, _ in p.source.partitions()]
     positions = tuple(by_name.get(n, SourcePosition.start()) for n in names)
-    wm = meta[WATERMARK_META.decode()]
     return StartPoint(positions, state, wm, description=f"checkpoint {cid}"), doc
 
 

@@ -129,8 +129,14 @@ class DistributedJob(Job):
 
     def _start_sources(self, positions: list[SourcePosition]) -> None:
         """The single-process reader set-up, with partition ``i`` read and parsed by
-        worker ``i mod N`` (:class:`RemoteReader`)."""
+        worker ``i mod N`` (:class:`RemoteReader`). A live source (a broker, or files
+        followed as they grow) is read by the coordinator through the live runtime's
+        recorded steps (its order and plans are the single-process ones); only the
+        window state is sharded."""
         actors = self._workers()
+        if self.live:
+            super()._start_sources(positions)
+            return
         readers: list[PartitionReader] = [
             RemoteReader(actors[i % len(actors)], self.p.source.kind, name, path, self.plan,
                          pos.resume)

@@ -39,7 +39,7 @@ class FileSource:
     #: fires); "never": run until SIGTERM/SIGINT. Default: "never" when following,
     #: else "end" (a bounded run)
     stop: str | None = None
-    #: a source unreachable this long mid-run fails the run (None: the default)
+    #: brokers only: a file source refuses it (a file has no connection to retry)
     fail_after_ms: int | None = None
     #: how long one poll of a quiet partition waits for records
     poll_ms: int = 200
@@ -49,9 +49,12 @@ class FileSource:
             raise SpecError(f"source.stop: expected \"end\" or \"never\", got {self.stop!r}")
         if self.poll_ms < 0:
             raise SpecError(f"source.poll_ms: expected an integer >= 0, got {self.poll_ms}")
-        if self.fail_after_ms is not None and self.fail_after_ms <= 0:
+        if self.fail_after_ms is not None:
+            # files are never "unreachable for a while": the setting would mean nothing
             raise SpecError(
-                f"source.fail_after_ms: expected an integer > 0, got {self.fail_after_ms}")
+                f"source.fail_after_ms: only broker sources (kind = \"kafka\" or \"nats\") "
+                f"retry a lost connection; a {self.kind} file source has none to retry "
+                "(remove the setting)")
 
     @property
     def live(self) -> bool:

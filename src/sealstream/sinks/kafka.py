@@ -494,12 +494,16 @@ class KafkaSink(Sink):
             p = self._ensure_producer()
             p.begin_transaction()
             produce = p.produce
+            # one produce() per row: the client's produce_batch() takes no headers, and
+            # every message carries its identity; the columns were made lists once above
+            tok_header = (TOKEN_HEADER, tok)
             for k, v, i in zip(keys, values, ids, strict=True):
+                headers = [(ID_HEADER, i), tok_header]
                 try:
-                    produce(topic, v, k, headers=[(ID_HEADER, i), (TOKEN_HEADER, tok)])
+                    produce(topic, v, k, headers=headers)
                 except BufferError:
                     p.flush(self._commit_timeout())
-                    produce(topic, v, k, headers=[(ID_HEADER, i), (TOKEN_HEADER, tok)])
+                    produce(topic, v, k, headers=headers)
             _sink_point("kafka_in_transaction")
             p.commit_transaction(self._commit_timeout())
 

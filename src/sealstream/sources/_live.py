@@ -47,6 +47,7 @@ Errors
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
@@ -152,8 +153,10 @@ class ValueParser:
     The values of one poll (bytes, each one JSON record as in a JSONL line) are
     joined and parsed by the same columnar JSON parser the JSONL files use, so a
     message is typed exactly as the same text in a file would be. An empty value is
-    a bad record ("empty message"); raw newlines inside a value are whitespace
-    to JSON and are read as spaces.
+    a bad record ("empty message"); a raw newline between tokens is whitespace
+    (read as a space), one inside a JSON string a bad record (JSON forbids raw
+    control characters there). With ``time = "@timestamp"`` a message without a
+    broker timestamp (-1) is a bad record.
 
     ``key = "@key"`` / ``time = "@timestamp"`` in the plan take the message key /
     the broker timestamp passed to :meth:`parse` instead of a field; a message
@@ -201,13 +204,28 @@ class ValueParser:
             raise ValueError(f"{n} values but {len(positions)} positions")
         vals = [v if v else b"null" for v in values]
         buf = b"\n".join(vals) + b"\n"
+        broken: dict[int, str] = {}  # value index -> reason (raw newline in a string)
         if buf.count(b"\n") != n or b"\r" in buf:
-            vals = [v.replace(b"\r", b" ").replace(b"\n", b" ") for v in vals]
+            broken = _raw_newlines(vals)
+            vals = [b"null" if i in broken else v.replace(b"\r", b" ").replace(b"\n", b" ")
+                    for i, v in enumerate(vals)]
             vals = [v if v.strip() else b"null" for v in vals]
             buf = b"\n".join(vals) + b"\n"
         else:
             buf = _fill_blank(buf, vals)
         events, bad, texts = self._reader.parse_values_block(buf)
+        if broken:
+            at = pl.Series(list(broken), dtype=pl.Int64)
+            is_broken = pl.col("_offset").is_in(at)
+            reasons = pl.DataFrame({"_offset": at, "_why": list(broken.values()),
+                                    "_text": [values[i].decode("utf-8", "replace")  # type: ignore[union-attr]
+                                              for i in broken]})
+            bad = bad.join(reasons, on="_offset", how="left").with_columns(
+                pl.when(is_broken).then(pl.col("_why")).otherwise(pl.col("_reason"))
+                .alias("_reason"),
+                pl.when(is_broken).then(pl.col("_text")).otherwise(pl.col("_raw"))
+                .alias("_raw"),
+            ).drop("_why", "_text")
         if bad.height and not all(v and v.strip() for v in values):
             blank = np.flatnonzero([not (v and v.strip()) for v in values])
             is_blank = pl.col("_offset").is_in(pl.Series(blank, dtype=pl.Int64))
@@ -265,20 +283,26 @@ class ValueParser:
             ).gather(idx)
             cols += [ks.alias(KEY), pl.Series(KEY_IS_INT, [False] * events.height)]
             missing = missing | ks.is_null()
+        no_time = pl.Series([False] * events.height, dtype=pl.Boolean)
         if self.time_from_message:
             if timestamps_ms is None:
                 raise ValueError("time = '@timestamp' needs the message timestamps")
             ts = pl.Series(TIME, np.asarray(timestamps_ms, dtype=np.int64)).gather(idx)
             cols.append(ts)
+            no_time = ts < 0  # the broker's "no timestamp" (-1): never a time
         events = events.with_columns(cols)
+        missing = missing | no_time
         if missing.any():
             lost = events.filter(missing)
+            lost_no_time = no_time.filter(missing)
             events = events.filter(~missing)
+            no_key = "the message has no key (key = \"@key\")"
+            no_ts = "the message has no timestamp from the broker (time = \"@timestamp\")"
             extra = pl.DataFrame(
                 {
                     "_offset": lost[OFFSET],
                     "_line": lost[OFFSET],
-                    "_reason": ["the message has no key (key = \"@key\")"] * lost.height,
+                    "_reason": [no_ts if t else no_key for t in lost_no_time],
                     "_raw": texts(
                         np.searchsorted(positions, lost[OFFSET].to_numpy()).astype(np.int64)
                     ),
@@ -287,6 +311,23 @@ class ValueParser:
             )
             bad = pl.concat([bad, extra]).sort("_offset")
         return events, bad
+
+
+def _raw_newlines(vals: list[bytes]) -> dict[int, str]:
+    """The values (by index) whose raw CR/LF sits inside a JSON string - invalid JSON
+    (control characters must be escaped there), never mended into a space. Only the
+    rare values holding a raw CR/LF are looked at; one between tokens is whitespace."""
+    out: dict[int, str] = {}
+    for i, v in enumerate(vals):
+        if b"\n" not in v and b"\r" not in v:
+            continue
+        try:
+            json.loads(v)  # strict: a raw control character in a string is an error
+        except ValueError as exc:
+            if "control character" in str(exc):
+                out[i] = ("invalid JSON: a raw control character (newline) inside a string "
+                          f"({exc.__class__.__name__}: {exc})")
+    return out
 
 
 def _fill_blank(buf: bytes, vals: list[bytes]) -> bytes:

@@ -50,6 +50,8 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import is_not
 from typing import Any, Literal
 
 import numpy as np
@@ -260,6 +262,10 @@ class KafkaPartition:
             self._consumer.close()
             raise
         self._end_seen: int | None = high
+        #: the (low, high) just read at open: what ``earliest``/``end`` answer until the
+        #: first poll or seek (a query after ``assign`` waits behind the first fetch,
+        #: up to a second per partition on a loaded broker)
+        self._marks_at_open: tuple[int, int] | None = (low, high)
         self.closed = False
 
     # -- the contract ---------------------------------------------------------
@@ -275,11 +281,12 @@ class KafkaPartition:
     def poll(self, max_records: int, timeout_ms: int) -> Chunk | None:
         """Up to ``max_records`` records from the position: a Chunk (empty when
         nothing is there yet; never None: a topic does not end)."""
-        from confluent_kafka import KafkaError
+        from confluent_kafka import KafkaError, Message
 
         # what the client holds now; when it holds nothing, wait (at most timeout_ms)
         # for the first message only, then take what came with it (consume(n, t) would
         # wait the whole timeout for n messages)
+        self._marks_at_open = None
         want = max(1, max_records)
         msgs = self._consumer.consume(want, 0)
         if not msgs and timeout_ms > 0:
@@ -289,7 +296,12 @@ class KafkaPartition:
         if not msgs:
             self._probe()
             return self._empty()
-        errs = [m for m in msgs if m.error() is not None]
+        # per message, only C-level calls (map over the method descriptors): no Python
+        # frame per record
+        errors = list(map(Message.error, msgs))
+        # (not errors.count(None): a KafkaError compared with None raises inside C)
+        errs = [] if not any(map(is_not, errors, repeat(None))) else [
+            m for m, e in zip(msgs, errors, strict=True) if e is not None]
         if errs:
             msgs = [m for m in msgs if m.error() is None]
             for m in errs:
@@ -317,12 +329,13 @@ class KafkaPartition:
                 self._position = max(self._position, max(eof))
                 self._end_seen = max(self._end_seen or 0, self._position)
             return self._empty()
-        offsets = np.fromiter((m.offset() for m in msgs), dtype=np.int64, count=len(msgs))
-        values = [m.value() for m in msgs]
-        keys = [m.key() for m in msgs] if self._want_keys else None
+        offsets = np.fromiter(map(Message.offset, msgs), dtype=np.int64, count=len(msgs))
+        values = list(map(Message.value, msgs))
+        keys = list(map(Message.key, msgs)) if self._want_keys else None
         stamps = None
         if self._want_ts:
-            stamps = np.fromiter((m.timestamp()[1] for m in msgs), np.int64, count=len(msgs))
+            stamps = np.fromiter((t[1] for t in map(Message.timestamp, msgs)), np.int64,
+                                 count=len(msgs))
         if int(offsets[0]) > self._position:  # a gap: markers, or records deleted unread?
             low = self.earliest()
             if low is not None and low > self._position:
@@ -335,6 +348,7 @@ class KafkaPartition:
     def seek(self, position: int) -> None:
         from confluent_kafka import TopicPartition
 
+        self._marks_at_open = None  # a seek asks the broker afresh
         low = self.earliest()
         if low is not None and position < low:
             raise self._expired(position, low)
@@ -389,6 +403,9 @@ class KafkaPartition:
 
     def _try_watermarks(self) -> tuple[int, int] | None:
         from confluent_kafka import KafkaException
+
+        if self._marks_at_open is not None:
+            return self._marks_at_open
 
         try:
             out = self._consumer.get_watermark_offsets(self._tp, timeout=_QUERY_TIMEOUT_S)

@@ -28,7 +28,7 @@ def test_unreachable_at_start_fails_in_bounded_time_naming_the_address() -> None
 
 
 def _restartable(own_nats: Any) -> Any:
-    from conftest import Jet  # the NATS tests' conftest
+    from _jet import Jet
 
     return Jet(own_nats.url, "RESTART")
 

@@ -94,7 +94,9 @@ def _damage_newest(d: Path, rng: random.Random) -> str:
     ckpt = d / "ckpt"
     cps = sorted(ckpt.glob("cp-*"))
     plans = sorted((ckpt / "plans").glob("step-*.json")) if (ckpt / "plans").is_dir() else []
-    files = [p for p in (cps[-1].iterdir() if cps else []) if p.is_file()]
+    # the newest checkpoint only while an older one remains: damaging the only one is a
+    # refusal by contract (semantics section 6), not a fall-back
+    files = [p for p in (cps[-1].iterdir() if len(cps) >= 2 else []) if p.is_file()]
     if plans:
         files.append(plans[-1])
     if not files:

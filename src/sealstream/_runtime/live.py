@@ -16,7 +16,10 @@ Read order inside a step (what watermarks and lateness see): the step's records
 in ``(position, partition index)`` order, as a bounded run interleaves files;
 steps follow each other. Partition indexes are the order of discovery (new
 partitions are appended). This order depends on the plan only, never on how the
-records were polled, so a replay is exact.
+records were polled, so a replay is exact. A replay knows a partition from the
+step whose record first lists it, never before, even if it exists at the restart:
+a partition without an event holds ``W`` back, so knowing it early would change
+which events of the earlier steps are late.
 
 Processing-time decisions, taken only when planning a live step (never on
 replay):

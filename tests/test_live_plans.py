@@ -173,3 +173,32 @@ def test_stop_end_stops_at_the_end_seen_at_start_even_when_more_was_polled(
         assert [pos.next_offset for pos in batch.positions] == [400, 400]
     finally:
         merger.close()
+
+
+def test_a_partition_listed_at_restart_joins_the_replay_where_the_plan_found_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file that appeared after the steps were recorded does not exist for the
+    steps replayed on recovery (it would hold W back: a late event counted)."""
+    monkeypatch.setenv("SEALSTREAM_KEEP_PLANS", "1")
+    inputs(tmp_path)
+    a = tmp_path / "in" / "a.jsonl"
+    rows = a.read_text(encoding="utf-8").splitlines(keepends=True)
+    # late in step 8, in a window still open at the checkpoint of step 7
+    rows[380] = json.dumps({"user": "a0", "ts": 13100}) + "\n"
+    a.write_text("".join(rows), encoding="utf-8")
+    first_run = Job(load_spec(spec(tmp_path))).run()
+    assert first_run.counters.late_events == 1
+    want = results(tmp_path)
+    store = LocalCheckpointStore(tmp_path / "ckpt", encryption_key=None)
+    first, *newer = store.ids()
+    doc = store.read_manifest(first)
+    assert newer and doc is not None and doc["plan"]["step"] < 8
+    for cid in newer:  # recovery restores the first and replays the steps after it
+        shutil.rmtree(store.path_of(cid))
+    (tmp_path / "in" / "c.jsonl").write_text(
+        json.dumps({"user": "c", "ts": 0}) + "\n", encoding="utf-8")
+    summary = Job(load_spec(spec(tmp_path))).run()
+    assert summary.resumed_from == first
+    assert summary.counters.late_events == 1
+    assert results(tmp_path) == want

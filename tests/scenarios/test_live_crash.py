@@ -367,3 +367,28 @@ def test_idle_partition_leaves_w_and_a_quiet_stream_fires_its_last_windows(
                        cwd=d, env=env(), capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr
     assert committed(d) == replay_plan(d, tmp_path / "ref", idle_ms=100)
+
+
+def test_a_file_that_appears_after_the_plan_was_recorded_joins_where_the_plan_says(
+    tmp_path: Path
+) -> None:
+    """A partition listed when a run starts but discovered by the recorded plan only
+    later (or never) does not exist for the steps replayed before its discovery: it
+    would hold W back (no event yet), and a late event would count as on time."""
+    d = tmp_path / "job"
+    (d / "in").mkdir(parents=True)
+    # a's last event is late: W is near 4400 when it is read (b keeps pace with a)
+    (d / "in" / "a.jsonl").write_text(
+        "".join(line("u", i * 100, 1) for i in range(50)) + line("u", 100, 7),
+        encoding="utf-8")
+    (d / "in" / "b.jsonl").write_text(
+        "".join(line("v", i * 100, 1) for i in range(51)), encoding="utf-8")
+    (d / "spec.toml").write_text(spec_text("end"), encoding="utf-8")
+    r = subprocess.run([sys.executable, "-m", "sealstream", "run", "spec.toml", "--quiet"],
+                       cwd=d, env=env(), capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
+    got = committed(d)
+    assert [json.loads(x)["amount"] for x in got["late"]] == [7]
+    # a file appears after the plan was recorded: the plan's run never knew it
+    (d / "in" / "c.jsonl").write_text(line("w", 0, 1), encoding="utf-8")
+    assert replay_plan(d, tmp_path / "ref") == got

@@ -16,7 +16,10 @@ Read order inside a step (what watermarks and lateness see): the step's records
 in ``(position, partition index)`` order, as a bounded run interleaves files;
 steps follow each other. Partition indexes are the order of discovery (new
 partitions are appended). This order depends on the plan only, never on how the
-records were polled, so a replay is exact.
+records were polled, so a replay is exact. A replay knows a partition from the
+step whose record first lists it, never before, even if it exists at the restart:
+a partition without an event holds ``W`` back, so knowing it early would change
+which events of the earlier steps are late.
 
 Processing-time decisions, taken only when planning a live step (never on
 replay):
@@ -151,7 +154,10 @@ class LiveMerger:
         poll_ms: int,
         plan_mark: dict[str, Any] | None,
         clock: Clock | None = None,
+        fresh: bool = False,
     ) -> None:
+        """``fresh``: no checkpoint was restored (``names`` are the partitions listed
+        now, at their start, and ``wm`` knows nothing yet)."""
         self.source = source
         self.plan = plan
         self.schema = plan.event_schema()
@@ -180,20 +186,38 @@ class LiveMerger:
         for n in names:
             if n not in listed:
                 raise SourceError(f"partition {n!r} of the checkpoint is gone from the source")
-        for n, pos in zip(names, positions, strict=True):
-            self._open(n, pos, now)
-        fresh: list[int] = []  # opened per the start mode: a replay says where instead
-        for n in listed:
-            if n not in self.names:
-                fresh.append(len(self.names))
-                self._open(n, None, now)
         if store is not None:
             self._load_replay(store)
-        for q in fresh:
-            self._seek_to_recorded(q)
+        if fresh and self.replay:
+            # recorded steps replayed from the beginning: the partitions join as the
+            # plan discovered them (below), not all at once
+            names, positions = [], []
+            wm.max_time, wm.exhausted, wm.last_offset = [], [], []
+            wm.idle = []
+        for n, pos in zip(names, positions, strict=True):
+            self._open(n, pos, now)
+        if not self.replay:
+            # partitions not in the checkpoint join now (per the start mode). With
+            # recorded steps to replay, they join where the plan says they were
+            # discovered (``_replay_step``), never earlier: a partition known before
+            # its recorded discovery would hold W back (it has no event yet) during
+            # steps that ran without it, and the replay would not be the plan's run
+            for n in listed:
+                if n not in self.names:
+                    self._open(n, None, now)
+        #: stop = "end": the end positions seen at start of the partitions that join
+        #: later (after the replay of the steps before their recorded discovery)
+        self._stop_ends: dict[str, int | None] = {}
         if stop_end:
             for c in self.cursors:
                 c.stop_at = c.part.end()
+            for n in listed:
+                if n not in self.names:
+                    probe = self.source.open(n, None)
+                    try:
+                        self._stop_ends[n] = probe.end()
+                    finally:
+                        probe.close()
 
     # ------------------------------------------------------------ partitions
     def _open(self, name: str, pos: SourcePosition | None, now: float) -> None:
@@ -229,6 +253,8 @@ class LiveMerger:
         for n in self.source.discover():
             if n not in self.names:
                 self._open(n, None, now)
+                if self.stop_end:  # listed at start (its replay was pending): its end then
+                    self.cursors[-1].stop_at = self._stop_ends.get(n)
 
     # ------------------------------------------------------------ plans
     def _load_replay(self, store: CheckpointStore) -> None:
@@ -383,6 +409,13 @@ class LiveMerger:
                 self.source.discover()
                 self._open(n, None, now)
                 self._seek_to_recorded(len(self.names) - 1, [plan, *self.replay])
+                if self.stop_end:
+                    self.cursors[-1].stop_at = self._stop_ends.get(n)
+        if tuple(self.names[:len(plan.partitions)]) != plan.partitions:
+            raise CheckpointError(
+                f"the recorded plan of step {plan.step} knows the partitions "
+                f"{list(plan.partitions)}, but the run knows {self.names}: the plan does "
+                "not continue the restored checkpoint")
         took: list[_Took | None] = [None] * len(self.cursors)
         for q, n in enumerate(self.names):
             rng = plan.ranges.get(n)
@@ -547,6 +580,7 @@ def open_live(job: Any, positions: list[SourcePosition]) -> LiveMerger:
         max_delay_ms=p.watermark.max_delay_ms, idle_ms=p.watermark.idle_ms,
         stop_end=p.source.stop_mode == "end", poll_ms=p.source.poll_ms,
         plan_mark=job._plan_mark,
+        fresh=job._plan_mark is None and job.start is None,
     )
 
 

@@ -6,15 +6,16 @@ cleanup, no flush, exactly like a power cut for everything not yet fsynced.
 
 Points, in the order a checkpoint passes them: ``batch`` (after a batch was
 applied, before its output is staged), ``after_stage`` (output staged),
-``after_sink_prepare``, ``after_write_parts`` (scale-out: every worker wrote
-its part), ``after_write_state``, ``after_write_receipts``,
+``after_sink_prepare``, ``after_write_state``, ``after_write_receipts``,
 ``after_write_suppress``, ``before_manifest_publish``,
 ``after_manifest_publish``, ``after_commit_results``, ``after_commit_late``,
 ``after_commit_errors``, ``after_retention``.
 
-Sinks may have points of their own, not in :data:`POINTS` (a run with another
-sink never reaches them): ``kafka_in_transaction`` (the Kafka sink produced an
-epoch's rows in its transaction and has not committed it yet).
+Sinks and the scale-out job have points of their own, not in :data:`POINTS` (a
+single-process run with another sink never reaches them): ``kafka_in_transaction``
+(the Kafka sink produced an epoch's rows in its transaction and has not committed
+it yet) and ``after_write_parts`` (a distributed run: every worker wrote its part of
+the state, between ``after_sink_prepare`` and ``after_write_state``).
 
 ``SEALSTREAM_PAUSE_AT`` (same syntax, read only from the environment) makes the
 process stop itself with SIGSTOP instead, for a test to change something at that
@@ -35,7 +36,6 @@ POINTS = (
     "batch",
     "after_stage",
     "after_sink_prepare",
-    "after_write_parts",
     "after_write_state",
     "after_write_receipts",
     "after_write_suppress",

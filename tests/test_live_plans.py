@@ -202,3 +202,46 @@ def test_a_partition_listed_at_restart_joins_the_replay_where_the_plan_found_it(
     assert summary.resumed_from == first
     assert summary.counters.late_events == 1
     assert results(tmp_path) == want
+
+
+def test_stop_end_does_not_wait_for_a_partition_that_appeared_after_the_start(
+    tmp_path: Path,
+) -> None:
+    """stop = "end" backfills what existed at start: a file that starts to match the
+    glob during the run is not read (the next run reads it), and the run still ends."""
+    from sealstream._runtime.live import LiveMerger
+    from sealstream.sources.files.follow import FollowedFiles
+
+    class Jumps:  # every reading of the clock is 10 s later: discovery runs each step
+        def __init__(self) -> None:
+            self.t = 0.0
+
+        def monotonic(self) -> float:
+            self.t += 10.0
+            return self.t
+
+        def wall_ms(self) -> int:
+            return int(self.t * 1000)
+
+    inputs(tmp_path)
+    p = load_spec(spec(tmp_path))
+    plan = p.field_plan()
+    merger = LiveMerger(FollowedFiles("jsonl", p.source, plan), plan, [], [], 100,
+                        store=None, key=None, wm=WatermarkState.initial(0, 0),
+                        max_delay_ms=0, idle_ms=None, stop_end=True, poll_ms=0,
+                        plan_mark=None, clock=Jumps())
+    try:
+        (tmp_path / "in" / "c.jsonl").write_text(
+            "".join(json.dumps({"user": "new", "ts": 1}) + "\n" for _ in range(5)),
+            encoding="utf-8")
+        events = steps = 0
+        while (batch := merger.next_batch()) is not None and steps < 1000:
+            steps += 1
+            events += batch.events.height
+            if batch.finished:
+                break
+        assert batch is not None and batch.finished
+        assert events == 800
+        assert len(batch.positions) == 2
+    finally:
+        merger.close()

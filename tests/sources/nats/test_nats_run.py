@@ -3,7 +3,8 @@ equal those of the same events in JSONL files; SIGKILLed at random instants with
 newest checkpoint or step plan damaged between restarts, its committed output equals
 an uninterrupted run, exactly once.
 
-Seeds: ``SEALSTREAM_NATS_CHAOS_SEEDS`` (default 2) random stories."""
+Seeds: ``SEALSTREAM_NATS_CHAOS_SEEDS`` (default 1; the producer-while-killed story is
+test_nats_live_crash.py) random stories."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ if str(SCENARIOS) not in sys.path:
 
 from _story import assert_same_output, committed, make_input, write_spec  # noqa: E402
 
-SEEDS = int(os.environ.get("SEALSTREAM_NATS_CHAOS_SEEDS", "2"))
+SEEDS = int(os.environ.get("SEALSTREAM_NATS_CHAOS_SEEDS", "1"))
 
 
 def nats_spec(d: Path, jet: Any, names: list[str], **kw: Any) -> Path:

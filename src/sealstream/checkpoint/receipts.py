@@ -25,19 +25,45 @@ only the hashes: 20 of them (640 bytes) for an epoch of a million results.
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import polars as pl
 import polars_hash as plh
+import pyarrow as pa
 
 from sealstream.checkpoint.manifest import ROOTS_FIELD as ROOTS_FIELD
 from sealstream.checkpoint.manifest import signature_ok
 from sealstream.state.codec import decode_table, encode_table
 
 EMPTY_ROOT = hashlib.sha256(b"").hexdigest()
+NODE_PREFIX = ord("1")  # inner nodes' first byte; leaves' is "0"
+
+
+def _hex_to_raw(hexes: pl.Series) -> np.ndarray:
+    """Lowercase hex SHA-256 digests (a String column) as an ``(n, 32)`` uint8 array."""
+    arr = hexes.to_arrow(compat_level=pl.CompatLevel.oldest())
+    bufs = arr.buffers()
+    assert bufs[1] is not None and bufs[2] is not None
+    offsets = np.frombuffer(bufs[1], dtype=np.int64)
+    text = memoryview(bufs[2])[int(offsets[arr.offset]):int(offsets[arr.offset + len(arr)])]
+    return np.frombuffer(binascii.unhexlify(text), dtype=np.uint8).reshape(-1, 32)
+
+
+def _sha256_rows(rows: np.ndarray) -> np.ndarray:
+    """SHA-256 of each row of a 2-D uint8 array (fixed-width messages), as raw digests:
+    one columnar :mod:`polars_hash` call over an Arrow binary column built on the rows'
+    own buffer (no per-row Python)."""
+    count, width = rows.shape
+    offsets = np.arange(0, width * (count + 1), width, dtype=np.int32)
+    arr = pa.Array.from_buffers(
+        pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(rows)])
+    col = pl.DataFrame({"m": pl.Series("m", arr, dtype=pl.Binary)})
+    return _hex_to_raw(col.select(pl.col("m").chash.sha2_256())["m"])
 
 
 def leaf_level(ids: pl.Series) -> pl.Series:
@@ -48,35 +74,52 @@ def leaf_level(ids: pl.Series) -> pl.Series:
     )["h"]
 
 
-def next_level(level: pl.Series) -> pl.Series:
-    """The parents of ``level``: pairs hashed, an odd last node promoted."""
-    n = level.len()
+def _next_raw(level: np.ndarray) -> np.ndarray:
+    """The parents of ``level`` (raw digests): ``sha256("1" || left || right)`` over each
+    pair of 32-byte digests, an odd last node promoted."""
+    n = len(level)
     pairs = n // 2
-    frame = pl.DataFrame({
-        "l": level.gather_every(2).head(pairs),
-        "r": level.gather_every(2, offset=1).head(pairs),
-    })
-    up = frame.select(
-        plh.concat_str(pl.lit("1"), pl.col("l"), pl.col("r")).chash.sha2_256().alias("h")
-    )["h"]
-    if n % 2:
-        up = pl.concat([up, level.tail(1).alias("h")])
-    return up
+    rows = np.empty((pairs, 65), dtype=np.uint8)
+    rows[:, 0] = NODE_PREFIX
+    rows[:, 1:] = level[: 2 * pairs].reshape(pairs, 64)
+    up = _sha256_rows(rows)
+    return np.concatenate([up, level[-1:]]) if n % 2 else up
+
+
+def _raw_levels(ids: pl.Series) -> list[np.ndarray]:
+    out = [_hex_to_raw(leaf_level(ids))]
+    while len(out[-1]) > 1:
+        out.append(_next_raw(out[-1]))
+    return out
+
+
+def _as_hex(level: np.ndarray) -> pl.Series:
+    """Raw ``(n, 32)`` digests as a String column of lowercase hex (64 characters each)."""
+    count = len(level)
+    text = binascii.hexlify(np.ascontiguousarray(level).tobytes())
+    offsets = np.arange(0, 64 * (count + 1), 64, dtype=np.int32)
+    arr = pa.Array.from_buffers(
+        pa.string(), count, [None, pa.py_buffer(offsets), pa.py_buffer(text)])
+    return pl.Series("h", arr, dtype=pl.String)
+
+
+def next_level(level: pl.Series) -> pl.Series:
+    """The parents of ``level`` (hex): pairs hashed, an odd last node promoted."""
+    return _as_hex(_next_raw(_hex_to_raw(level)))
 
 
 def levels(ids: pl.Series) -> list[pl.Series]:
-    """Every level of the tree over sorted ``ids``, leaves first, root last."""
+    """Every level of the tree over sorted ``ids`` (hex), leaves first, root last."""
     if ids.len() == 0:
         return [pl.Series("h", [EMPTY_ROOT])]
-    out = [leaf_level(ids)]
-    while out[-1].len() > 1:
-        out.append(next_level(out[-1]))
-    return out
+    return [_as_hex(level) for level in _raw_levels(ids)]
 
 
 def root(ids: pl.Series) -> str:
     """The Merkle root (hex) over sorted ``ids``."""
-    return str(levels(ids)[-1][0])
+    if ids.len() == 0:
+        return EMPTY_ROOT
+    return bytes(_raw_levels(ids)[-1][0]).hex()
 
 
 def path(tree: list[list[str]], index: int) -> list[str]:
@@ -90,6 +133,20 @@ def path(tree: list[list[str]], index: int) -> list[str]:
             out.append(level[sib])
         i //= 2
     return out
+
+
+def joined_digest(sorted_ids: pl.Series) -> str:
+    """``sha256("\\n".join(sorted_ids))`` (the receipts' digest), hashed straight from
+    the joined column's Arrow buffer: no Python string of every id, no second copy."""
+    joined = sorted_ids.cast(pl.String).str.join("\n").to_arrow(
+        compat_level=pl.CompatLevel.oldest())
+    bufs = joined.buffers()
+    assert bufs[1] is not None
+    offsets = np.frombuffer(bufs[1], dtype=np.int64)
+    lo, hi = int(offsets[joined.offset]), int(offsets[joined.offset + 1])
+    if hi == lo or bufs[2] is None:
+        return hashlib.sha256(b"").hexdigest()
+    return hashlib.sha256(memoryview(bufs[2])[lo:hi]).hexdigest()
 
 
 def leaf_hash(result_id: str) -> str:
@@ -111,8 +168,15 @@ def verify_path(result_id: str, index: int, count: int, siblings: list[str],
                 return False
             s = siblings[k]
             k += 1
-            pair = h + s if i % 2 == 0 else s + h
-            h = hashlib.sha256(("1" + pair).encode()).hexdigest()
+            try:
+                raw = bytes.fromhex(s)
+            except ValueError:
+                return False
+            if len(raw) != 32:
+                return False
+            here = bytes.fromhex(h)
+            pair = here + raw if i % 2 == 0 else raw + here
+            h = hashlib.sha256(b"1" + pair).hexdigest()
         i //= 2
         n = (n + 1) // 2
     return k == len(siblings) and h == expected_root

@@ -63,7 +63,7 @@ def _sha256_rows(rows: np.ndarray) -> np.ndarray:
     arr = pa.Array.from_buffers(
         pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(rows)])
     col = pl.DataFrame({"m": pl.Series("m", arr, dtype=pl.Binary)})
-    return _hex_to_raw(col.select(pl.col("m").chash.sha2_256())["m"])
+    return _hex_to_raw(col.select(plh.col("m").chash.sha2_256())["m"])
 
 
 def leaf_level(ids: pl.Series) -> pl.Series:

@@ -2,18 +2,20 @@
 
 An epoch's receipt for its results is the root of a binary Merkle tree whose leaves
 are the epoch's result ids (``key|kint|window_start|window_end``, the identity the
-receipts' digest hashes), sorted bytewise. Hashes are SHA-256, as lowercase hex:
+receipts' digest hashes), sorted bytewise. Hashes are SHA-256 (shown as lowercase hex):
 
-* leaf ``i``: ``sha256("0" + id_i)``
-* node: ``sha256("1" + left_hex + right_hex)`` (hex text of the two children)
+* leaf ``i``: ``sha256(b"0" + id_i.encode())``
+* node: ``sha256(b"1" + left + right)`` over the two children's raw 32-byte digests
+  (65 bytes: two SHA-256 blocks, where the hex text of both children took three)
 * a level of odd length promotes its last node unchanged to the next level (no
   duplication, so no two leaf sets share a root by repeating a leaf)
 * the root of an epoch with no results: ``sha256("")``
 
 The prefixes "0" and "1" keep a leaf from being passed off as an inner node.
 
-Building is columnar: each level is one Polars expression over the whole column
-(:mod:`polars_hash`'s SHA-256), never a Python loop per result. Checking a proof is
+Building is columnar: each level is one :mod:`polars_hash` SHA-256 over the whole
+column (the inner levels over an Arrow binary column laid on a numpy ``(n, 65)``
+buffer), never a Python loop per result. Checking a proof is
 a handful of :mod:`hashlib` calls (:func:`verify_path`).
 
 A proof of leaf ``index`` among ``count`` leaves is the list of sibling hashes from

@@ -2,20 +2,18 @@
 
 An epoch's receipt for its results is the root of a binary Merkle tree whose leaves
 are the epoch's result ids (``key|kint|window_start|window_end``, the identity the
-receipts' digest hashes), sorted bytewise. Hashes are SHA-256 (shown as lowercase hex):
+receipts' digest hashes), sorted bytewise. Hashes are SHA-256, as lowercase hex:
 
-* leaf ``i``: ``sha256(b"0" + id_i.encode())``
-* node: ``sha256(b"1" + left + right)`` over the two children's raw 32-byte digests
-  (65 bytes: two SHA-256 blocks, where the hex text of both children took three)
+* leaf ``i``: ``sha256("0" + id_i)``
+* node: ``sha256("1" + left_hex + right_hex)`` (hex text of the two children)
 * a level of odd length promotes its last node unchanged to the next level (no
   duplication, so no two leaf sets share a root by repeating a leaf)
 * the root of an epoch with no results: ``sha256("")``
 
 The prefixes "0" and "1" keep a leaf from being passed off as an inner node.
 
-Building is columnar: each level is one :mod:`polars_hash` SHA-256 over the whole
-column (the inner levels over an Arrow binary column laid on a numpy ``(n, 65)``
-buffer), never a Python loop per result. Checking a proof is
+Building is columnar: each level is one Polars expression over the whole column
+(:mod:`polars_hash`'s SHA-256), never a Python loop per result. Checking a proof is
 a handful of :mod:`hashlib` calls (:func:`verify_path`).
 
 A proof of leaf ``index`` among ``count`` leaves is the list of sibling hashes from
@@ -27,7 +25,6 @@ only the hashes: 20 of them (640 bytes) for an epoch of a million results.
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import json
 from dataclasses import dataclass
@@ -36,36 +33,12 @@ from typing import Any
 import numpy as np
 import polars as pl
 import polars_hash as plh
-import pyarrow as pa
 
 from sealstream.checkpoint.manifest import ROOTS_FIELD as ROOTS_FIELD
 from sealstream.checkpoint.manifest import signature_ok
 from sealstream.state.codec import decode_table, encode_table
 
 EMPTY_ROOT = hashlib.sha256(b"").hexdigest()
-NODE_PREFIX = ord("1")  # inner nodes' first byte; leaves' is "0"
-
-
-def _hex_to_raw(hexes: pl.Series) -> np.ndarray:
-    """Lowercase hex SHA-256 digests (a String column) as an ``(n, 32)`` uint8 array."""
-    arr = hexes.to_arrow(compat_level=pl.CompatLevel.oldest())
-    bufs = arr.buffers()
-    assert bufs[1] is not None and bufs[2] is not None
-    offsets = np.frombuffer(bufs[1], dtype=np.int64)
-    text = memoryview(bufs[2])[int(offsets[arr.offset]):int(offsets[arr.offset + len(arr)])]
-    return np.frombuffer(binascii.unhexlify(text), dtype=np.uint8).reshape(-1, 32)
-
-
-def _sha256_rows(rows: np.ndarray) -> np.ndarray:
-    """SHA-256 of each row of a 2-D uint8 array (fixed-width messages), as raw digests:
-    one columnar :mod:`polars_hash` call over an Arrow binary column built on the rows'
-    own buffer (no per-row Python)."""
-    count, width = rows.shape
-    offsets = np.arange(0, width * (count + 1), width, dtype=np.int32)
-    arr = pa.Array.from_buffers(
-        pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(rows)])
-    col = pl.DataFrame({"m": pl.Series("m", arr, dtype=pl.Binary)})
-    return _hex_to_raw(col.select(plh.col("m").chash.sha2_256())["m"])
 
 
 def leaf_level(ids: pl.Series) -> pl.Series:
@@ -76,52 +49,35 @@ def leaf_level(ids: pl.Series) -> pl.Series:
     )["h"]
 
 
-def _next_raw(level: np.ndarray) -> np.ndarray:
-    """The parents of ``level`` (raw digests): ``sha256("1" || left || right)`` over each
-    pair of 32-byte digests, an odd last node promoted."""
-    n = len(level)
-    pairs = n // 2
-    rows = np.empty((pairs, 65), dtype=np.uint8)
-    rows[:, 0] = NODE_PREFIX
-    rows[:, 1:] = level[: 2 * pairs].reshape(pairs, 64)
-    up = _sha256_rows(rows)
-    return np.concatenate([up, level[-1:]]) if n % 2 else up
-
-
-def _raw_levels(ids: pl.Series) -> list[np.ndarray]:
-    out = [_hex_to_raw(leaf_level(ids))]
-    while len(out[-1]) > 1:
-        out.append(_next_raw(out[-1]))
-    return out
-
-
-def _as_hex(level: np.ndarray) -> pl.Series:
-    """Raw ``(n, 32)`` digests as a String column of lowercase hex (64 characters each)."""
-    count = len(level)
-    text = binascii.hexlify(np.ascontiguousarray(level).tobytes())
-    offsets = np.arange(0, 64 * (count + 1), 64, dtype=np.int32)
-    arr = pa.Array.from_buffers(
-        pa.string(), count, [None, pa.py_buffer(offsets), pa.py_buffer(text)])
-    return pl.Series("h", arr, dtype=pl.String)
-
-
 def next_level(level: pl.Series) -> pl.Series:
-    """The parents of ``level`` (hex): pairs hashed, an odd last node promoted."""
-    return _as_hex(_next_raw(_hex_to_raw(level)))
+    """The parents of ``level``: pairs hashed, an odd last node promoted."""
+    n = level.len()
+    pairs = n // 2
+    frame = pl.DataFrame({
+        "l": level.gather_every(2).head(pairs),
+        "r": level.gather_every(2, offset=1).head(pairs),
+    })
+    up = frame.select(
+        plh.concat_str(pl.lit("1"), pl.col("l"), pl.col("r")).chash.sha2_256().alias("h")
+    )["h"]
+    if n % 2:
+        up = pl.concat([up, level.tail(1).alias("h")])
+    return up
 
 
 def levels(ids: pl.Series) -> list[pl.Series]:
-    """Every level of the tree over sorted ``ids`` (hex), leaves first, root last."""
+    """Every level of the tree over sorted ``ids``, leaves first, root last."""
     if ids.len() == 0:
         return [pl.Series("h", [EMPTY_ROOT])]
-    return [_as_hex(level) for level in _raw_levels(ids)]
+    out = [leaf_level(ids)]
+    while out[-1].len() > 1:
+        out.append(next_level(out[-1]))
+    return out
 
 
 def root(ids: pl.Series) -> str:
     """The Merkle root (hex) over sorted ``ids``."""
-    if ids.len() == 0:
-        return EMPTY_ROOT
-    return bytes(_raw_levels(ids)[-1][0]).hex()
+    return str(levels(ids)[-1][0])
 
 
 def path(tree: list[list[str]], index: int) -> list[str]:
@@ -170,15 +126,8 @@ def verify_path(result_id: str, index: int, count: int, siblings: list[str],
                 return False
             s = siblings[k]
             k += 1
-            try:
-                raw = bytes.fromhex(s)
-            except ValueError:
-                return False
-            if len(raw) != 32:
-                return False
-            here = bytes.fromhex(h)
-            pair = here + raw if i % 2 == 0 else raw + here
-            h = hashlib.sha256(b"1" + pair).hexdigest()
+            pair = h + s if i % 2 == 0 else s + h
+            h = hashlib.sha256(("1" + pair).encode()).hexdigest()
         i //= 2
         n = (n + 1) // 2
     return k == len(siblings) and h == expected_root

@@ -164,8 +164,7 @@ class Checkpointing:
                     entry[role]["root"] = trees.EMPTY_ROOT
                 continue
             sorted_ids = pl.concat(rec["ids"]).select(self._ids(role)).sort("id")["id"]
-            ids = sorted_ids.str.join("\n").item()
-            digest = hashlib.sha256(ids.encode()).hexdigest()
+            digest = trees.joined_digest(sorted_ids)
             entry[role] = {"count": rec["count"], "digest": digest,
                            "tokens": tokens.get(role, [])}
             if role == "results":  # the Merkle root the manifest signs (receipts.py)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from sealstream.errors import SpecError
+from sealstream.pipeline._live import LiveSourceSpec
 
 if TYPE_CHECKING:
     from sealstream.sources._base import FieldPlan
@@ -40,7 +41,7 @@ KAFKA_SETTINGS = frozenset(
 
 
 @dataclass(frozen=True)
-class KafkaSourceSpec:
+class KafkaSourceSpec(LiveSourceSpec):
     """A Kafka topic as a pipeline's source. See the module docstring.
 
     >>> s = KafkaSourceSpec(bootstrap="127.0.0.1:9092", topic="clicks", key="@key",
@@ -70,35 +71,11 @@ class KafkaSourceSpec:
     follow: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.stop not in (None, "end", "never"):
-            raise SpecError(f"source.stop: expected \"end\" or \"never\", got {self.stop!r}")
-        if self.poll_ms < 0:
-            raise SpecError(f"source.poll_ms: expected an integer >= 0, got {self.poll_ms}")
-        if self.fail_after_ms is not None and self.fail_after_ms <= 0:
-            raise SpecError(
-                f"source.fail_after_ms: expected an integer > 0, got {self.fail_after_ms}")
-        if not isinstance(self.key, str):
-            raise SpecError("source.key: a kafka source takes one key field (or \"@key\"); "
-                            "derive a compound key with [transform] fields")
+        self._check_common()
         self.settings()  # checks bootstrap, topic, start, client, fail_after_ms
 
-    @property
-    def live(self) -> bool:
-        return True
-
-    @property
-    def stop_mode(self) -> str:
-        return self.stop or "never"
-
-    @property
-    def key_fields(self) -> tuple[str, ...] | None:
-        return None
-
-    def partitions(self, allow_empty: bool = False) -> list[tuple[str, Path]]:
-        """No files: ``[]`` for a live run (``allow_empty``), else a SpecError."""
-        if allow_empty:
-            return []
-        raise SpecError(f"source: kafka topic {self.topic!r} has no files; it is read live")
+    def _what(self) -> str:
+        return f"kafka topic {self.topic!r}"
 
     def settings(self) -> KafkaSettings:
         from sealstream.sources.kafka import DEFAULT_FAIL_AFTER_MS, KafkaSettings

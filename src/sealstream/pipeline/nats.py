@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from sealstream.errors import SpecError
+from sealstream.pipeline._live import LiveSourceSpec
 
 if TYPE_CHECKING:
     from sealstream.sources._base import FieldPlan
@@ -39,7 +40,7 @@ NATS_SETTINGS = frozenset(
 
 
 @dataclass(frozen=True)
-class NatsSourceSpec:
+class NatsSourceSpec(LiveSourceSpec):
     """A JetStream stream's subjects as a pipeline's source. See the module docstring.
 
     >>> s = NatsSourceSpec(servers=("nats://127.0.0.1:4222",), stream="ORDERS",
@@ -65,32 +66,11 @@ class NatsSourceSpec:
     follow: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.stop not in (None, "end", "never"):
-            raise SpecError(f"source.stop: expected \"end\" or \"never\", got {self.stop!r}")
-        if self.poll_ms < 0:
-            raise SpecError(f"source.poll_ms: expected an integer >= 0, got {self.poll_ms}")
-        if not isinstance(self.key, str):
-            raise SpecError("source.key: a nats source takes one key field (or \"@key\"); "
-                            "derive a compound key with [transform] fields")
+        self._check_common()
         self.settings()  # checks servers, stream, subjects, start, fail_after_ms
 
-    @property
-    def live(self) -> bool:
-        return True
-
-    @property
-    def stop_mode(self) -> str:
-        return self.stop or "never"
-
-    @property
-    def key_fields(self) -> tuple[str, ...] | None:
-        return None
-
-    def partitions(self, allow_empty: bool = False) -> list[tuple[str, Path]]:
-        """No files: ``[]`` for a live run (``allow_empty``), else a SpecError."""
-        if allow_empty:
-            return []
-        raise SpecError(f"source: NATS stream {self.stream!r} has no files; it is read live")
+    def _what(self) -> str:
+        return f"NATS stream {self.stream!r}"
 
     def settings(self) -> NatsSettings:
         from sealstream.sources.nats import DEFAULT_FAIL_AFTER_MS, NatsSettings

@@ -135,3 +135,52 @@ def test_docstring_examples_run(module: str) -> None:
     mod = importlib.import_module(f"sealstream.agents.{module}")
     result = doctest.testmod(mod)
     assert result.failed == 0
+
+
+def test_postgres_names_are_bytewise_in_new_and_earlier_tables(pg_url: str) -> None:
+    """A new table keys names in the "C" collation (its primary key serves every
+    lookup, range and order); a table made by an earlier version, names in the
+    database's collation, gets the "C" index and reads the same."""
+    import psycopg
+
+    from sealstream.agents.store import PostgresRowStore
+
+    def collation_and_indexes(url: str) -> tuple[str, list[str]]:
+        with psycopg.connect(url) as conn:
+            row = conn.execute(
+                "SELECT c.collname FROM pg_attribute a JOIN pg_collation c "
+                "ON c.oid = a.attcollation WHERE a.attrelid = 'agent_rows'::regclass "
+                "AND a.attname = 'name'").fetchone()
+            names = [r[0] for r in conn.execute(
+                "SELECT indexname FROM pg_indexes WHERE tablename = 'agent_rows' "
+                "ORDER BY indexname")]
+        assert row is not None
+        return str(row[0]), names
+
+    names = ["a|1", "B|1", "a}", "_x", "a|2", "A|1"]
+
+    def exercise(rows: PostgresRowStore) -> None:
+        with rows.transaction() as tx:
+            for name in names:
+                tx.insert("w", "e", "", name, name.encode())
+            assert tx.get_many("w", "e", "", ["a|1", "A|1", "nope"]) == {
+                "a|1": b"a|1", "A|1": b"A|1"}
+        assert [r.name for r in rows.scan("w", "e", "", prefix="a|")] == ["a|1", "a|2"]
+        with rows.transaction() as tx:
+            assert [k[0] for k in tx.keys("w", "e", "")] == sorted(
+                names, key=str.encode, reverse=True)
+            assert [k[0] for k in tx.keys("w", "e", "", before="a|2", limit=2)] == [
+                "a|1", "_x"]
+        rows.close()
+
+    exercise(PostgresRowStore(pg_url))
+    assert collation_and_indexes(pg_url) == ("C", ["agent_rows_pkey"])
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # an earlier version's table
+        conn.execute("DROP TABLE agent_rows")
+        conn.execute("CREATE TABLE agent_rows (space TEXT NOT NULL, execution TEXT NOT "
+                     "NULL, ns TEXT NOT NULL, name TEXT NOT NULL, data BYTEA NOT NULL, "
+                     "PRIMARY KEY (space, execution, ns, name))")
+    exercise(PostgresRowStore(pg_url))
+    collation, indexes = collation_and_indexes(pg_url)
+    assert collation != "C" and indexes == ["agent_rows_c_names", "agent_rows_pkey"]

@@ -61,19 +61,28 @@ CREATE TABLE IF NOT EXISTS agent_rows (
 );
 """
 
+# names compare bytewise (COLLATE "C": pending writes by checkpoint prefix, the newest
+# checkpoints first) whatever the database's collation, so the primary key serves
+# every statement: equality, ranges and order. Every statement spells the collation
+# out (``name COLLATE "C"``), so a table made by an earlier version (``name`` in the
+# database's collation) is served by its extra index, :data:`_PG_INDEX`.
 _PG_SCHEMA = """
 CREATE TABLE IF NOT EXISTS agent_rows (
     space TEXT NOT NULL,
     execution TEXT NOT NULL,
     ns TEXT NOT NULL,
-    name TEXT NOT NULL,
+    name TEXT COLLATE "C" NOT NULL,
     data BYTEA NOT NULL,
     PRIMARY KEY (space, execution, ns, name)
 )
 """
 
-# names compared bytewise (COLLATE "C": pending writes by checkpoint prefix, the newest
-# checkpoints first) whatever the database's collation: an index, not a scan and sort
+_PG_NAME_COLLATION = """
+SELECT c.collname FROM pg_attribute a JOIN pg_collation c ON c.oid = a.attcollation
+WHERE a.attrelid = 'agent_rows'::regclass AND a.attname = 'name'
+"""
+
+# only for a table made before ``name`` was "C" (its primary key cannot serve ranges)
 _PG_INDEX = """
 CREATE INDEX IF NOT EXISTS agent_rows_c_names
 ON agent_rows (space, execution, ns, name COLLATE "C")
@@ -293,7 +302,7 @@ def _where(space: str, execution: str | None, ns: str | None,
         sql += " AND ns = " + mark
         args.append(ns)
     if names is not None:
-        sql += " AND name IN (" + ", ".join([mark] * len(names)) + ")"
+        sql += f" AND name{collate} IN (" + ", ".join([mark] * len(names)) + ")"
         args.extend(names)
     return sql, args
 
@@ -301,13 +310,18 @@ def _where(space: str, execution: str | None, ns: str | None,
 def _keys_sql(space: str, execution: str | None, ns: str | None, before: str | None,
               limit: int | None, newest_first: bool, mark: str, collate: str
               ) -> tuple[str, list[Any]]:
-    where, args = _where(space, execution, ns, None, mark)
+    where, args = _where(space, execution, ns, None, mark, collate=collate)
     if before is not None:
         where += f" AND name{collate} < {mark}"
         args.append(before)
     order = "DESC" if newest_first else "ASC"
-    sql = (f"SELECT name, execution, ns FROM agent_rows WHERE {where} ORDER BY "
-           f"name{collate} {order}, execution{collate} {order}, ns{collate} {order}")
+    # a column fixed by the WHERE clause is left out of the order: the index's own
+    # order then serves, with no sort of the whole history
+    order_by = [f"name{collate} {order}"] + [
+        f"{col}{collate} {order}" for col, fixed in (("execution", execution), ("ns", ns))
+        if fixed is None]
+    sql = f"SELECT name, execution, ns FROM agent_rows WHERE {where} ORDER BY " + ", ".join(
+        order_by)
     if limit is not None:
         sql += f" LIMIT {int(limit)}"
     return sql, args
@@ -492,23 +506,7 @@ class _PgTx(RowTx):
 
     def checkpoint_rows(self, execution: str, ns: str, cid: str, writes_prefix: str
                         ) -> tuple[bytes | None, bytes | None, list[Row]]:
-        end = writes_prefix[:-1] + chr(ord(writes_prefix[-1]) + 1)
-        rows = self._c.execute(
-            "SELECT space, name, data FROM agent_rows WHERE execution = %s AND ns = %s AND "
-            "((space = 'cp' AND name = %s) OR (space = 'wi' AND name = %s) OR "
-            "(space = 'w' AND name COLLATE \"C\" >= %s AND name COLLATE \"C\" < %s)) "
-            "ORDER BY space, name COLLATE \"C\"",
-            (execution, ns, cid, cid, writes_prefix, end)).fetchall()
-        cp = wi = None
-        writes = []
-        for space, name, data in rows:
-            if space == "cp":
-                cp = _blob(data)
-            elif space == "wi":
-                wi = _blob(data)
-            elif name.startswith(writes_prefix):
-                writes.append(Row("w", execution, ns, name, _blob(data)))
-        return cp, wi, writes
+        return self.fetch(execution, ns, [cid], [writes_prefix], (), False)[0][cid]
 
     def checkpoints_rows(self, execution: str, ns: str, cids: Sequence[str],
                          writes_prefixes: Sequence[str]
@@ -519,22 +517,29 @@ class _PgTx(RowTx):
               writes_prefixes: Sequence[str], blobs: Sequence[str], meta: bool
               ) -> tuple[dict[str, tuple[bytes | None, bytes | None, list[Row]]],
                          dict[str, bytes], bytes | None]:
+        # one statement; each arm a primary-key lookup (every key column equal to a
+        # value) or a key range with constant bounds. Not ``name = ANY(...)`` nor a
+        # join: on a table the planner has no statistics for yet (a new store), it
+        # reads such a condition as a filter over the whole history
         prefixes = list(writes_prefixes)
-        ends = [p[:-1] + chr(ord(p[-1]) + 1) for p in prefixes]
-        rows = self._c.execute(
-            "SELECT space, name, data FROM agent_rows WHERE space IN ('cp', 'wi') "
-            "AND execution = %s AND ns = %s AND name = ANY(%s) "
-            "UNION ALL SELECT space, name, data FROM agent_rows WHERE space = 'blob' "
-            "AND execution = %s AND ns = %s AND name = ANY(%s) "
-            "UNION ALL SELECT space, name, data FROM agent_rows WHERE space = 'meta' "
-            "AND execution = %s AND ns = %s AND name = 'history' AND %s "
-            "UNION ALL SELECT r.space, r.name, r.data "
-            "FROM unnest(%s::text[], %s::text[]) AS p(lo, hi) JOIN LATERAL ("
-            "SELECT space, name, data FROM agent_rows WHERE space = 'w' AND execution = %s "
-            "AND ns = %s AND name COLLATE \"C\" >= p.lo AND name COLLATE \"C\" < p.hi"
-            ") r ON true",
-            (execution, ns, list(cids), execution, ns, list(blobs), execution, ns, meta,
-             prefixes, ends, execution, ns)).fetchall()
+        arms: list[str] = []
+        args: list[Any] = []
+        pick = ("SELECT space, name, data FROM agent_rows WHERE execution = %s AND ns = %s "
+                "AND ")
+        for cid in cids:
+            arms.append(pick + "space IN ('cp', 'wi') AND name COLLATE \"C\" = %s")
+            args += [execution, ns, cid]
+        for blob in blobs:
+            arms.append(pick + "space = 'blob' AND name COLLATE \"C\" = %s")
+            args += [execution, ns, blob]
+        if meta:
+            arms.append(pick + "space = 'meta' AND name COLLATE \"C\" = 'history'")
+            args += [execution, ns]
+        for prefix in prefixes:
+            arms.append(pick + "space = 'w' AND name COLLATE \"C\" >= %s "
+                        "AND name COLLATE \"C\" < %s")
+            args += [execution, ns, prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)]
+        rows = self._c.execute(" UNION ALL ".join(arms), args).fetchall() if arms else []
         found: dict[str, list[Any]] = {cid: [None, None, []] for cid in cids}
         owner = dict(zip(prefixes, cids, strict=True))
         blob_rows: dict[str, bytes] = {}
@@ -571,12 +576,16 @@ class _PgTx(RowTx):
 
     def get_many(self, space: str, execution: str, ns: str, names: Sequence[str]
                  ) -> dict[str, bytes]:
-        if not names:
-            return {}
-        rows = self._c.execute(
-            "SELECT name, data FROM agent_rows WHERE space = %s AND execution = %s AND "
-            "ns = %s AND name = ANY(%s)", (space, execution, ns, list(names))).fetchall()
-        return {r[0]: _blob(r[1]) for r in rows}
+        out: dict[str, bytes] = {}
+        names = list(names)
+        for i in range(0, len(names), 256):  # primary-key lookups (see fetch)
+            part = names[i:i + 256]
+            rows = self._c.execute(" UNION ALL ".join(
+                ["SELECT name, data FROM agent_rows WHERE space = %s AND execution = %s "
+                 "AND ns = %s AND name COLLATE \"C\" = %s"] * len(part)),
+                [a for name in part for a in (space, execution, ns, name)]).fetchall()
+            out.update((r[0], _blob(r[1])) for r in rows)
+        return out
 
     def lock_history(self, execution: str, ns: str) -> None:
         if (execution, ns) in self._locked:
@@ -591,7 +600,7 @@ class _PgTx(RowTx):
             return self.seen[(space, execution, ns, name)]
         row = self._c.execute(
             "SELECT data FROM agent_rows WHERE space = %s AND execution = %s AND ns = %s "
-            "AND name = %s" + (" FOR UPDATE" if lock else ""),
+            "AND name COLLATE \"C\" = %s" + (" FOR UPDATE" if lock else ""),
             (space, execution, ns, name)).fetchone()
         return _blob(row[0]) if row is not None else None
 
@@ -615,7 +624,7 @@ class _PgTx(RowTx):
         if names is not None and not names:
             return 0
         self.seen.clear()
-        where, args = _where(space, execution, ns, names, "%s")
+        where, args = _where(space, execution, ns, names, "%s", collate=' COLLATE "C"')
         return int(self._c.execute(f"DELETE FROM agent_rows WHERE {where}", args).rowcount)
 
     def scan(self, space: str, execution: str | None, ns: str | None = None,
@@ -656,7 +665,9 @@ class PostgresRowStore(RowStore):
                 try:
                     with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as c:
                         c.execute(_PG_SCHEMA)
-                        c.execute(_PG_INDEX)
+                        row = c.execute(_PG_NAME_COLLATION).fetchone()
+                        if row is None or row[0] != "C":  # a table of an earlier version
+                            c.execute(_PG_INDEX)
                     pool = ConnectionPool(
                         self.url, min_size=1, max_size=self.parallelism, open=False,
                         kwargs={"autocommit": True, "connect_timeout": 10}, timeout=30.0,

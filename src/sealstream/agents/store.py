@@ -553,9 +553,9 @@ class _PgTx(RowTx):
             elif space == "meta":
                 marker = _blob(data)
             else:
-                cid = owner.get(name[:name.find("|") + 1])
-                if cid is not None:
-                    found[cid][2].append(Row("w", execution, ns, name, _blob(data)))
+                of = owner.get(name[:name.find("|") + 1])
+                if of is not None:
+                    found[of][2].append(Row("w", execution, ns, name, _blob(data)))
         out: dict[str, tuple[bytes | None, bytes | None, list[Row]]] = {}
         for cid, (cp, wi, writes) in found.items():
             out[cid] = (cp, wi, sorted(writes, key=lambda r: r.name.encode()))

@@ -43,10 +43,37 @@ def test_atomic_when_everything_is_there() -> None:
     assert (v.verdict, v.reason) == (ATOMIC, "OK") and v.ok
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(max_size=6).filter(lambda k: k not in ("row", "signature")),
+                       st.none() | st.booleans() | st.integers() | st.text(max_size=6)
+                       | st.lists(st.text(max_size=3), max_size=3), max_size=5),
+       st.sampled_from([None, KEY]))
+def test_rows_sealed_once_or_pretty_printed_both_verify(body: dict[str, object],
+                                                        key: bytes | None) -> None:
+    # rows are written in canonical JSON with the signature spliced in (one
+    # encoding); rows an earlier version wrote pretty-printed must still verify
+    from sealstream.agents.judge import judge_row
+    from sealstream.checkpoint.manifest import seal
+
+    addr = ("wi", "e", "", "c1")
+    new = seal_plain(Keys(key, None), addr, body)
+    old = seal({**body, "row": list(addr)}, key)
+    assert json.loads(new) == json.loads(old)
+    for data in (new, old):
+        bad, doc = judge_row(RowRead(addr, data), key)
+        assert bad is None and doc is not None and doc["row"] == list(addr)
+    other = seal_plain(Keys(key, None), addr, {**body, "x-extra": 1})
+    forged = json.loads(new)
+    forged["x-extra"] = 1
+    bad, _ = judge_row(RowRead(addr, json.dumps(forged).encode()), key)
+    assert bad is not None and bad.reason == "SIGNATURE_MISMATCH"
+    assert json.loads(other)["signature"] != json.loads(new)["signature"]
+
+
 def test_presence_is_judged_before_coherence() -> None:
     # a missing blob AND a bad signature: the missing blob is reported
     m = _manifest({"x": b"abc", "y": b"d"})
-    forged = RowRead(m.addr, (m.data or b"").replace(b'"created_ms": 1', b'"created_ms": 2'))
+    forged = RowRead(m.addr, (m.data or b"").replace(b'"created_ms":1', b'"created_ms":2'))
     v = judge(CheckpointEvidence(forged, _blobs({"x": b"abc"})), KEY)
     assert (v.verdict, v.reason) == (PARTIAL, "FILE_MISSING")
     v = judge(CheckpointEvidence(forged, _blobs({"x": b"abc", "y": b"d"})), KEY)

@@ -119,13 +119,24 @@ def unwrap(keys: Keys, addr: Address, stored: bytes) -> bytes:
 
 
 def seal_plain(keys: Keys, addr: Address, body: dict[str, Any]) -> bytes:
-    """The signed (not yet encrypted) bytes of a document at ``addr``."""
+    """The signed (not yet encrypted) bytes of a document at ``addr``: its canonical
+    JSON (:func:`sealstream.checkpoint.manifest.canonical`) with the signature of
+    exactly those bytes added as a last member, so the document is encoded once.
+    A reader parses the row and checks the signature of the rest, whatever the
+    order of members or the whitespace (rows written with ``indent=1`` read the same)."""
     doc = dict(body)
+    doc.pop("signature", None)
     doc["row"] = list(addr)
+    key: bytes | None
     if isinstance(keys.sign, KeyRing):
         doc["kid"] = keys.sign.current
-        return manifest.seal(doc, keys.sign.keys[keys.sign.current])
-    return manifest.seal(doc, keys.sign)
+        key = keys.sign.keys[keys.sign.current]
+    else:
+        key = keys.sign
+    data = manifest.canonical(doc)
+    signature = manifest.sign_canonical(data, key)
+    return (data[:-1] + b',"signature":{"alg":' + json.dumps(signature["alg"]).encode()
+            + b',"value":' + json.dumps(signature["value"]).encode() + b"}}")
 
 
 def seal_doc(keys: Keys, addr: Address, body: dict[str, Any]) -> bytes:

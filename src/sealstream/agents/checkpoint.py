@@ -212,6 +212,11 @@ def _esc(part: str) -> str:
     return part.replace("%", "%25").replace("|", "%7C")
 
 
+def writes_prefix(checkpoint_id: str) -> str:
+    """What the names of a checkpoint's pending writes start with."""
+    return f"{_esc(checkpoint_id)}|"
+
+
 def write_name(checkpoint_id: str, task_id: str, idx: int) -> str:
     """A pending write's row name; sorts by checkpoint, task, then index."""
     return f"{_esc(checkpoint_id)}|{_esc(task_id)}|{idx:+07d}"
@@ -454,13 +459,20 @@ class AgentCheckpointStore:
             return RowRead(addr, None, (exc.reason, str(exc)))
 
     def _meta(self, tx: RowTx, ex: str, ns: str) -> dict[str, Any]:
-        row = self._read(tx, ("meta", ex, ns, "history"))
+        addr = ("meta", ex, ns, "history")
+        row = self._read(tx, addr)
         if row.data is None and row.problem is None:
             return {}
+        mkey = (addr, row.data)
+        with self._cache_lock:
+            doc = self._markers.get(mkey) if row.data is not None else None
+        if doc is not None:  # verified before: cached by its exact bytes
+            return doc
         bad, doc = _judge.judge_row(row, self.keys.sign)
         if bad is not None or doc is None:
             assert bad is not None
             raise AgentCheckpointError(bad)
+        self._remember(self._markers, mkey, doc)
         return doc
 
     def _set_meta(self, tx: RowTx, ex: str, ns: str, *, head: str | None = None,
@@ -493,8 +505,18 @@ class AgentCheckpointStore:
                 body: Mapping[str, Any], blobs: Mapping[str, bytes], reuse: Sequence[str],
                 writes: bool, created_ms: int, overwrite: bool = False) -> None:
         entries: dict[str, dict[str, Any]] = {}
-        inserted = tx.insert_many("blob", ex, ns, {
-            name: wrap(self.keys, ("blob", ex, ns, name), data) for name, data in blobs.items()})
+        if all(("blob", ex, ns, name) in tx.seen for name in blobs):
+            # which exist is known (read in this transaction, under the history's
+            # lock): the new ones are written without waiting for an answer
+            absent = {name: wrap(self.keys, ("blob", ex, ns, name), data)
+                      for name, data in blobs.items()
+                      if tx.seen[("blob", ex, ns, name)] is None}
+            tx.add_many("blob", ex, ns, absent)
+            inserted = set(absent)
+        else:
+            inserted = tx.insert_many("blob", ex, ns, {
+                name: wrap(self.keys, ("blob", ex, ns, name), data)
+                for name, data in blobs.items()})
         for name, data in blobs.items():
             addr = ("blob", ex, ns, name)
             if name not in inserted:
@@ -526,7 +548,7 @@ class AgentCheckpointStore:
         self.crash("inside_checkpoint_commit")
         if writes:
             waddr = ("wi", ex, ns, cid)
-            tx.insert(*waddr, seal_doc(self.keys, waddr, {"checkpoint": cid, "writes": {}}))
+            tx.add(*waddr, seal_doc(self.keys, waddr, {"checkpoint": cid, "writes": {}}))
         self._set_meta(tx, ex, ns, head=cid)
         self._remember(self._hints, (ex, ns, cid), sorted(entries))
         self._remember(self._heads, (ex, ns), cid)
@@ -605,17 +627,25 @@ class AgentCheckpointStore:
         with self._cache_lock:
             return self._heads.get((ex, ns))
 
-    def _load_group(self, tx: RowTx, ex: str, ns: str, cids: Sequence[str], *, meta: bool
+    def _load_group(self, tx: RowTx, ex: str, ns: str, cids: Sequence[str], *, meta: bool,
+                    extra_blobs: Sequence[str] = (), judged: Sequence[str] | None = None
                     ) -> tuple[dict[str, Loaded | AgentVerdict | None], bytes | None]:
         """:meth:`_load_many` for one history, and (``meta``) its stored head marker
         read in the same statement. The blobs this store last saw listed by these
         manifests are fetched in that statement too (a guess: any blob the manifests
-        actually list that was not fetched is fetched next)."""
+        actually list that was not fetched is fetched next), and ``extra_blobs``.
+        Only ``judged`` (default: all) are verified; the others' manifests, the marker
+        and the blobs asked for are recorded for :meth:`RowTx.get` (:meth:`RowTx.remember`)."""
         out: dict[str, Loaded | AgentVerdict | None] = {}
         with self._cache_lock:
-            hinted = sorted({n for c in cids for n in self._hints.get((ex, ns, c), ())})
+            hinted = sorted({n for c in cids for n in self._hints.get((ex, ns, c), ())}
+                            | set(extra_blobs))
         raw, found, marker = tx.fetch(ex, ns, cids, [f"{_esc(c)}|" for c in cids], hinted,
                                       meta)
+        if meta:
+            tx.remember(ex, ns, {c: raw[c][0] for c in cids}, found, hinted, marker)
+        if judged is not None:
+            cids = [c for c in cids if c in judged]
         docs: dict[str, list[str]] = {}
         names: set[str] = set()
         for cid in cids:

@@ -85,6 +85,7 @@ from sealstream.agents.checkpoint import (
     now_ms,
     other_kind,
     write_name,
+    writes_prefix,
 )
 from sealstream.agents.judge import AgentVerdict
 from sealstream.agents.store import RowStore, RowTx
@@ -428,19 +429,29 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
             channels[channel], blobs[name] = name, blob
         with self.store.rows.transaction() as tx:
             tx.lock_history(thread, ns)
-            # the head marker and the head (as this store last saw it) in one round trip
+            # one round trip: the head marker, the head (as this store last saw it),
+            # the parent with its rows when some of its blobs are reused, and whether
+            # the blobs about to be written exist already
             guess = self.store.head_hint(thread, ns)
-            tx.prefetch(thread, ns, [guess] if guess else [])
+            ploaded: Loaded | AgentVerdict | None = None
+            if missing and parent:
+                wanted = list(dict.fromkeys([str(parent), *([guess] if guess else [])]))
+                got, _ = self.store._load_group(tx, thread, ns, wanted, meta=True,
+                                                extra_blobs=list(blobs),
+                                                judged=[str(parent)])
+                ploaded = got.get(str(parent))
+            else:
+                tx.prefetch(thread, ns, [guess] if guess else [], list(blobs))
             self.store.check_kind(tx, thread, ns,
                                   self.store._meta(tx, thread, ns).get("head") or "",
                                   KIND_LANGGRAPH)
             reuse: list[str] = []
-            if missing and parent and tx.get("cp", thread, ns, str(parent)) is not None:
+            if isinstance(ploaded, AgentVerdict):
                 # the parent must verify before any of its blobs is reused: a blob
                 # re-hashed into this new, signed manifest would otherwise launder
-                # a tampered value (raises AgentCheckpointError with the verdict)
-                ploaded = self.store._load(tx, thread, ns, str(parent))
-                assert ploaded is not None
+                # a tampered value
+                raise AgentCheckpointError(ploaded)
+            if ploaded is not None:
                 pdoc = ploaded.manifest
                 pchannels = pdoc["body"]["channels"]
                 pversions = self._loads(pdoc["body"]["checkpoint"]).get("channel_versions", {})
@@ -525,10 +536,12 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
                     rows: Sequence[tuple[str, bool, dict[str, Any]]]) -> None:
         keys = self.store.keys
         iaddr = ("wi", thread, ns, cid)
-        tx.lock_history(thread, ns)
-        raw = tx.get(*iaddr, lock=True)
+        tx.lock_history(thread, ns)  # every writer of the index holds it
+        # one round trip: the writes index and the writes already stored
+        _, raw, stored = tx.checkpoints_rows(thread, ns, [cid], [writes_prefix(cid)])[cid]
         if raw is None:
             raise _WaitForCheckpoint
+        present = {r.name for r in stored}
         row = self.store._opened(iaddr, raw)
         bad, index = _judge.judge_row(row, keys.sign, missing="NO_WRITES_INDEX")
         if bad is not None or index is None:
@@ -543,10 +556,11 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
                 tx.upsert(*addr, wrap(keys, addr, plains[name]))
                 listed[name] = _judge_digest(plains[name])
         # the others create-if-absent, in one statement: a retried task keeps the first
-        inserted = tx.insert_many("w", thread, ns, {
-            name: wrap(keys, ("w", thread, ns, name), plains[name])
-            for name, overwrite, _ in rows if not overwrite})
-        for name in inserted:
+        # (which exist is known: read above, under the history's lock)
+        fresh = {name: wrap(keys, ("w", thread, ns, name), plains[name])
+                 for name, overwrite, _ in rows if not overwrite and name not in present}
+        tx.add_many("w", thread, ns, fresh)
+        for name in fresh:
             listed[name] = _judge_digest(plains[name])
         self.store.crash("inside_writes_commit")
         tx.upsert(*iaddr, wrap(keys, iaddr, seal_plain(keys, iaddr, {

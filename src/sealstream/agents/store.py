@@ -180,20 +180,42 @@ class RowTx(abc.ABC):
     #: transaction forget them
     seen: dict[tuple[str, str, str, str], bytes | None]
 
-    def prefetch(self, execution: str, ns: str, cids: Sequence[str]) -> None:
-        """Read a history's head marker and the manifests of ``cids`` in one round trip,
-        so that :meth:`get` of them in this transaction needs none (call it once the
-        history is locked: :meth:`lock_history`)."""
-        rows, _, marker = self.fetch(execution, ns, cids, [c + "|" for c in cids], (), True)
+    def prefetch(self, execution: str, ns: str, cids: Sequence[str],
+                 blobs: Sequence[str] = ()) -> None:
+        """Read a history's head marker, the manifests of ``cids`` and the ``blob``
+        rows named ``blobs`` (present or not) in one round trip, so that :meth:`get`
+        of them in this transaction needs none (call it once the history is locked:
+        :meth:`lock_history`)."""
+        rows, found, marker = self.fetch(execution, ns, cids, [c + "|" for c in cids],
+                                         blobs, True)
+        self.remember(execution, ns, {cid: rows[cid][0] for cid in cids}, found, blobs,
+                      marker)
+
+    def remember(self, execution: str, ns: str, manifests: dict[str, bytes | None],
+                 found: dict[str, bytes], blobs: Sequence[str], marker: bytes | None
+                 ) -> None:
+        """Record rows read by :meth:`fetch` (its head marker, these manifests, the
+        ``blobs`` asked for: present or not) for :meth:`get` in this transaction."""
         self.seen[("meta", execution, ns, "history")] = marker
-        for cid in cids:
-            self.seen[("cp", execution, ns, cid)] = rows[cid][0]
+        for cid, raw in manifests.items():
+            self.seen[("cp", execution, ns, cid)] = raw
+        for name in blobs:
+            self.seen[("blob", execution, ns, name)] = found.get(name)
 
     def insert_many(self, space: str, execution: str, ns: str, rows: dict[str, bytes]
                     ) -> set[str]:
         """:meth:`insert` of several rows; the names actually inserted."""
         return {name for name, data in rows.items()
                 if self.insert(space, execution, ns, name, data)}
+
+    def add(self, space: str, execution: str, ns: str, name: str, data: bytes) -> None:
+        """:meth:`insert` whose outcome is not needed: a backend may send it later,
+        with the next statement whose result is (PostgreSQL: in a pipeline)."""
+        self.insert(space, execution, ns, name, data)
+
+    def add_many(self, space: str, execution: str, ns: str, rows: dict[str, bytes]) -> None:
+        """:meth:`insert_many` whose outcome is not needed (see :meth:`add`)."""
+        self.insert_many(space, execution, ns, rows)
 
     def lock_history(self, execution: str, ns: str) -> None:
         """Serialize writers of one history until the transaction ends (a no-op where
@@ -327,6 +349,33 @@ def _keys_sql(space: str, execution: str | None, ns: str | None, before: str | N
     return sql, args
 
 
+def _fetched(rows: Sequence[Any], execution: str, ns: str, cids: Sequence[str],
+             prefixes: Sequence[str]
+             ) -> tuple[dict[str, tuple[bytes | None, bytes | None, list[Row]]],
+                        dict[str, bytes], bytes | None]:
+    """:meth:`RowTx.fetch`'s answer from ``(space, name, data)`` rows."""
+    found: dict[str, list[Any]] = {cid: [None, None, []] for cid in cids}
+    owner = dict(zip(prefixes, cids, strict=True))
+    blob_rows: dict[str, bytes] = {}
+    marker = None
+    for space, name, data in rows:
+        if space in ("cp", "wi"):
+            if name in found:
+                found[name][0 if space == "cp" else 1] = _blob(data)
+        elif space == "blob":
+            blob_rows[name] = _blob(data)
+        elif space == "meta":
+            marker = _blob(data)
+        else:
+            of = owner.get(name[:name.find("|") + 1])
+            if of is not None:
+                found[of][2].append(Row("w", execution, ns, name, _blob(data)))
+    out: dict[str, tuple[bytes | None, bytes | None, list[Row]]] = {}
+    for cid, (cp, wi, writes) in found.items():
+        out[cid] = (cp, wi, sorted(writes, key=lambda r: r.name.encode()))
+    return out, blob_rows, marker
+
+
 # ---------------------------------------------------------------------- SQLite
 class _SqliteTx(RowTx):
     def __init__(self, conn: sqlite3.Connection) -> None:
@@ -352,20 +401,54 @@ class _SqliteTx(RowTx):
     def checkpoints_rows(self, execution: str, ns: str, cids: Sequence[str],
                          writes_prefixes: Sequence[str]
                          ) -> dict[str, tuple[bytes | None, bytes | None, list[Row]]]:
-        cp: dict[str, bytes] = {}
-        wi: dict[str, bytes] = {}
-        ids = list(cids)
-        for i in range(0, len(ids), 500):  # SQLite's bound-parameter limit
-            part = ids[i:i + 500]
-            for space, name, data in self._c.execute(
-                    "SELECT space, name, data FROM agent_rows WHERE space IN ('cp', 'wi') "
-                    "AND execution = ? AND ns = ? AND name IN ("
-                    + ", ".join("?" * len(part)) + ")", [execution, ns, *part]).fetchall():
-                (cp if space == "cp" else wi)[name] = _blob(data)
-        return {cid: (cp.get(cid), wi.get(cid),
-                      [r for r in self.scan("w", execution, ns, prefix)
-                       if r.name.startswith(prefix)] if cid in wi else [])
-                for cid, prefix in zip(cids, writes_prefixes, strict=True)}
+        return self.fetch(execution, ns, cids, writes_prefixes, (), False)[0]
+
+    def fetch(self, execution: str, ns: str, cids: Sequence[str],
+              writes_prefixes: Sequence[str], blobs: Sequence[str], meta: bool
+              ) -> tuple[dict[str, tuple[bytes | None, bytes | None, list[Row]]],
+                         dict[str, bytes], bytes | None]:
+        # one statement per 200 checkpoints (SQLite allows 500 arms in a compound
+        # SELECT and a bounded number of parameters): primary-key lookups and ranges
+        ids, prefixes, names = list(cids), list(writes_prefixes), list(blobs)
+        pick = "SELECT space, name, data FROM agent_rows WHERE execution = ? AND ns = ? AND "
+        rows: list[Any] = []
+        first = True
+        while first or ids or names:
+            arms: list[str] = []
+            args: list[Any] = []
+            part, pparts, ids, prefixes = ids[:200], prefixes[:200], ids[200:], prefixes[200:]
+            if part:
+                arms.append(pick + "space IN ('cp', 'wi') AND name IN ("
+                            + ", ".join("?" * len(part)) + ")")
+                args += [execution, ns, *part]
+            for prefix in pparts:
+                arms.append(pick + "space = 'w' AND name >= ? AND name < ?")
+                args += [execution, ns, prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)]
+            bpart, names = names[:500], names[500:]
+            if bpart:
+                arms.append(pick + "space = 'blob' AND name IN ("
+                            + ", ".join("?" * len(bpart)) + ")")
+                args += [execution, ns, *bpart]
+            if first and meta:
+                arms.append(pick + "space = 'meta' AND name = 'history'")
+                args += [execution, ns]
+            first = False
+            if arms:
+                rows += self._c.execute(" UNION ALL ".join(arms), args).fetchall()
+        return _fetched(rows, execution, ns, cids, writes_prefixes)
+
+    def insert_many(self, space: str, execution: str, ns: str, rows: dict[str, bytes]
+                    ) -> set[str]:
+        return {name for name, data in rows.items()
+                if self.insert(space, execution, ns, name, data)}
+
+    def add_many(self, space: str, execution: str, ns: str, rows: dict[str, bytes]) -> None:
+        for name in rows:
+            self.seen.pop((space, execution, ns, name), None)
+        self._c.executemany(
+            "INSERT INTO agent_rows (space, execution, ns, name, data) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT DO NOTHING",
+            [(space, execution, ns, name, data) for name, data in rows.items()])
 
     def get(self, space: str, execution: str, ns: str, name: str,
             *, lock: bool = False) -> bytes | None:
@@ -437,10 +520,17 @@ class SqliteRowStore(RowStore):
         with self._lock:
             yield from self._transaction()
 
-    def _transaction(self) -> Iterator[RowTx]:
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[RowTx]:
+        """A read transaction: one snapshot (WAL), without the write lock."""
+        with self._lock:
+            yield from self._transaction(read_only=True)
+
+    def _transaction(self, read_only: bool = False) -> Iterator[RowTx]:
         conn = self._db()
         try:
-            with immediate(conn):  # reports the original error; a failed COMMIT is ended
+            # reports the original error; a failed COMMIT is ended
+            with immediate(conn, read_only=read_only):
                 yield _SqliteTx(conn)
         except sqlite3.Error as exc:
             raise CheckpointError(f"agent store {self.location}: {exc}") from None
@@ -492,10 +582,20 @@ class SqliteRowStore(RowStore):
 
 # ------------------------------------------------------------------ PostgreSQL
 class _PgTx(RowTx):
-    def __init__(self, conn: Any) -> None:
+    """Statements of one transaction. In a pipeline (``pipe``), a statement whose
+    result is not needed (:meth:`add`, :meth:`upsert`, :meth:`lock_history`) is sent
+    with the next one whose result is, or with COMMIT: a checkpoint's save is two
+    round trips, not one per row."""
+
+    def __init__(self, conn: Any, pipe: Any = None) -> None:
         self._c = conn
+        self._pipe = pipe
         self.seen = {}
         self._locked: set[tuple[str, str]] = set()
+
+    def _sync(self) -> None:
+        if self._pipe is not None:
+            self._pipe.sync()
 
     def keys(self, space: str, execution: str | None, ns: str | None = None, *,
              before: str | None = None, limit: int | None = None,
@@ -540,26 +640,7 @@ class _PgTx(RowTx):
                         "AND name COLLATE \"C\" < %s")
             args += [execution, ns, prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)]
         rows = self._c.execute(" UNION ALL ".join(arms), args).fetchall() if arms else []
-        found: dict[str, list[Any]] = {cid: [None, None, []] for cid in cids}
-        owner = dict(zip(prefixes, cids, strict=True))
-        blob_rows: dict[str, bytes] = {}
-        marker = None
-        for space, name, data in rows:
-            if space in ("cp", "wi"):
-                if name in found:
-                    found[name][0 if space == "cp" else 1] = _blob(data)
-            elif space == "blob":
-                blob_rows[name] = _blob(data)
-            elif space == "meta":
-                marker = _blob(data)
-            else:
-                of = owner.get(name[:name.find("|") + 1])
-                if of is not None:
-                    found[of][2].append(Row("w", execution, ns, name, _blob(data)))
-        out: dict[str, tuple[bytes | None, bytes | None, list[Row]]] = {}
-        for cid, (cp, wi, writes) in found.items():
-            out[cid] = (cp, wi, sorted(writes, key=lambda r: r.name.encode()))
-        return out, blob_rows, marker
+        return _fetched(rows, execution, ns, cids, prefixes)
 
     def insert_many(self, space: str, execution: str, ns: str, rows: dict[str, bytes]
                     ) -> set[str]:
@@ -573,6 +654,24 @@ class _PgTx(RowTx):
             "ON CONFLICT DO NOTHING RETURNING name",
             (space, execution, ns, list(rows), list(rows.values()))).fetchall()
         return {r[0] for r in got}
+
+    def add_many(self, space: str, execution: str, ns: str, rows: dict[str, bytes]) -> None:
+        if not rows:
+            return
+        for name in rows:
+            self.seen.pop((space, execution, ns, name), None)
+        self._c.execute(
+            "INSERT INTO agent_rows (space, execution, ns, name, data) "
+            "SELECT %s, %s, %s, n, d FROM unnest(%s::text[], %s::bytea[]) AS t(n, d) "
+            "ON CONFLICT DO NOTHING",
+            (space, execution, ns, list(rows), list(rows.values())))
+
+    def add(self, space: str, execution: str, ns: str, name: str, data: bytes) -> None:
+        self.seen.pop((space, execution, ns, name), None)
+        self._c.execute(
+            "INSERT INTO agent_rows (space, execution, ns, name, data) "
+            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            (space, execution, ns, name, data))
 
     def get_many(self, space: str, execution: str, ns: str, names: Sequence[str]
                  ) -> dict[str, bytes]:
@@ -610,6 +709,7 @@ class _PgTx(RowTx):
             "INSERT INTO agent_rows (space, execution, ns, name, data) "
             "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
             (space, execution, ns, name, data))
+        self._sync()
         return int(cur.rowcount) == 1
 
     def upsert(self, space: str, execution: str, ns: str, name: str, data: bytes) -> None:
@@ -625,7 +725,9 @@ class _PgTx(RowTx):
             return 0
         self.seen.clear()
         where, args = _where(space, execution, ns, names, "%s", collate=' COLLATE "C"')
-        return int(self._c.execute(f"DELETE FROM agent_rows WHERE {where}", args).rowcount)
+        cur = self._c.execute(f"DELETE FROM agent_rows WHERE {where}", args)
+        self._sync()
+        return int(cur.rowcount)
 
     def scan(self, space: str, execution: str | None, ns: str | None = None,
              prefix: str | None = None) -> list[Row]:
@@ -650,6 +752,7 @@ class PostgresRowStore(RowStore):
         self.location = _redact(url)
         self.parallelism = max(1, int(pool_size))
         self._pool: Any = None
+        self._pipelines = False  # libpq >= 14: transactions in pipeline mode
         self._lock = threading.RLock()
 
     def _db(self) -> Any:
@@ -680,6 +783,7 @@ class PostgresRowStore(RowStore):
                 except Exception as exc:  # psycopg_pool.PoolTimeout
                     raise CheckpointError(
                         f"cannot open agent store {self.location}: {exc}") from None
+                self._pipelines = psycopg.Pipeline.is_supported()
                 self._pool = pool
             return self._pool
 
@@ -690,8 +794,13 @@ class PostgresRowStore(RowStore):
 
         pool = self._db()
         try:
-            with pool.connection() as conn, conn.transaction():
-                yield _PgTx(conn)
+            with pool.connection() as conn:
+                if self._pipelines:
+                    with conn.pipeline() as pipe, conn.transaction():
+                        yield _PgTx(conn, pipe)
+                else:
+                    with conn.transaction():
+                        yield _PgTx(conn)
         except psycopg.Error as exc:
             raise CheckpointError(
                 f"agent store {self.location}: {str(exc).strip()}") from None

@@ -141,7 +141,11 @@ def canonical(body: dict[str, Any]) -> bytes:
 
 
 def sign(body: dict[str, Any], key: bytes | None) -> dict[str, str]:
-    data = canonical(body)
+    return sign_canonical(canonical(body), key)
+
+
+def sign_canonical(data: bytes, key: bytes | None) -> dict[str, str]:
+    """The signature of a body already in :func:`canonical` form."""
     if key is None:
         return {"alg": ALG_PLAIN, "value": hashlib.sha256(data).hexdigest()}
     return {"alg": ALG_HMAC, "value": hmac.new(key, data, hashlib.sha256).hexdigest()}

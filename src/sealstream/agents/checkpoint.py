@@ -53,7 +53,15 @@ from typing import Any
 from sealstream._runtime.crash import CrashPoints
 from sealstream.agents import _check
 from sealstream.agents import judge as _judge
-from sealstream.agents._seal import FROM_ENV, Address, Keys, seal_doc, unwrap, wrap
+from sealstream.agents._seal import (
+    FROM_ENV,
+    Address,
+    Keys,
+    seal_doc,
+    seal_plain,
+    unwrap,
+    wrap,
+)
 from sealstream.agents.judge import AgentVerdict, CheckpointEvidence, RowRead
 from sealstream.agents.store import RowStore, RowTx, open_row_store
 from sealstream.checkpoint.crypto import EnvelopeError
@@ -250,7 +258,8 @@ class AgentCheckpointStore:
         # guesses of which rows to fetch in one statement (never trusted)
         self._hints: OrderedDict[tuple[str, str, str], list[str]] = OrderedDict()
         self._heads: OrderedDict[tuple[str, str], str] = OrderedDict()
-        self._markers: OrderedDict[tuple[Any, bytes | None], dict[str, Any]] = OrderedDict()
+        # signed rows (head markers, writes indexes) known verified, by their exact bytes
+        self._rows_seen: OrderedDict[tuple[Any, bytes], dict[str, Any]] = OrderedDict()
         self._cache_lock = threading.Lock()
 
     def close(self) -> None:
@@ -341,16 +350,10 @@ class AgentCheckpointStore:
                     ex, ns, "(head)", _judge.PARTIAL, "NO_MANIFEST",
                     f"history {ex!r}/{ns!r}: its signed head marker is missing")
             return None, None
-        mkey = (addr, row.data)
-        with self._cache_lock:
-            doc = self._markers.get(mkey) if row.data is not None else None
-        if doc is None:
-            bad, doc = _judge.judge_row(row, self.keys.sign)
-            if bad is not None or doc is None:
-                assert bad is not None
-                return None, bad
-            if row.data is not None:  # verified: cached by its exact bytes
-                self._remember(self._markers, mkey, doc)
+        bad, doc = self.judged_row(row)
+        if bad is not None or doc is None:
+            assert bad is not None
+            return None, bad
         head = doc.get("head") or ""
         if not isinstance(head, str) or not head:
             if tx.keys("cp", ex, ns, limit=1):
@@ -463,17 +466,33 @@ class AgentCheckpointStore:
         row = self._read(tx, addr)
         if row.data is None and row.problem is None:
             return {}
-        mkey = (addr, row.data)
-        with self._cache_lock:
-            doc = self._markers.get(mkey) if row.data is not None else None
-        if doc is not None:  # verified before: cached by its exact bytes
-            return doc
-        bad, doc = _judge.judge_row(row, self.keys.sign)
+        bad, doc = self.judged_row(row)
         if bad is not None or doc is None:
             assert bad is not None
             raise AgentCheckpointError(bad)
-        self._remember(self._markers, mkey, doc)
         return doc
+
+    def judged_row(self, row: RowRead, *, missing: str = "ROW_MISSING"
+                   ) -> tuple[AgentVerdict | None, dict[str, Any] | None]:
+        """:func:`~sealstream.agents.judge.judge_row` of a signed row (a head marker, a
+        writes index), its verified document cached by the row's address and exact
+        bytes: the verdict is a pure function of them and the store's keys."""
+        if row.data is not None and row.problem is None:
+            with self._cache_lock:
+                doc = self._rows_seen.get((row.addr, row.data))
+            if doc is not None:
+                return None, doc
+        bad, doc = _judge.judge_row(row, self.keys.sign, missing=missing)
+        if bad is None and doc is not None and row.data is not None:
+            self._remember(self._rows_seen, (row.addr, row.data), doc)
+        return bad, doc
+
+    def seal_row(self, addr: Address, body: dict[str, Any]) -> bytes:
+        """The stored bytes of a signed row this store writes (a head marker, a writes
+        index); its document is known verified when it is read back unchanged."""
+        plain = seal_plain(self.keys, addr, body)
+        self._remember(self._rows_seen, (addr, plain), json.loads(plain))
+        return wrap(self.keys, addr, plain)
 
     def _set_meta(self, tx: RowTx, ex: str, ns: str, *, head: str | None = None,
                   floor: str | None = None, dropped: Sequence[str] = (),
@@ -499,7 +518,7 @@ class AgentCheckpointStore:
             remaining = tx.keys("cp", ex, ns, limit=1)
             new["head"] = remaining[0][0] if remaining else ""
         addr = ("meta", ex, ns, "history")
-        tx.upsert(*addr, seal_doc(self.keys, addr, new))
+        tx.upsert(*addr, self.seal_row(addr, new))
 
     def _commit(self, tx: RowTx, ex: str, ns: str, cid: str, *, kind: str, parent: str | None,
                 body: Mapping[str, Any], blobs: Mapping[str, bytes], reuse: Sequence[str],
@@ -548,7 +567,7 @@ class AgentCheckpointStore:
         self.crash("inside_checkpoint_commit")
         if writes:
             waddr = ("wi", ex, ns, cid)
-            tx.add(*waddr, seal_doc(self.keys, waddr, {"checkpoint": cid, "writes": {}}))
+            tx.add(*waddr, self.seal_row(waddr, {"checkpoint": cid, "writes": {}}))
         self._set_meta(tx, ex, ns, head=cid)
         self._remember(self._hints, (ex, ns, cid), sorted(entries))
         self._remember(self._heads, (ex, ns), cid)

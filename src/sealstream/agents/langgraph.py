@@ -543,7 +543,7 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
             raise _WaitForCheckpoint
         present = {r.name for r in stored}
         row = self.store._opened(iaddr, raw)
-        bad, index = _judge.judge_row(row, keys.sign, missing="NO_WRITES_INDEX")
+        bad, index = self.store.judged_row(row, missing="NO_WRITES_INDEX")
         if bad is not None or index is None:
             assert bad is not None
             raise AgentCheckpointError(bad)
@@ -563,8 +563,7 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
         for name in fresh:
             listed[name] = _judge_digest(plains[name])
         self.store.crash("inside_writes_commit")
-        tx.upsert(*iaddr, wrap(keys, iaddr, seal_plain(keys, iaddr, {
-            "checkpoint": cid, "writes": listed})))
+        tx.upsert(*iaddr, self.store.seal_row(iaddr, {"checkpoint": cid, "writes": listed}))
 
     def delete_thread(self, thread_id: str) -> None:
         self.store.delete_execution(str(thread_id))

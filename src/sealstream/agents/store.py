@@ -622,24 +622,37 @@ class _PgTx(RowTx):
         # join: on a table the planner has no statistics for yet (a new store), it
         # reads such a condition as a filter over the whole history
         prefixes = list(writes_prefixes)
-        arms: list[str] = []
-        args: list[Any] = []
+        arms: list[tuple[str, list[Any]]] = []
         pick = ("SELECT space, name, data FROM agent_rows WHERE execution = %s AND ns = %s "
                 "AND ")
-        for cid in cids:
-            arms.append(pick + "space IN ('cp', 'wi') AND name COLLATE \"C\" = %s")
-            args += [execution, ns, cid]
+        c_range = "name COLLATE \"C\" >= %s AND name COLLATE \"C\" < %s"
+        if len(cids) > 16:
+            # many checkpoints (a page of a listing: neighbours in the history): two
+            # key ranges spanning them; rows in between that were not asked for are
+            # dropped below
+            ends = [p[:-1] + chr(ord(p[-1]) + 1) for p in prefixes]
+            arms.append((pick + "space IN ('cp', 'wi') AND name COLLATE \"C\" >= %s AND "
+                         "name COLLATE \"C\" <= %s", [execution, ns, min(cids), max(cids)]))
+            arms.append((pick + "space = 'w' AND " + c_range,
+                         [execution, ns, min(prefixes), max(ends)]))
+        else:
+            for cid in cids:
+                arms.append((pick + "space IN ('cp', 'wi') AND name COLLATE \"C\" = %s",
+                             [execution, ns, cid]))
+            for prefix in prefixes:
+                arms.append((pick + "space = 'w' AND " + c_range,
+                             [execution, ns, prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)]))
         for blob in blobs:
-            arms.append(pick + "space = 'blob' AND name COLLATE \"C\" = %s")
-            args += [execution, ns, blob]
+            arms.append((pick + "space = 'blob' AND name COLLATE \"C\" = %s",
+                         [execution, ns, blob]))
         if meta:
-            arms.append(pick + "space = 'meta' AND name COLLATE \"C\" = 'history'")
-            args += [execution, ns]
-        for prefix in prefixes:
-            arms.append(pick + "space = 'w' AND name COLLATE \"C\" >= %s "
-                        "AND name COLLATE \"C\" < %s")
-            args += [execution, ns, prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)]
-        rows = self._c.execute(" UNION ALL ".join(arms), args).fetchall() if arms else []
+            arms.append((pick + "space = 'meta' AND name COLLATE \"C\" = 'history'",
+                         [execution, ns]))
+        rows: list[Any] = []
+        for i in range(0, len(arms), 64):  # a statement the server plans quickly
+            part = arms[i:i + 64]
+            rows += self._c.execute(" UNION ALL ".join(a[0] for a in part),
+                                    [x for a in part for x in a[1]]).fetchall()
         return _fetched(rows, execution, ns, cids, prefixes)
 
     def insert_many(self, space: str, execution: str, ns: str, rows: dict[str, bytes]
@@ -650,7 +663,7 @@ class _PgTx(RowTx):
             self.seen.pop((space, execution, ns, name), None)
         got = self._c.execute(
             "INSERT INTO agent_rows (space, execution, ns, name, data) "
-            "SELECT %s, %s, %s, n, d FROM unnest(%s::text[], %s::bytea[]) AS t(n, d) "
+            "SELECT %s, %s, %s, n, d FROM unnest(%s::text[], %b::bytea[]) AS t(n, d) "
             "ON CONFLICT DO NOTHING RETURNING name",
             (space, execution, ns, list(rows), list(rows.values()))).fetchall()
         return {r[0] for r in got}
@@ -662,7 +675,7 @@ class _PgTx(RowTx):
             self.seen.pop((space, execution, ns, name), None)
         self._c.execute(
             "INSERT INTO agent_rows (space, execution, ns, name, data) "
-            "SELECT %s, %s, %s, n, d FROM unnest(%s::text[], %s::bytea[]) AS t(n, d) "
+            "SELECT %s, %s, %s, n, d FROM unnest(%s::text[], %b::bytea[]) AS t(n, d) "
             "ON CONFLICT DO NOTHING",
             (space, execution, ns, list(rows), list(rows.values())))
 
@@ -670,7 +683,7 @@ class _PgTx(RowTx):
         self.seen.pop((space, execution, ns, name), None)
         self._c.execute(
             "INSERT INTO agent_rows (space, execution, ns, name, data) "
-            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            "VALUES (%s, %s, %s, %s, %b) ON CONFLICT DO NOTHING",
             (space, execution, ns, name, data))
 
     def get_many(self, space: str, execution: str, ns: str, names: Sequence[str]
@@ -707,7 +720,7 @@ class _PgTx(RowTx):
         self.seen.pop((space, execution, ns, name), None)
         cur = self._c.execute(
             "INSERT INTO agent_rows (space, execution, ns, name, data) "
-            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            "VALUES (%s, %s, %s, %s, %b) ON CONFLICT DO NOTHING",
             (space, execution, ns, name, data))
         self._sync()
         return int(cur.rowcount) == 1
@@ -716,7 +729,7 @@ class _PgTx(RowTx):
         self.seen.pop((space, execution, ns, name), None)
         self._c.execute(
             "INSERT INTO agent_rows (space, execution, ns, name, data) "
-            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (space, execution, ns, name) "
+            "VALUES (%s, %s, %s, %s, %b) ON CONFLICT (space, execution, ns, name) "
             "DO UPDATE SET data = excluded.data", (space, execution, ns, name, data))
 
     def delete(self, space: str, execution: str, ns: str | None = None,

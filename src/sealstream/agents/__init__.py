@@ -17,7 +17,7 @@ See ``docs/agents.md``.
 
 from __future__ import annotations
 
-from sealstream.agents._seal import KeyRing
+from sealstream.agents._seal import KeyRing, key_label
 from sealstream.agents.checkpoint import (
     AgentCheckpoint,
     AgentCheckpointError,
@@ -57,5 +57,6 @@ __all__ = [
     "Tool",
     "UnreconciledEffectError",
     "idempotency_key",
+    "key_label",
     "open_row_store",
 ]

@@ -15,6 +15,7 @@ to the same address; with a key set a plaintext row is refused (fail closed).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -63,36 +64,96 @@ class KeyRing:
 #: what rows are signed and verified with: one key, none (unkeyed SHA-256), a ring
 SignKey = bytes | None | KeyRing
 
+#: what rows are encrypted with: one key, none, or a ring (new rows under its current
+#: key; a row opens under the key whose id its envelope names)
+EncryptKey = bytes | None | KeyRing
+
+#: previous signing keys for rotation through the environment (comma-separated)
+PREVIOUS_KEYS_ENV = "SEALSTREAM_CHECKPOINT_PREVIOUS_KEYS"
+#: previous encryption keys (comma-separated, each 64 hex digits or base64)
+PREVIOUS_ENCRYPTION_KEYS_ENV = "SEALSTREAM_ENCRYPTION_PREVIOUS_KEYS"
+
+
+def key_label(key: bytes) -> str:
+    """The id a key gets in a ring built from the environment: the hex of the first
+    8 bytes of its SHA-256 (what an encryption envelope names in clear)."""
+    return crypto.key_id(key).hex()
+
+
+def _previous(env: str) -> list[str]:
+    return [k.strip() for k in os.environ.get(env, "").split(",") if k.strip()]
+
+
+def _sign_from_env() -> SignKey:
+    """``SEALSTREAM_CHECKPOINT_KEY``, made a ring when previous keys are set: rows
+    written before key ids verify under the first previous key."""
+    current = manifest.checkpoint_key()
+    previous = [k.encode() for k in _previous(PREVIOUS_KEYS_ENV)]
+    if not previous:
+        return current
+    if current is None:
+        raise SpecError(f"{PREVIOUS_KEYS_ENV} is set but {manifest.KEY_ENV} is not: set "
+                        "the current signing key too")
+    keys = {key_label(k): k for k in [*previous, current]}
+    return KeyRing(key_label(current), keys, unnamed=key_label(previous[0]))
+
+
+def _encrypt_from_env() -> EncryptKey:
+    """``SEALSTREAM_ENCRYPTION_KEY`` (or ``_FILE``), made a ring when previous keys
+    are set."""
+    current = crypto.encryption_key()
+    previous = [crypto.parse_key(k, f"{PREVIOUS_ENCRYPTION_KEYS_ENV} (key {i + 1})")
+                for i, k in enumerate(_previous(PREVIOUS_ENCRYPTION_KEYS_ENV))]
+    if not previous:
+        return current
+    if current is None:
+        raise SpecError(f"{PREVIOUS_ENCRYPTION_KEYS_ENV} is set but {crypto.KEY_ENV} is "
+                        "not: set the current encryption key too")
+    keys = {key_label(k): k for k in [*previous, current]}
+    return KeyRing(key_label(current), keys)
+
+
+def _encrypt_key(value: object) -> EncryptKey:
+    if value is None:
+        return None
+    if isinstance(value, KeyRing):
+        bad = [kid for kid, k in value.keys.items() if len(k) != crypto.KEY_BYTES]
+        if bad:
+            raise SpecError(f"encryption_key: the ring's keys {bad} are not "
+                            f"{crypto.KEY_BYTES} bytes")
+        return value
+    if not isinstance(value, bytes):
+        raise SpecError(f"encryption_key: expected {crypto.KEY_BYTES} bytes, a KeyRing or "
+                        f"None, got {type(value).__name__}")
+    if len(value) != crypto.KEY_BYTES:
+        raise SpecError(f"encryption_key: expected {crypto.KEY_BYTES} bytes, got "
+                        f"{len(value)}")
+    return value
+
 
 @dataclass(frozen=True)
 class Keys:
     """The signing key (or None: unkeyed SHA-256; or a :class:`KeyRing`) and the
-    encryption key (or None)."""
+    encryption key (or None; or a :class:`KeyRing` of 32-byte keys)."""
 
     sign: SignKey = None
-    encrypt: bytes | None = None
+    encrypt: EncryptKey = None
 
     @classmethod
     def resolve(cls, key: bytes | None | object = FROM_ENV,
                 encryption_key: bytes | None | object = FROM_ENV) -> Keys:
-        """Explicit keys, or those from the environment for :data:`FROM_ENV`."""
+        """Explicit keys, or those from the environment for :data:`FROM_ENV`
+        (``SEALSTREAM_CHECKPOINT_KEY`` and ``SEALSTREAM_ENCRYPTION_KEY``, each made a
+        ring when its ``..._PREVIOUS_KEYS`` variable lists earlier keys)."""
         sign: SignKey
         if key is FROM_ENV:
-            sign = manifest.checkpoint_key()
+            sign = _sign_from_env()
         elif isinstance(key, KeyRing):
             sign = key
         else:
             sign = _check.key("key", key)
-        if encryption_key is FROM_ENV:
-            enc = crypto.encryption_key()
-        else:
-            if encryption_key is not None and not isinstance(encryption_key, bytes):
-                raise SpecError(f"encryption_key: expected {crypto.KEY_BYTES} bytes or None, "
-                                f"got {type(encryption_key).__name__}")
-            if encryption_key is not None and len(encryption_key) != crypto.KEY_BYTES:
-                raise SpecError(f"encryption_key: expected {crypto.KEY_BYTES} bytes, got "
-                                f"{len(encryption_key)}")
-            enc = encryption_key
+        enc = _encrypt_from_env() if encryption_key is FROM_ENV else _encrypt_key(
+            encryption_key)
         return cls(sign, enc)
 
 
@@ -105,14 +166,25 @@ def context(addr: Address) -> str:
 
 
 def wrap(keys: Keys, addr: Address, data: bytes) -> bytes:
-    """The bytes to store: ``data`` itself, or its envelope when encrypting."""
-    return crypto.encrypt(keys.encrypt, data, context(addr)) if keys.encrypt else data
+    """The bytes to store: ``data`` itself, or its envelope when encrypting (under a
+    ring's current key)."""
+    enc = keys.encrypt
+    if isinstance(enc, KeyRing):
+        enc = enc.keys[enc.current]
+    return crypto.encrypt(enc, data, context(addr)) if enc else data
 
 
 def unwrap(keys: Keys, addr: Address, stored: bytes) -> bytes:
-    """The plaintext of a stored row; raises :class:`crypto.EnvelopeError` with a reason."""
-    if keys.encrypt is not None:
-        return crypto.decrypt(keys.encrypt, stored, context(addr))
+    """The plaintext of a stored row; raises :class:`crypto.EnvelopeError` with a reason.
+    Under a ring, the row opens with the key whose id its envelope names (an id the
+    ring lacks: ``KEY_MISMATCH``)."""
+    enc = keys.encrypt
+    if isinstance(enc, KeyRing):
+        named = crypto.envelope_key_id(stored)
+        chosen = next((k for k in enc.keys.values() if crypto.key_id(k) == named), None)
+        enc = chosen if chosen is not None else enc.keys[enc.current]
+    if enc is not None:
+        return crypto.decrypt(enc, stored, context(addr))
     if crypto.is_envelope(stored):
         return crypto.decrypt(None, stored, context(addr))  # raises ENCRYPTED_WITHOUT_KEY
     return stored

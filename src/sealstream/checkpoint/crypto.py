@@ -127,6 +127,14 @@ def encryption_key(environ: Mapping[str, str] | None = None) -> bytes | None:
     return None
 
 
+def envelope_key_id(data: bytes) -> bytes | None:
+    """The key id an envelope names in its header (unauthenticated: only which key to
+    try), or None when ``data`` is not an envelope or is cut within its header."""
+    if not is_envelope(data) or len(data) < _FIELDS.size:
+        return None
+    return bytes(_FIELDS.unpack_from(data)[2])
+
+
 def is_envelope(data: bytes) -> bool:
     """Whether ``data`` starts like an encrypted checkpoint file."""
     return data[: len(MAGIC)] == MAGIC

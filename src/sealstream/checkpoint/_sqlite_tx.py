@@ -17,9 +17,10 @@ __all__ = ["immediate"]
 def immediate(conn: sqlite3.Connection, *, read_only: bool = False) -> Iterator[None]:
     """One write transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``) on an autocommit
     connection; with ``read_only``, a read transaction (``BEGIN``: in WAL mode, one
-    snapshot for all its statements, without taking the write lock). On an error the original exception propagates, never "no transaction
-    is active" (SQLite may already have rolled back after SQLITE_FULL or IOERR), and a
-    failed COMMIT is rolled back so the connection stays usable."""
+    snapshot for all its statements, without taking the write lock). On an error the
+    original exception propagates, never "no transaction is active" (SQLite may
+    already have rolled back after SQLITE_FULL or IOERR), and a failed COMMIT is
+    rolled back so the connection stays usable."""
     conn.execute("BEGIN" if read_only else "BEGIN IMMEDIATE")
     try:
         yield

@@ -184,3 +184,33 @@ def test_postgres_names_are_bytewise_in_new_and_earlier_tables(pg_url: str) -> N
     exercise(PostgresRowStore(pg_url))
     collation, indexes = collation_and_indexes(pg_url)
     assert collation != "C" and indexes == ["agent_rows_c_names", "agent_rows_pkey"]
+
+
+@pytest.mark.parametrize("count", [1, 5, 17, 40, 250])
+def test_fetch_returns_exactly_what_was_asked(backend_url: str, count: int) -> None:
+    """One fetch of several checkpoints (PostgreSQL reads a page of many as key ranges
+    spanning them; SQLite in statements of 200): only the rows asked for come back,
+    each write with its own checkpoint, whatever lies between them."""
+    rows = open_row_store(backend_url)
+    ids = [f"c{i:04d}" for i in range(2 * count + 3)]
+    with rows.transaction() as tx:
+        for cid in ids:
+            tx.insert("cp", "e", "", cid, b"cp-" + cid.encode())
+            tx.insert("wi", "e", "", cid, b"wi-" + cid.encode())
+            tx.insert("w", "e", "", f"{cid}|t|+000000", b"w-" + cid.encode())
+            tx.insert("blob", "e", "", f"b-{cid}", b"blob-" + cid.encode())
+            tx.insert("cp", "other", "", cid, b"other")
+        tx.insert("meta", "e", "", "history", b"marker")
+    wanted = ids[1::2][:count]  # every other one: the ones between are not asked for
+    with rows.transaction() as tx:
+        got, blobs, marker = tx.fetch("e", "", wanted, [c + "|" for c in wanted],
+                                      [f"b-{c}" for c in wanted] + ["b-none"], True)
+    assert marker == b"marker"
+    assert sorted(got) == wanted
+    for cid in wanted:
+        cp, wi, writes = got[cid]
+        assert (cp, wi) == (b"cp-" + cid.encode(), b"wi-" + cid.encode())
+        assert [(w.name, w.data) for w in writes] == [(f"{cid}|t|+000000",
+                                                      b"w-" + cid.encode())]
+    assert blobs == {f"b-{c}": b"blob-" + c.encode() for c in wanted}
+    rows.close()

@@ -57,7 +57,6 @@ from sealstream.agents._seal import (
     FROM_ENV,
     Address,
     Keys,
-    seal_doc,
     seal_plain,
     unwrap,
     wrap,
@@ -559,7 +558,7 @@ class AgentCheckpointStore:
                "parent": parent, "created_ms": created_ms, "blobs": entries,
                "writes": writes, "body": dict(body)}
         addr = ("cp", ex, ns, cid)
-        sealed = seal_doc(self.keys, addr, doc)
+        sealed = self.seal_row(addr, doc)
         if overwrite:
             tx.upsert(*addr, sealed)
         elif not tx.insert(*addr, sealed):
@@ -639,6 +638,12 @@ class AgentCheckpointStore:
             table.move_to_end(key)
             while len(table) > self.cache_size:
                 table.popitem(last=False)
+
+    def blob_hint(self, ex: str, ns: str, cid: str) -> list[str]:
+        """The blob names this store last saw a checkpoint's manifest list: only a
+        guess of which rows to fetch with it, never trusted."""
+        with self._cache_lock:
+            return list(self._hints.get((ex, ns, cid), ()))
 
     def head_hint(self, ex: str, ns: str) -> str | None:
         """The head this store last saw for a history: only a guess of which rows to

@@ -184,6 +184,8 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
         # be the one that saves it)
         self._committed: dict[tuple[str, str, str], None] = {}
         self._waiting: dict[tuple[str, str, str], list[asyncio.Future[None]]] = {}
+        # checkpoints this saver's async ``aput`` is saving right now (count per key)
+        self._inflight: dict[tuple[str, str, str], int] = {}
         # when this saver last committed a checkpoint of a thread: a write keeps
         # waiting while its thread's earlier checkpoints are still being saved
         self._progress: dict[tuple[str, str], float] = {}
@@ -433,32 +435,16 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
             # the parent with its rows when some of its blobs are reused, and whether
             # the blobs about to be written exist already
             guess = self.store.head_hint(thread, ns)
-            ploaded: Loaded | AgentVerdict | None = None
-            if missing and parent:
-                wanted = list(dict.fromkeys([str(parent), *([guess] if guess else [])]))
-                got, _ = self.store._load_group(tx, thread, ns, wanted, meta=True,
-                                                extra_blobs=list(blobs),
-                                                judged=[str(parent)])
-                ploaded = got.get(str(parent))
-            else:
-                tx.prefetch(thread, ns, [guess] if guess else [], list(blobs))
+            reusing = bool(missing and parent)
+            tx.prefetch(thread, ns, list(dict.fromkeys(
+                [*([str(parent)] if reusing else []), *([guess] if guess else [])])),
+                [*blobs, *(self.store.blob_hint(thread, ns, str(parent)) if reusing else [])])
             self.store.check_kind(tx, thread, ns,
                                   self.store._meta(tx, thread, ns).get("head") or "",
                                   KIND_LANGGRAPH)
             reuse: list[str] = []
-            if isinstance(ploaded, AgentVerdict):
-                # the parent must verify before any of its blobs is reused: a blob
-                # re-hashed into this new, signed manifest would otherwise launder
-                # a tampered value
-                raise AgentCheckpointError(ploaded)
-            if ploaded is not None:
-                pdoc = ploaded.manifest
-                pchannels = pdoc["body"]["channels"]
-                pversions = self._loads(pdoc["body"]["checkpoint"]).get("channel_versions", {})
-                for channel in missing:
-                    if channel in pchannels and pversions.get(channel) == versions[channel]:
-                        channels[channel] = pchannels[channel]
-                        reuse.append(pchannels[channel])
+            if reusing:
+                reuse = self._reused(tx, thread, ns, str(parent), missing, versions, channels)
             body = {
                 "checkpoint": _typed(self._dumps(skeleton)),
                 "metadata": _typed(self._dumps(
@@ -471,6 +457,51 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
         self._saved((thread, ns, str(checkpoint["id"])))
         return {"configurable": {"thread_id": thread, "checkpoint_ns": ns,
                                  "checkpoint_id": checkpoint["id"]}}
+
+    def _reused(self, tx: RowTx, thread: str, ns: str, parent: str, missing: Sequence[str],
+                versions: Mapping[str, Any], channels: dict[str, str]) -> builtins.list[str]:
+        """The parent's blobs of the unchanged channels ``missing`` (set in
+        ``channels``). The parent's manifest must verify and each reused blob must
+        match the hash it records, before a new signed manifest names them: a
+        tampered value is never laundered into a new checkpoint (raises
+        :class:`AgentCheckpointError` with the verdict). The parent's other rows
+        (its other blobs, its pending writes) are not this checkpoint's concern."""
+        addr = ("cp", thread, ns, parent)
+        raw = tx.get(*addr)
+        if raw is None:  # a parent LangGraph never saved here: nothing to reuse
+            return []
+        bad, pdoc = self.store.judged_row(self.store._opened(addr, raw), missing="NO_MANIFEST")
+        if bad is not None or pdoc is None:
+            assert bad is not None
+            raise AgentCheckpointError(bad)
+        if pdoc.get("kind") != KIND_LANGGRAPH:
+            raise AgentCheckpointError(other_kind(pdoc, KIND_LANGGRAPH))
+        try:
+            pchannels: dict[str, str] = dict(pdoc["body"]["channels"])
+            listed: dict[str, Any] = dict(pdoc["blobs"])
+            pversions = self._loads(pdoc["body"]["checkpoint"]).get("channel_versions", {})
+        except (KeyError, TypeError, ValueError, IndexError):
+            raise AgentCheckpointError(AgentVerdict(
+                thread, ns, parent, _judge.INCONSISTENT, "MANIFEST_MALFORMED",
+                f"checkpoint {parent!r} of {thread!r}/{ns!r}: its manifest is signed but "
+                "malformed")) from None
+        reuse = []
+        for channel in missing:
+            if channel not in pchannels or pversions.get(channel) != versions[channel]:
+                continue
+            name = str(pchannels[channel])
+            row = self.store._read(tx, ("blob", thread, ns, name))
+            entry = listed.get(name)
+            want: dict[str, Any] = entry if isinstance(entry, dict) else {}
+            if row.problem is None and row.data is not None and (
+                    hashlib.sha256(row.data).hexdigest() != want.get("sha256")):
+                raise AgentCheckpointError(AgentVerdict(
+                    thread, ns, parent, _judge.INCONSISTENT, "HASH_MISMATCH",
+                    f"checkpoint {parent!r} of {thread!r}/{ns!r}: channel blob {name!r}, "
+                    "which the new checkpoint reuses, differs from its recorded SHA-256"))
+            channels[channel] = name
+            reuse.append(name)  # missing or unreadable: refused by _commit
+        return reuse
 
     def _saved(self, key: tuple[str, str, str]) -> None:
         with self._workers_lock:
@@ -663,25 +694,49 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
                    metadata: CheckpointMetadata, new_versions: ChannelVersions
                    ) -> RunnableConfig:
-        return await self._call(self.put, config, checkpoint, metadata, new_versions)
+        conf = config["configurable"]
+        key = (str(conf["thread_id"]), str(conf.get("checkpoint_ns", "")),
+               str(checkpoint["id"]))
+        with self._workers_lock:  # writes for it wait for this save, not the database
+            self._inflight[key] = self._inflight.get(key, 0) + 1
+        try:
+            return await self._call(self.put, config, checkpoint, metadata, new_versions)
+        finally:
+            with self._workers_lock:
+                left = self._inflight.pop(key, 1) - 1
+                if left:
+                    self._inflight[key] = left
+                waiters = [] if left else self._waiting.pop(key, [])
+            for fut in waiters:  # a failed save: they look in the database themselves
+                _resolve(fut)
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                           task_id: str, task_path: str = "") -> None:
         thread, ns, cid, rows = self._write_rows(config, writes, task_id, task_path)
         key = (thread, ns, cid)
         start = time.monotonic()
-        pause = 0.01
+        # a save by this saver wakes the write at once (its future); the database is
+        # asked only now and then, for a save by another process: each such look
+        # takes a worker, and a look too early only delays the save it waits for
+        pause = 0.25
         while True:
             with self._workers_lock:
                 fut: asyncio.Future[None] | None = None
+                saving = key in self._inflight
                 if key not in self._committed:
                     fut = asyncio.get_running_loop().create_future()
                     self._waiting.setdefault(key, []).append(fut)
             if fut is not None:  # wait in the event loop, holding no worker
+                # while this saver is saving that checkpoint, wait for the save itself
+                # (no attempt in between: it would take a worker the save needs);
+                # otherwise look in the database now and then (another process may
+                # be the one saving it)
+                limit = max(0.0, start + self.writes_wait_s - time.monotonic()) + 0.01
+                woken = True
                 try:
-                    await asyncio.wait_for(fut, timeout=pause)
+                    await asyncio.wait_for(fut, timeout=limit if saving else pause)
                 except TimeoutError:
-                    pass
+                    woken = False
                 finally:
                     with self._workers_lock:
                         waiters = self._waiting.get(key, [])
@@ -689,7 +744,15 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
                             waiters.remove(fut)
                             if not waiters:
                                 del self._waiting[key]
-                pause = min(pause * 2, 0.25)
+                pause = min(pause * 2, 1.0)
+                with self._workers_lock:
+                    recent = self._progress.get((thread, ns), start) > time.monotonic() - 1.0
+                if not woken and (saving or recent):
+                    # this saver is saving the thread's checkpoints in order (a run
+                    # ahead of its saves): the save will wake this write
+                    if self._overdue(thread, ns, start):
+                        raise self._not_committed(thread, ns, cid)
+                    continue
             if await self._call(self._try_put_writes, thread, ns, cid, rows):
                 return
             if self._overdue(thread, ns, start):

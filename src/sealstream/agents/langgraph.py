@@ -189,6 +189,7 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
         # when this saver last committed a checkpoint of a thread: a write keeps
         # waiting while its thread's earlier checkpoints are still being saved
         self._progress: dict[tuple[str, str], float] = {}
+        self._last_commit = float("-inf")  # when this saver last committed a checkpoint
 
     def close(self) -> None:
         with self._workers_lock:
@@ -506,7 +507,7 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
     def _saved(self, key: tuple[str, str, str]) -> None:
         with self._workers_lock:
             self._committed[key] = None
-            self._progress[key[:2]] = time.monotonic()
+            self._progress[key[:2]] = self._last_commit = time.monotonic()
             if len(self._progress) > 4096:
                 del self._progress[next(iter(self._progress))]
             if len(self._committed) > 4096:
@@ -746,12 +747,11 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
                                 del self._waiting[key]
                 pause = min(pause * 2, 1.0)
                 with self._workers_lock:
-                    recent = self._progress.get((thread, ns), start) > time.monotonic() - 1.0
-                if not woken and (saving or recent):
-                    # this saver is saving the thread's checkpoints in order (a run
-                    # ahead of its saves): the save will wake this write
-                    if self._overdue(thread, ns, start):
-                        raise self._not_committed(thread, ns, cid)
+                    busy = self._last_commit > time.monotonic() - 1.0
+                if not woken and (saving or busy) and not self._overdue(thread, ns, start):
+                    # this saver is saving checkpoints (a run ahead of its saves): the
+                    # save will wake this write; the database is asked once this
+                    # saver has been idle for a second, and before giving up
                     continue
             if await self._call(self._try_put_writes, thread, ns, cid, rows):
                 return

@@ -5,7 +5,7 @@
 
 At N checkpoints of 10 KB in one thread: put, put_writes, get_tuple (latest and by
 id), list (all, and limit 10); 16 concurrent ``ainvoke`` runs x 20 steps on the
-async savers; the head read at 100 / 1,000 / 3,000 checkpoints. PostgreSQL comes
+async savers; the head read at 100 / 1,000 / 3,000 checkpoints (both backends). PostgreSQL comes
 from ``--pg``, else ``SEALSTREAM_TEST_PG``, else ``scripts/pg-test-server``.
 Prints a markdown table and writes it to ``bench/results/agents.md``.
 """
@@ -188,8 +188,9 @@ def _postgres(n: int, url: str) -> dict[str, dict[str, float]]:
     with PostgresSaver.from_conn_string(theirs_url) as theirs:
         theirs.setup()
         a, b = _ops_pair(ours, theirs, n)
-    out["SealstreamSaver (PostgreSQL)"] |= a
-    out["PostgresSaver"] |= b
+    out["SealstreamSaver (PostgreSQL)"] |= a | _heads(ours)
+    with PostgresSaver.from_conn_string(theirs_url) as theirs:
+        out["PostgresSaver"] |= b | _heads(theirs)
     out["SealstreamSaver (PostgreSQL)"]["16 ainvoke x 20"] = asyncio.run(_concurrent(ours))
     ours.close()
 

@@ -214,3 +214,22 @@ def test_fetch_returns_exactly_what_was_asked(backend_url: str, count: int) -> N
                                                       b"w-" + cid.encode())]
     assert blobs == {f"b-{c}": b"blob-" + c.encode() for c in wanted}
     rows.close()
+
+
+def test_a_statement_failing_late_rolls_back_everything(backend_url: str) -> None:
+    """A statement whose failure is only seen at COMMIT (PostgreSQL sends writes in a
+    pipeline, with the COMMIT) fails the whole transaction with a clear error, keeps
+    none of it, and leaves the store usable."""
+    rows = open_row_store(backend_url)
+    with rows.transaction() as tx:
+        tx.insert("s", "e", "", "kept", b"1")
+    with pytest.raises(CheckpointError, match="agent store"), rows.transaction() as tx:
+        tx.upsert("s", "e", "", "kept", b"changed")
+        tx.add("s", "e", "", "new", b"2")
+        tx.upsert("s", "e", "", "bad", None)  # type: ignore[arg-type]  # NOT NULL
+    assert rows.get("s", "e", "", "kept") == b"1"
+    assert rows.get("s", "e", "", "new") is None and rows.get("s", "e", "", "bad") is None
+    with rows.transaction() as tx:  # the connection (or the pool's) still works
+        assert tx.insert("s", "e", "", "after", b"3")
+    assert [r.name for r in rows.scan("s", "e", "")] == ["after", "kept"]
+    rows.close()

@@ -809,8 +809,19 @@ class PostgresRowStore(RowStore):
         try:
             with pool.connection() as conn:
                 if self._pipelines:
-                    with conn.pipeline() as pipe, conn.transaction():
-                        yield _PgTx(conn, pipe)
+                    # BEGIN and COMMIT sent with the statements around them (psycopg's
+                    # transaction blocks sync the pipeline on entry and exit: two
+                    # round trips more per transaction)
+                    with conn.pipeline() as pipe:
+                        conn.execute("BEGIN")
+                        try:
+                            yield _PgTx(conn, pipe)
+                        except BaseException:
+                            with contextlib.suppress(psycopg.Error):
+                                conn.execute("ROLLBACK")
+                                pipe.sync()
+                            raise
+                        conn.execute("COMMIT")  # sent and checked as the pipeline ends
                 else:
                     with conn.transaction():
                         yield _PgTx(conn)

@@ -582,16 +582,39 @@ class SqliteRowStore(RowStore):
 
 # ------------------------------------------------------------------ PostgreSQL
 class _PgTx(RowTx):
-    """Statements of one transaction. In a pipeline (``pipe``), a statement whose
-    result is not needed (:meth:`add`, :meth:`upsert`, :meth:`lock_history`) is sent
-    with the next one whose result is, or with COMMIT: a checkpoint's save is two
-    round trips, not one per row."""
+    """Statements of one transaction. Writes whose outcome is not needed
+    (:meth:`add`, :meth:`add_many`, :meth:`upsert`) are kept and sent as (at most)
+    two statements before the next statement or the COMMIT (:meth:`flush`); in a
+    pipeline (``pipe``) they and :meth:`lock_history` go with the next statement
+    whose result is needed: a checkpoint's save is two round trips."""
 
     def __init__(self, conn: Any, pipe: Any = None) -> None:
         self._c = conn
         self._pipe = pipe
         self.seen = {}
         self._locked: set[tuple[str, str]] = set()
+        self._adds: list[tuple[str, str, str, str, bytes]] = []
+        self._upserts: dict[tuple[str, str, str, str], bytes] = {}
+
+    def _x(self, sql: str, args: Any) -> Any:
+        self.flush()
+        return self._c.execute(sql, args)
+
+    def flush(self) -> None:
+        """Send the kept writes: create-if-absent ones, then replacing ones (the same
+        outcome as in the order they were made: a row added then replaced, or
+        replaced then added, ends replaced)."""
+        for rows, conflict in ((self._adds, "DO NOTHING"), (list(
+                (*k, v) for k, v in self._upserts.items()),
+                "(space, execution, ns, name) DO UPDATE SET data = excluded.data")):
+            if rows:
+                self._c.execute(
+                    "INSERT INTO agent_rows (space, execution, ns, name, data) "
+                    "SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], "
+                    f"%b::bytea[]) ON CONFLICT {conflict}",
+                    [list(col) for col in zip(*rows, strict=True)])
+        self._adds = []
+        self._upserts = {}
 
     def _sync(self) -> None:
         if self._pipe is not None:
@@ -602,7 +625,7 @@ class _PgTx(RowTx):
              newest_first: bool = True) -> list[tuple[str, str, str]]:
         sql, args = _keys_sql(space, execution, ns, before, limit, newest_first, "%s",
                               ' COLLATE "C"')
-        return [(r[0], r[1], r[2]) for r in self._c.execute(sql, args).fetchall()]
+        return [(r[0], r[1], r[2]) for r in self._x(sql, args).fetchall()]
 
     def checkpoint_rows(self, execution: str, ns: str, cid: str, writes_prefix: str
                         ) -> tuple[bytes | None, bytes | None, list[Row]]:
@@ -651,7 +674,7 @@ class _PgTx(RowTx):
         rows: list[Any] = []
         for i in range(0, len(arms), 64):  # a statement the server plans quickly
             part = arms[i:i + 64]
-            rows += self._c.execute(" UNION ALL ".join(a[0] for a in part),
+            rows += self._x(" UNION ALL ".join(a[0] for a in part),
                                     [x for a in part for x in a[1]]).fetchall()
         return _fetched(rows, execution, ns, cids, prefixes)
 
@@ -661,7 +684,7 @@ class _PgTx(RowTx):
             return set()
         for name in rows:
             self.seen.pop((space, execution, ns, name), None)
-        got = self._c.execute(
+        got = self._x(
             "INSERT INTO agent_rows (space, execution, ns, name, data) "
             "SELECT %s, %s, %s, n, d FROM unnest(%s::text[], %b::bytea[]) AS t(n, d) "
             "ON CONFLICT DO NOTHING RETURNING name",
@@ -669,22 +692,12 @@ class _PgTx(RowTx):
         return {r[0] for r in got}
 
     def add_many(self, space: str, execution: str, ns: str, rows: dict[str, bytes]) -> None:
-        if not rows:
-            return
-        for name in rows:
-            self.seen.pop((space, execution, ns, name), None)
-        self._c.execute(
-            "INSERT INTO agent_rows (space, execution, ns, name, data) "
-            "SELECT %s, %s, %s, n, d FROM unnest(%s::text[], %b::bytea[]) AS t(n, d) "
-            "ON CONFLICT DO NOTHING",
-            (space, execution, ns, list(rows), list(rows.values())))
+        for name, data in rows.items():
+            self.add(space, execution, ns, name, data)
 
     def add(self, space: str, execution: str, ns: str, name: str, data: bytes) -> None:
         self.seen.pop((space, execution, ns, name), None)
-        self._c.execute(
-            "INSERT INTO agent_rows (space, execution, ns, name, data) "
-            "VALUES (%s, %s, %s, %s, %b) ON CONFLICT DO NOTHING",
-            (space, execution, ns, name, data))
+        self._adds.append((space, execution, ns, name, data))
 
     def get_many(self, space: str, execution: str, ns: str, names: Sequence[str]
                  ) -> dict[str, bytes]:
@@ -692,7 +705,7 @@ class _PgTx(RowTx):
         names = list(names)
         for i in range(0, len(names), 256):  # primary-key lookups (see fetch)
             part = names[i:i + 256]
-            rows = self._c.execute(" UNION ALL ".join(
+            rows = self._x(" UNION ALL ".join(
                 ["SELECT name, data FROM agent_rows WHERE space = %s AND execution = %s "
                  "AND ns = %s AND name COLLATE \"C\" = %s"] * len(part)),
                 [a for name in part for a in (space, execution, ns, name)]).fetchall()
@@ -703,14 +716,14 @@ class _PgTx(RowTx):
         if (execution, ns) in self._locked:
             return
         key = int.from_bytes(lock_digest("history:" + execution, ns)[:8], "big", signed=True)
-        self._c.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
+        self._x("SELECT pg_advisory_xact_lock(%s)", (key,))
         self._locked.add((execution, ns))
 
     def get(self, space: str, execution: str, ns: str, name: str,
             *, lock: bool = False) -> bytes | None:
         if not lock and (space, execution, ns, name) in self.seen:
             return self.seen[(space, execution, ns, name)]
-        row = self._c.execute(
+        row = self._x(
             "SELECT data FROM agent_rows WHERE space = %s AND execution = %s AND ns = %s "
             "AND name COLLATE \"C\" = %s" + (" FOR UPDATE" if lock else ""),
             (space, execution, ns, name)).fetchone()
@@ -718,7 +731,7 @@ class _PgTx(RowTx):
 
     def insert(self, space: str, execution: str, ns: str, name: str, data: bytes) -> bool:
         self.seen.pop((space, execution, ns, name), None)
-        cur = self._c.execute(
+        cur = self._x(
             "INSERT INTO agent_rows (space, execution, ns, name, data) "
             "VALUES (%s, %s, %s, %s, %b) ON CONFLICT DO NOTHING",
             (space, execution, ns, name, data))
@@ -727,10 +740,7 @@ class _PgTx(RowTx):
 
     def upsert(self, space: str, execution: str, ns: str, name: str, data: bytes) -> None:
         self.seen.pop((space, execution, ns, name), None)
-        self._c.execute(
-            "INSERT INTO agent_rows (space, execution, ns, name, data) "
-            "VALUES (%s, %s, %s, %s, %b) ON CONFLICT (space, execution, ns, name) "
-            "DO UPDATE SET data = excluded.data", (space, execution, ns, name, data))
+        self._upserts[(space, execution, ns, name)] = data
 
     def delete(self, space: str, execution: str, ns: str | None = None,
                names: Sequence[str] | None = None) -> int:
@@ -738,14 +748,14 @@ class _PgTx(RowTx):
             return 0
         self.seen.clear()
         where, args = _where(space, execution, ns, names, "%s", collate=' COLLATE "C"')
-        cur = self._c.execute(f"DELETE FROM agent_rows WHERE {where}", args)
+        cur = self._x(f"DELETE FROM agent_rows WHERE {where}", args)
         self._sync()
         return int(cur.rowcount)
 
     def scan(self, space: str, execution: str | None, ns: str | None = None,
              prefix: str | None = None) -> list[Row]:
         where, args = _where(space, execution, ns, None, "%s", prefix, ' COLLATE "C"')
-        rows = self._c.execute(
+        rows = self._x(
             f"SELECT space, execution, ns, name, data FROM agent_rows WHERE {where} "
             "ORDER BY execution COLLATE \"C\", ns COLLATE \"C\", name COLLATE \"C\"",
             args).fetchall()
@@ -815,7 +825,9 @@ class PostgresRowStore(RowStore):
                     with conn.pipeline() as pipe:
                         conn.execute("BEGIN")
                         try:
-                            yield _PgTx(conn, pipe)
+                            tx = _PgTx(conn, pipe)
+                            yield tx
+                            tx.flush()
                         except BaseException:
                             with contextlib.suppress(psycopg.Error):
                                 conn.execute("ROLLBACK")
@@ -824,7 +836,9 @@ class PostgresRowStore(RowStore):
                         conn.execute("COMMIT")  # sent and checked as the pipeline ends
                 else:
                     with conn.transaction():
-                        yield _PgTx(conn)
+                        tx = _PgTx(conn)
+                        yield tx
+                        tx.flush()
         except psycopg.Error as exc:
             raise CheckpointError(
                 f"agent store {self.location}: {str(exc).strip()}") from None
@@ -841,7 +855,9 @@ class PostgresRowStore(RowStore):
         pool = self._db()
         try:
             with pool.connection() as conn:  # autocommit: no BEGIN/COMMIT round trips
-                yield _PgTx(conn)
+                tx = _PgTx(conn)
+                yield tx
+                tx.flush()  # a unit of work meant to read: writes, if any, still land
         except psycopg.Error as exc:
             raise CheckpointError(
                 f"agent store {self.location}: {str(exc).strip()}") from None

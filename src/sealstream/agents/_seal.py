@@ -84,33 +84,33 @@ def _previous(env: str) -> list[str]:
     return [k.strip() for k in os.environ.get(env, "").split(",") if k.strip()]
 
 
-def _sign_from_env() -> SignKey:
-    """``SEALSTREAM_CHECKPOINT_KEY``, made a ring when previous keys are set: rows
-    written before key ids verify under the first previous key."""
-    current = manifest.checkpoint_key()
-    previous = [k.encode() for k in _previous(PREVIOUS_KEYS_ENV)]
+def _ring(current: bytes | None, previous: list[bytes], env: str, current_env: str,
+          what: str) -> bytes | KeyRing | None:
+    """``current``, or with ``previous`` keys (from ``env``) a ring of them all named
+    by :func:`key_label`; rows written before key ids are read as the first
+    previous key's."""
     if not previous:
         return current
     if current is None:
-        raise SpecError(f"{PREVIOUS_KEYS_ENV} is set but {manifest.KEY_ENV} is not: set "
-                        "the current signing key too")
+        raise SpecError(f"{env} is set but {current_env} is not: set the current {what} too")
     keys = {key_label(k): k for k in [*previous, current]}
     return KeyRing(key_label(current), keys, unnamed=key_label(previous[0]))
+
+
+def _sign_from_env() -> SignKey:
+    """``SEALSTREAM_CHECKPOINT_KEY``, made a ring when previous keys are set."""
+    return _ring(manifest.checkpoint_key(),
+                 [k.encode() for k in _previous(PREVIOUS_KEYS_ENV)],
+                 PREVIOUS_KEYS_ENV, manifest.KEY_ENV, "signing key")
 
 
 def _encrypt_from_env() -> EncryptKey:
     """``SEALSTREAM_ENCRYPTION_KEY`` (or ``_FILE``), made a ring when previous keys
     are set."""
-    current = crypto.encryption_key()
-    previous = [crypto.parse_key(k, f"{PREVIOUS_ENCRYPTION_KEYS_ENV} (key {i + 1})")
-                for i, k in enumerate(_previous(PREVIOUS_ENCRYPTION_KEYS_ENV))]
-    if not previous:
-        return current
-    if current is None:
-        raise SpecError(f"{PREVIOUS_ENCRYPTION_KEYS_ENV} is set but {crypto.KEY_ENV} is "
-                        "not: set the current encryption key too")
-    keys = {key_label(k): k for k in [*previous, current]}
-    return KeyRing(key_label(current), keys)
+    return _ring(crypto.encryption_key(),
+                 [crypto.parse_key(k, f"{PREVIOUS_ENCRYPTION_KEYS_ENV} (key {i + 1})")
+                  for i, k in enumerate(_previous(PREVIOUS_ENCRYPTION_KEYS_ENV))],
+                 PREVIOUS_ENCRYPTION_KEYS_ENV, crypto.KEY_ENV, "encryption key")
 
 
 def _encrypt_key(value: object) -> EncryptKey:

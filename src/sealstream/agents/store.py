@@ -417,18 +417,15 @@ class _SqliteTx(RowTx):
             arms: list[str] = []
             args: list[Any] = []
             part, pparts, ids, prefixes = ids[:200], prefixes[:200], ids[200:], prefixes[200:]
-            if part:
-                arms.append(pick + "space IN ('cp', 'wi') AND name IN ("
-                            + ", ".join("?" * len(part)) + ")")
-                args += [execution, ns, *part]
+            bpart, names = names[:500], names[500:]
+            for spaces, listed in (("IN ('cp', 'wi')", part), ("= 'blob'", bpart)):
+                if listed:
+                    arms.append(pick + f"space {spaces} AND name IN ("
+                                + ", ".join("?" * len(listed)) + ")")
+                    args += [execution, ns, *listed]
             for prefix in pparts:
                 arms.append(pick + "space = 'w' AND name >= ? AND name < ?")
                 args += [execution, ns, prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)]
-            bpart, names = names[:500], names[500:]
-            if bpart:
-                arms.append(pick + "space = 'blob' AND name IN ("
-                            + ", ".join("?" * len(bpart)) + ")")
-                args += [execution, ns, *bpart]
             if first and meta:
                 arms.append(pick + "space = 'meta' AND name = 'history'")
                 args += [execution, ns]

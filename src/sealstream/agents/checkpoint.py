@@ -437,7 +437,13 @@ class AgentCheckpointStore:
         namespaces) in one transaction. Effect-ledger rows are kept: they record
         what happened in the world."""
         with self.rows.transaction() as tx:
-            for space in ("cp", "blob", "w", "wi", "meta"):
+            # every history of the execution locked first (in one order): a save or
+            # a pending write in flight finishes before, or starts after, the delete
+            spaces = ("cp", "blob", "w", "wi", "meta")
+            for ns in sorted({k[2] for space in spaces
+                              for k in tx.keys(space, execution_id)}):
+                tx.lock_history(execution_id, ns)
+            for space in spaces:
                 tx.delete(space, execution_id)
 
     # ------------------------------------------------------------ core
@@ -857,6 +863,7 @@ class AgentCheckpointStore:
     def _drop(self, tx: RowTx, ex: str, ns: str, ids: Sequence[str]) -> None:
         """Delete the named checkpoints (not the oldest ones: see :meth:`prune`) with
         their writes, recording them as deliberately dropped in the signed marker."""
+        tx.lock_history(ex, ns)  # before any delete: writers of the history hold it
         tx.delete("cp", ex, ns, list(ids))
         tx.delete("wi", ex, ns, list(ids))
         for cid in ids:

@@ -184,12 +184,12 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
         # be the one that saves it)
         self._committed: dict[tuple[str, str, str], None] = {}
         self._waiting: dict[tuple[str, str, str], list[asyncio.Future[None]]] = {}
-        # checkpoints this saver's async ``aput`` is saving right now (count per key)
-        self._inflight: dict[tuple[str, str, str], int] = {}
+        # checkpoints this saver's async ``aput`` is saving right now, and their
+        # histories (a count per (thread, ns, id) and per (thread, ns))
+        self._inflight: dict[tuple[str, ...], int] = {}
         # when this saver last committed a checkpoint of a thread: a write keeps
         # waiting while its thread's earlier checkpoints are still being saved
         self._progress: dict[tuple[str, str], float] = {}
-        self._last_commit = float("-inf")  # when this saver last committed a checkpoint
 
     def close(self) -> None:
         with self._workers_lock:
@@ -507,7 +507,7 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
     def _saved(self, key: tuple[str, str, str]) -> None:
         with self._workers_lock:
             self._committed[key] = None
-            self._progress[key[:2]] = self._last_commit = time.monotonic()
+            self._progress[key[:2]] = time.monotonic()
             if len(self._progress) > 4096:
                 del self._progress[next(iter(self._progress))]
             if len(self._committed) > 4096:
@@ -629,7 +629,9 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
                 metadata = self._loads(loaded.manifest["body"]["metadata"])
                 if str(metadata.get("run_id")) in wanted:
                     doomed.setdefault((row.execution, row.ns), []).append(row.name)
-            for (thread, ns), ids in doomed.items():
+            for thread, ns in sorted(doomed):  # locked in one order, before any delete
+                tx.lock_history(thread, ns)
+            for (thread, ns), ids in sorted(doomed.items()):
                 self.store._drop(tx, thread, ns, ids)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
@@ -637,7 +639,10 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
         one transaction, re-sealed for their new address. The source must verify."""
         src, dst = str(source_thread_id), str(target_thread_id)
         with self.store.rows.transaction() as tx:
-            for row in tx.scan("cp", src):
+            rows = tx.scan("cp", src)
+            for ns in sorted({row.ns for row in rows}):  # the target's histories, first
+                tx.lock_history(dst, ns)
+            for row in rows:
                 try:
                     loaded = self.store._load(tx, src, row.ns, row.name)
                 except AgentCheckpointError as err:  # never re-signed into the copy
@@ -699,14 +704,16 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
         key = (str(conf["thread_id"]), str(conf.get("checkpoint_ns", "")),
                str(checkpoint["id"]))
         with self._workers_lock:  # writes for it wait for this save, not the database
-            self._inflight[key] = self._inflight.get(key, 0) + 1
+            for table, k in ((self._inflight, key), (self._inflight, key[:2])):
+                table[k] = table.get(k, 0) + 1
         try:
             return await self._call(self.put, config, checkpoint, metadata, new_versions)
         finally:
             with self._workers_lock:
-                left = self._inflight.pop(key, 1) - 1
-                if left:
-                    self._inflight[key] = left
+                for k in (key[:2], key):
+                    left = self._inflight.pop(k, 1) - 1
+                    if left:
+                        self._inflight[k] = left
                 waiters = [] if left else self._waiting.pop(key, [])
             for fut in waiters:  # a failed save: they look in the database themselves
                 _resolve(fut)
@@ -716,22 +723,25 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
         thread, ns, cid, rows = self._write_rows(config, writes, task_id, task_path)
         key = (thread, ns, cid)
         start = time.monotonic()
-        # a save by this saver wakes the write at once (its future); the database is
-        # asked only now and then, for a save by another process: each such look
-        # takes a worker, and a look too early only delays the save it waits for
+        # A save by this saver wakes the write at once (its future). The database is
+        # asked at once when this saver has not been saving the thread lately (the
+        # checkpoint may be stored already: saved by another process, or before a
+        # restart), then now and then; while this saver is saving the thread's
+        # checkpoints (a run ahead of its saves) it is asked only once the write is
+        # overdue: each look is a transaction on a worker the saves need.
         pause = 0.25
+        looked = False
         while True:
             with self._workers_lock:
                 fut: asyncio.Future[None] | None = None
                 saving = key in self._inflight
-                if key not in self._committed:
+                ours = saving or (thread, ns) in self._inflight or (
+                    self._progress.get((thread, ns), float("-inf"))
+                    > time.monotonic() - self.writes_wait_s)
+                if key not in self._committed and (ours or looked):
                     fut = asyncio.get_running_loop().create_future()
                     self._waiting.setdefault(key, []).append(fut)
             if fut is not None:  # wait in the event loop, holding no worker
-                # while this saver is saving that checkpoint, wait for the save itself
-                # (no attempt in between: it would take a worker the save needs);
-                # otherwise look in the database now and then (another process may
-                # be the one saving it)
                 limit = max(0.0, start + self.writes_wait_s - time.monotonic()) + 0.01
                 woken = True
                 try:
@@ -746,13 +756,9 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
                             if not waiters:
                                 del self._waiting[key]
                 pause = min(pause * 2, 1.0)
-                with self._workers_lock:
-                    busy = self._last_commit > time.monotonic() - 1.0
-                if not woken and (saving or busy) and not self._overdue(thread, ns, start):
-                    # this saver is saving checkpoints (a run ahead of its saves): the
-                    # save will wake this write; the database is asked once this
-                    # saver has been idle for a second, and before giving up
+                if not woken and ours and not self._overdue(thread, ns, start):
                     continue
+            looked = True
             if await self._call(self._try_put_writes, thread, ns, cid, rows):
                 return
             if self._overdue(thread, ns, start):

@@ -298,7 +298,7 @@ def test_a_followed_source_runs_on_workers_and_resumes_with_another_count(
     coordinator's recorded steps and its state sharded: with 2 workers, then (after
     lines are appended and a new file appears) resumed with 3, the output is that of
     one process doing the same."""
-    from scenarios.test_live_crash import spec_text
+    from scenarios._live_story import files_spec
     from sealstream.cli import main
 
     def lines(first: int, n: int, part: int) -> str:
@@ -309,7 +309,7 @@ def test_a_followed_source_runs_on_workers_and_resumes_with_another_count(
     for workers in (None, 2):
         d = tmp_path / f"w{workers}"
         (d / "in").mkdir(parents=True)
-        (d / "spec.toml").write_text(spec_text("end"))
+        (d / "spec.toml").write_text(files_spec("end"))
         for part in range(2):
             (d / "in" / f"p{part}.jsonl").write_text(lines(0, 200, part))
         cwd = os.getcwd()

@@ -16,171 +16,40 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import random
 import shutil
 import signal
-import subprocess
-import sys
-import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _live_story import (
+    Feeder,
+    Log,
+    committed,
+    copy_plans,
+    files_spec,
+    kill,
+    kill_while_fed,
+    run_quiet,
+    start,
+)
 
-import sealstream
-from sealstream.checkpoint.manifest import KEY_ENV
-
-SRC = Path(sealstream.__file__).resolve().parents[1]
 SEEDS = list(range(int(os.environ.get("SEALSTREAM_LIVE_SEEDS", "1"))))
 ROUNDS = 24
-
-
-def spec_text(stop: str, idle_ms: int | None = None) -> str:
-    idle = f"idle_ms = {idle_ms}\n" if idle_ms is not None else ""
-    return f"""
-[pipeline]
-name = "live"
-
-[source]
-kind = "jsonl"
-paths = ["in/*.jsonl"]
-key = "user"
-time = "ts"
-follow = true
-poll_ms = 20
-stop = "{stop}"
-
-[watermark]
-max_delay_ms = 500
-{idle}
-[window]
-kind = "tumbling"
-size_ms = 1000
-
-[aggregates]
-n = "count"
-total = "sum(amount)"
-
-[sink]
-kind = "jsonl"
-path = "out"
-
-[late]
-kind = "jsonl"
-path = "late"
-
-[errors]
-kind = "jsonl"
-path = "errors"
-
-[checkpoint]
-path = "ckpt"
-every_ms = 50
-keep = 2
-"""
-
-
-def env() -> dict[str, str]:
-    e = dict(os.environ)
-    e["PYTHONPATH"] = str(SRC)
-    e["SEALSTREAM_KEEP_PLANS"] = "1"
-    for k in (KEY_ENV, "SEALSTREAM_CRASH_AT", "SEALSTREAM_PAUSE_AT"):
-        e.pop(k, None)
-    return e
-
-
-def start(d: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "sealstream", "run", "spec.toml"], cwd=d, env=env(),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-
-def kill(proc: subprocess.Popen[str]) -> None:
-    """SIGKILL the job (its log pump closes the pipe when it has drained it)."""
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-
-
-class Log:
-    """The job's stderr, read by a thread into a queue (lines in order)."""
-
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        self.proc = proc
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.seen: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.proc.stderr is not None
-        with self.proc.stderr:
-            for text in self.proc.stderr:
-                self.lines.put(text)
-        self.lines.put("")
-
-    def next(self, give_up: Callable[[], bool] | None = None) -> str | None:
-        """The next line; "" at the end; None when ``give_up`` said so."""
-        while True:
-            try:
-                text = self.lines.get(timeout=0.5 if give_up is not None else None)
-            except queue.Empty:
-                assert give_up is not None
-                if give_up():
-                    return None
-                continue
-            self.seen.append(text)
-            return text
-
-    def checkpoints(self, n: int, on_checkpoint: Callable[[], None] | None = None,
-                    give_up: Callable[[], bool] | None = None) -> list[str]:
-        """Read until the n-th checkpoint line; the checkpoint lines read. With
-        ``give_up``: stop early once it is true and the job has logged nothing for a
-        while (a job that has caught up with finished input logs no checkpoints)."""
-        found: list[str] = []
-        while len(found) < n:
-            text = self.next(give_up)
-            if text is None:
-                break
-            if not text:
-                self.proc.wait()
-                raise AssertionError(
-                    f"the job ended (rc={self.proc.returncode}): {''.join(self.seen)}")
-            if text.startswith('{"event": "checkpoint"'):
-                found.append(text)
-                if on_checkpoint is not None:
-                    on_checkpoint()
-        return found
-
-    def wait_for(self, fragment: str) -> None:
-        while True:
-            text = self.next()
-            assert text, f"the job ended without logging {fragment!r}: {''.join(self.seen)}"
-            if fragment in text:
-                return
-
-    def rest(self) -> str:
-        """Everything until the job closed its stderr."""
-        while self.next():
-            pass
-        self.proc.wait()
-        return "".join(self.seen)
 
 
 def line(user: str, ts: int, amount: int) -> str:
     return json.dumps({"user": user, "ts": ts, "amount": amount}) + "\n"
 
 
-class Writer(threading.Thread):
+class Writer(Feeder):
     """Appends whole lines to in/a.jsonl and in/b.jsonl, starts in/c.jsonl halfway,
     and a bad line now and then. The content is fixed; only its timing varies."""
 
     def __init__(self, d: Path, rounds: int, seed: int) -> None:
-        super().__init__(daemon=True)
+        super().__init__()
         self.d, self.rounds, self.rng = d, rounds, random.Random(seed)
-        #: a round is written per credit: the job's checkpoints hand them out, so
-        #: lines keep arriving while the job runs (and its kills fall mid-stream)
-        self.credits = threading.Semaphore(4)
 
     def run(self) -> None:
         for r in range(self.rounds):
@@ -196,41 +65,13 @@ class Writer(threading.Thread):
                     f.write(body)
 
 
-def corrupt_newest(d: Path, rng: random.Random) -> None:
-    cps = sorted((d / "ckpt").glob("cp-*"))
-    if not cps:
-        return
-    victim = cps[-1]
-    files = sorted(p for p in victim.iterdir() if p.is_file())
-    if not files:
-        return
-    f = rng.choice(files)
-    data = bytearray(f.read_bytes())
-    if data:
-        data[rng.randrange(len(data))] ^= 0x5A
-        f.write_bytes(bytes(data))
-
-
-def committed(d: Path) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for role in ("out", "late", "errors"):
-        lines: list[str] = []
-        for f in sorted((d / role).glob("part-*.jsonl")):
-            lines += f.read_text(encoding="utf-8").splitlines()
-        out[role] = sorted(lines)
-    return out
-
-
 def replay_plan(d: Path, ref: Path, idle_ms: int | None = None) -> dict[str, list[str]]:
     """One uninterrupted run of the plan recorded in ``d``: the same input, a fresh
     checkpoint store holding only the step plans."""
     shutil.copytree(d / "in", ref / "in")
-    (ref / "ckpt").mkdir(mode=0o700)
-    shutil.copytree(d / "ckpt" / "plans", ref / "ckpt" / "plans")
-    (ref / "spec.toml").write_text(spec_text("end", idle_ms), encoding="utf-8")
-    r = subprocess.run([sys.executable, "-m", "sealstream", "run", "spec.toml", "--quiet"],
-                       cwd=ref, env=env(), capture_output=True, text=True, check=False)
-    assert r.returncode == 0, r.stderr
+    copy_plans(d, ref)
+    (ref / "spec.toml").write_text(files_spec("end", idle_ms), encoding="utf-8")
+    run_quiet(ref)
     return committed(ref)
 
 
@@ -243,30 +84,11 @@ def test_random_kills_while_files_grow_then_stop_end_equals_the_plan_run(
     (d / "in").mkdir(parents=True)
     for name in ("a", "b"):
         (d / "in" / f"{name}.jsonl").write_text(line("w", 0, 0), encoding="utf-8")
-    (d / "spec.toml").write_text(spec_text("never"), encoding="utf-8")
+    (d / "spec.toml").write_text(files_spec("never"), encoding="utf-8")
     writer = Writer(d, rounds=ROUNDS, seed=seed)
-    writer.start()
-
-    def credit() -> None:
-        for _ in range(rng.randint(1, 3)):
-            writer.credits.release()
-
-    kills = 0
-    while writer.is_alive():
-        proc = start(d)
-        try:
-            Log(proc).checkpoints(rng.randint(1, 4), credit,
-                                  give_up=lambda: not writer.is_alive())
-        finally:
-            kill(proc)
-        kills += 1
-        if rng.random() < 0.5:
-            corrupt_newest(d, rng)
-    writer.join()
-    (d / "spec.toml").write_text(spec_text("end"), encoding="utf-8")
-    r = subprocess.run([sys.executable, "-m", "sealstream", "run", "spec.toml", "--quiet"],
-                       cwd=d, env=env(), capture_output=True, text=True, check=False)
-    assert r.returncode == 0, r.stderr
+    kills = kill_while_fed(d, "spec.toml", writer, rng, only_with_older=False)
+    (d / "spec.toml").write_text(files_spec("end"), encoding="utf-8")
+    run_quiet(d)
     got = committed(d)
     want = replay_plan(d, tmp_path / "ref")
     assert got == want
@@ -288,7 +110,7 @@ def test_a_signal_finishes_the_step_checkpoints_and_exits_0_then_resume(
     (d / "in").mkdir(parents=True)
     (d / "in" / "a.jsonl").write_text(
         "".join(line("u", i * 100, 1) for i in range(200)), encoding="utf-8")
-    (d / "spec.toml").write_text(spec_text("never"), encoding="utf-8")
+    (d / "spec.toml").write_text(files_spec("never"), encoding="utf-8")
     proc = start(d)
     log = Log(proc)
     log.checkpoints(1)
@@ -302,10 +124,8 @@ def test_a_signal_finishes_the_step_checkpoints_and_exits_0_then_resume(
     newest = max(int(p.name[3:]) for p in (d / "ckpt").glob("cp-*"))
     doc = json.loads((d / "ckpt" / f"cp-{newest:012d}" / "MANIFEST.json").read_text())
     assert doc["state"]["open_windows"] >= 1  # open windows stayed open
-    (d / "spec.toml").write_text(spec_text("end"), encoding="utf-8")
-    r = subprocess.run([sys.executable, "-m", "sealstream", "run", "spec.toml", "--quiet"],
-                       cwd=d, env=env(), capture_output=True, text=True, check=False)
-    assert r.returncode == 0, r.stderr
+    (d / "spec.toml").write_text(files_spec("end"), encoding="utf-8")
+    run_quiet(d)
     got = committed(d)
     assert sum(json.loads(x)["n"] for x in got["out"]) + len(got["late"]) == 300
 
@@ -315,7 +135,7 @@ def test_a_second_signal_stops_at_once_and_the_next_run_resumes(tmp_path: Path) 
     (d / "in").mkdir(parents=True)
     (d / "in" / "a.jsonl").write_text(
         "".join(line("u", i * 100, 1) for i in range(200)), encoding="utf-8")
-    (d / "spec.toml").write_text(spec_text("never"), encoding="utf-8")
+    (d / "spec.toml").write_text(files_spec("never"), encoding="utf-8")
     proc = start(d)
     log = Log(proc)
     log.checkpoints(1)
@@ -324,10 +144,8 @@ def test_a_second_signal_stops_at_once_and_the_next_run_resumes(tmp_path: Path) 
     proc.send_signal(signal.SIGTERM)
     err = log.rest()
     assert proc.returncode in (0, 143), err  # 0 when the final checkpoint beat it
-    (d / "spec.toml").write_text(spec_text("end"), encoding="utf-8")
-    r = subprocess.run([sys.executable, "-m", "sealstream", "run", "spec.toml", "--quiet"],
-                       cwd=d, env=env(), capture_output=True, text=True, check=False)
-    assert r.returncode == 0, r.stderr
+    (d / "spec.toml").write_text(files_spec("end"), encoding="utf-8")
+    run_quiet(d)
     got = committed(d)
     assert sum(json.loads(x)["n"] for x in got["out"]) + len(got["late"]) == 200
 
@@ -339,7 +157,7 @@ def _idle_job(tmp_path: Path) -> Path:
     (d / "in" / "a.jsonl").write_text(
         "".join(line("a", i * 100, 1) for i in range(50)), encoding="utf-8")
     (d / "in" / "b.jsonl").write_text(line("b", 0, 1), encoding="utf-8")
-    (d / "spec.toml").write_text(spec_text("never", idle_ms=100), encoding="utf-8")
+    (d / "spec.toml").write_text(files_spec("never", idle_ms=100), encoding="utf-8")
     return d
 
 
@@ -362,10 +180,8 @@ def test_idle_partition_leaves_w_and_a_quiet_stream_fires_its_last_windows(
         kill(proc)
     assert fired["results_written"] == 6
     # deterministic across the crash: the recorded plan replays to the same output
-    (d / "spec.toml").write_text(spec_text("end", idle_ms=100), encoding="utf-8")
-    r = subprocess.run([sys.executable, "-m", "sealstream", "run", "spec.toml", "--quiet"],
-                       cwd=d, env=env(), capture_output=True, text=True, check=False)
-    assert r.returncode == 0, r.stderr
+    (d / "spec.toml").write_text(files_spec("end", idle_ms=100), encoding="utf-8")
+    run_quiet(d)
     assert committed(d) == replay_plan(d, tmp_path / "ref", idle_ms=100)
 
 
@@ -383,10 +199,8 @@ def test_a_file_that_appears_after_the_plan_was_recorded_joins_where_the_plan_sa
         encoding="utf-8")
     (d / "in" / "b.jsonl").write_text(
         "".join(line("v", i * 100, 1) for i in range(51)), encoding="utf-8")
-    (d / "spec.toml").write_text(spec_text("end"), encoding="utf-8")
-    r = subprocess.run([sys.executable, "-m", "sealstream", "run", "spec.toml", "--quiet"],
-                       cwd=d, env=env(), capture_output=True, text=True, check=False)
-    assert r.returncode == 0, r.stderr
+    (d / "spec.toml").write_text(files_spec("end"), encoding="utf-8")
+    run_quiet(d)
     got = committed(d)
     assert [json.loads(x)["amount"] for x in got["late"]] == [7]
     # a file appears after the plan was recorded: the plan's run never knew it

@@ -15,23 +15,26 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import random
-import shutil
-import signal
-import subprocess
 import sys
-import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-import sealstream
-from sealstream.checkpoint.manifest import KEY_ENV
+SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+if str(SCENARIOS) not in sys.path:
+    sys.path.insert(0, str(SCENARIOS))
 
-SRC = Path(sealstream.__file__).resolve().parents[1]
+from _live_story import (  # noqa: E402
+    Feeder,
+    committed,
+    copy_plans,
+    kill_while_fed,
+    live_spec,
+    run_quiet,
+)
+
 SEEDS = list(range(int(os.environ.get("SEALSTREAM_NATS_LIVE_SEEDS", "1"))))
 ROUNDS = 24
 PER_ROUND = 40
@@ -39,11 +42,7 @@ PER_ROUND = 40
 
 def spec_text(jet: Any, stop: str) -> str:
     subjects = json.dumps([jet.s(p) for p in ("a", "b", "c")])
-    return f"""
-[pipeline]
-name = "nats_live"
-
-[source]
+    return live_spec("nats_live", f"""
 kind = "nats"
 servers = "{jet.url}"
 stream = "{jet.stream}"
@@ -51,110 +50,25 @@ subjects = {subjects}
 key = "user"
 time = "ts"
 stop = "{stop}"
-
-[watermark]
-max_delay_ms = 500
-
-[window]
-kind = "tumbling"
-size_ms = 1000
-
-[aggregates]
-n = "count"
-total = "sum(amount)"
-
-[sink]
-kind = "jsonl"
-path = "out"
-
-[late]
-kind = "jsonl"
-path = "late"
-
-[errors]
-kind = "jsonl"
-path = "errors"
-
-[checkpoint]
-path = "ckpt"
-every_ms = 50
-keep = 2
-"""
-
-
-def env() -> dict[str, str]:
-    e = dict(os.environ)
-    e["PYTHONPATH"] = str(SRC)
-    e["SEALSTREAM_KEEP_PLANS"] = "1"
-    for k in (KEY_ENV, "SEALSTREAM_CRASH_AT", "SEALSTREAM_PAUSE_AT"):
-        e.pop(k, None)
-    return e
+""")
 
 
 def run_end(d: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "sealstream", "run", "end.toml", "--quiet"],
-                       cwd=d, env=env(), capture_output=True, text=True, timeout=300,
-                       check=False)
-    assert r.returncode == 0, r.stderr
-
-
-class Job:
-    """A ``stop = "never"`` run whose stderr (its JSON event lines) a thread reads."""
-
-    def __init__(self, d: Path) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sealstream", "run", "never.toml"], cwd=d, env=env(),
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.seen: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.proc.stderr is not None
-        with self.proc.stderr:
-            for text in self.proc.stderr:
-                self.lines.put(text)
-        self.lines.put("")
-
-    def checkpoints(self, n: int, on_checkpoint: Callable[[], None],
-                    give_up: Callable[[], bool]) -> None:
-        """Read until the n-th checkpoint line, or until ``give_up`` is true while
-        the job logs nothing (one that has caught up with a finished producer)."""
-        found = 0
-        while found < n:
-            try:
-                text = self.lines.get(timeout=0.5)
-            except queue.Empty:
-                if give_up():
-                    return
-                continue
-            self.seen.append(text)
-            if not text:
-                self.proc.wait()
-                raise AssertionError(
-                    f"the job ended (rc={self.proc.returncode}): {''.join(self.seen)}")
-            if text.startswith('{"event": "checkpoint"'):
-                found += 1
-                on_checkpoint()
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
+    run_quiet(d, "end.toml", timeout=300)
 
 
 def message(user: str, ts: int, amount: int) -> bytes:
     return json.dumps({"user": user, "ts": ts, "amount": amount}).encode()
 
 
-class Producer(threading.Thread):
+class Producer(Feeder):
     """Publishes rounds of messages to subjects a and b, to c from halfway, a late
     message and a bad one now and then. The content is fixed; only its timing
     varies (a round per credit; the job's checkpoints hand credits out)."""
 
     def __init__(self, jet: Any) -> None:
-        super().__init__(daemon=True)
+        super().__init__()
         self.jet = jet
-        self.credits = threading.Semaphore(4)
         self.error: BaseException | None = None
 
     def run(self) -> None:
@@ -176,32 +90,6 @@ class Producer(threading.Thread):
             self.error = e
 
 
-def damage_newest(d: Path, rng: random.Random) -> None:
-    """Flip a byte of a file of the newest checkpoint while an older one remains
-    (damaging the only one is a refusal by contract, not a fall-back)."""
-    cps = sorted((d / "ckpt").glob("cp-*"))
-    if len(cps) < 2:
-        return
-    files = sorted(p for p in cps[-1].iterdir() if p.is_file())
-    if not files:
-        return
-    f = rng.choice(files)
-    data = bytearray(f.read_bytes())
-    if data:
-        data[rng.randrange(len(data))] ^= 0x5A
-        f.write_bytes(bytes(data))
-
-
-def committed(d: Path) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for role in ("out", "late", "errors"):
-        lines: list[str] = []
-        for f in sorted((d / role).glob("part-*.jsonl")):
-            lines += f.read_text(encoding="utf-8").splitlines()
-        out[role] = sorted(lines)
-    return out
-
-
 @pytest.mark.parametrize("seed", SEEDS)
 def test_random_kills_while_a_producer_publishes_then_stop_end_equals_the_plan_run(
     jet: Any, tmp_path: Path, seed: int
@@ -214,31 +102,15 @@ def test_random_kills_while_a_producer_publishes_then_stop_end_equals_the_plan_r
     (d / "never.toml").write_text(spec_text(jet, "never"), encoding="utf-8")
     (d / "end.toml").write_text(spec_text(jet, "end"), encoding="utf-8")
     producer = Producer(jet)
-    producer.start()
-
-    def credit() -> None:
-        for _ in range(rng.randint(1, 3)):
-            producer.credits.release()
-
-    kills = 0
-    while producer.is_alive():
-        job = Job(d)
-        try:
-            job.checkpoints(rng.randint(1, 4), credit, give_up=lambda: not producer.is_alive())
-        finally:
-            job.kill()
-        kills += 1
-        if rng.random() < 0.5:
-            damage_newest(d, rng)
-    producer.join()
+    # damaging the only checkpoint is a refusal by contract, not a fall-back
+    kills = kill_while_fed(d, "never.toml", producer, rng, only_with_older=True)
     assert producer.error is None, producer.error
     run_end(d)
     got = committed(d)
 
     # one uninterrupted run of the recorded plan: same stream, a fresh store
     ref = tmp_path / "ref"
-    (ref / "ckpt").mkdir(parents=True, mode=0o700)
-    shutil.copytree(d / "ckpt" / "plans", ref / "ckpt" / "plans")
+    copy_plans(d, ref)
     (ref / "end.toml").write_text(spec_text(jet, "end"), encoding="utf-8")
     run_end(ref)
     assert got == committed(ref)

@@ -9,6 +9,7 @@ on in every process of it (``RAY_AUTH_MODE=token``, the default of Ray 2.60).
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +18,14 @@ import pytest
 # before Ray is imported: it reads them once
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ.setdefault("RAY_AUTH_MODE", "token")
+if (os.environ["RAY_AUTH_MODE"].lower() == "token" and not os.environ.get("RAY_AUTH_TOKEN")
+        and not os.environ.get("RAY_AUTH_TOKEN_PATH")):
+    # ray.init() makes ~/.ray/auth_token on first use, ray.cluster_utils does not:
+    # on a machine where no Ray ran before, the test cluster's GCS would die at start
+    # ("Token authentication is enabled but Ray couldn't find an authentication
+    # token"). A token of this session, inherited by every process of the cluster
+    # and by the runs the tests start; nothing is written to the home directory.
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
 
 from _ray_nodes import NODE
 

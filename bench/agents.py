@@ -170,16 +170,29 @@ def _sqlite(n: int, work: Path) -> dict[str, dict[str, float]]:
 
 def _postgres(n: int, url: str) -> dict[str, dict[str, float]]:
     import psycopg
-    from langgraph.checkpoint.postgres import PostgresSaver
-    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
-    from sealstream.agents.langgraph import SealstreamSaver
+    made: list[str] = []
 
     def fresh() -> str:
         name = "bench_agents_" + uuid.uuid4().hex[:8]
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(f"CREATE DATABASE {name}")
+        made.append(name)
         return url.rsplit("/", 1)[0] + "/" + name
+
+    try:
+        return _postgres_run(n, fresh)
+    finally:  # the bench leaves no database behind
+        with psycopg.connect(url, autocommit=True) as conn:
+            for name in made:
+                conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def _postgres_run(n: int, fresh: Callable[[], str]) -> dict[str, dict[str, float]]:
+    from langgraph.checkpoint.postgres import PostgresSaver
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+    from sealstream.agents.langgraph import SealstreamSaver
 
     out: dict[str, dict[str, float]] = {"SealstreamSaver (PostgreSQL)": {},
                                         "PostgresSaver": {}}

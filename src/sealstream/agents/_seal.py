@@ -206,9 +206,8 @@ def seal_plain(keys: Keys, addr: Address, body: dict[str, Any]) -> bytes:
     else:
         key = keys.sign
     data = manifest.canonical(doc)
-    signature = manifest.sign_canonical(data, key)
-    return (data[:-1] + b',"signature":{"alg":' + json.dumps(signature["alg"]).encode()
-            + b',"value":' + json.dumps(signature["value"]).encode() + b"}}")
+    signature = json.dumps(manifest.sign_canonical(data, key), separators=(",", ":"))
+    return data[:-1] + b',"signature":' + signature.encode() + b"}"
 
 
 def seal_doc(keys: Keys, addr: Address, body: dict[str, Any]) -> bytes:

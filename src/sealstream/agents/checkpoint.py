@@ -257,7 +257,8 @@ class AgentCheckpointStore:
         # guesses of which rows to fetch in one statement (never trusted)
         self._hints: OrderedDict[tuple[str, str, str], list[str]] = OrderedDict()
         self._heads: OrderedDict[tuple[str, str], str] = OrderedDict()
-        # signed rows (head markers, writes indexes) known verified, by their exact bytes
+        # signed rows known verified (head markers, writes indexes, manifests), by
+        # their address and exact bytes
         self._rows_seen: OrderedDict[tuple[Any, bytes], dict[str, Any]] = OrderedDict()
         self._cache_lock = threading.Lock()
 
@@ -467,8 +468,7 @@ class AgentCheckpointStore:
             return RowRead(addr, None, (exc.reason, str(exc)))
 
     def _meta(self, tx: RowTx, ex: str, ns: str) -> dict[str, Any]:
-        addr = ("meta", ex, ns, "history")
-        row = self._read(tx, addr)
+        row = self._read(tx, ("meta", ex, ns, "history"))
         if row.data is None and row.problem is None:
             return {}
         bad, doc = self.judged_row(row)
@@ -480,8 +480,9 @@ class AgentCheckpointStore:
     def judged_row(self, row: RowRead, *, missing: str = "ROW_MISSING"
                    ) -> tuple[AgentVerdict | None, dict[str, Any] | None]:
         """:func:`~sealstream.agents.judge.judge_row` of a signed row (a head marker, a
-        writes index), its verified document cached by the row's address and exact
-        bytes: the verdict is a pure function of them and the store's keys."""
+        writes index, a manifest's signature and address), its verified document
+        cached by the row's address and exact bytes: the verdict is a pure function
+        of them and the store's keys."""
         if row.data is not None and row.problem is None:
             with self._cache_lock:
                 doc = self._rows_seen.get((row.addr, row.data))
@@ -494,7 +495,8 @@ class AgentCheckpointStore:
 
     def seal_row(self, addr: Address, body: dict[str, Any]) -> bytes:
         """The stored bytes of a signed row this store writes (a head marker, a writes
-        index); its document is known verified when it is read back unchanged."""
+        index, a manifest); its document is known verified when it is read back
+        unchanged."""
         plain = seal_plain(self.keys, addr, body)
         self._remember(self._rows_seen, (addr, plain), json.loads(plain))
         return wrap(self.keys, addr, plain)
@@ -578,7 +580,7 @@ class AgentCheckpointStore:
         self._remember(self._heads, (ex, ns), cid)
 
     def _evidence(self, tx: RowTx, ex: str, ns: str, cid: str) -> CheckpointEvidence:
-        raw_cp, raw_wi, raw_writes = tx.checkpoint_rows(ex, ns, cid, f"{_esc(cid)}|")
+        raw_cp, raw_wi, raw_writes = tx.checkpoint_rows(ex, ns, cid, writes_prefix(cid))
         doc = _loads(self._opened(("cp", ex, ns, cid), raw_cp).data)
         found = tx.get_many("blob", ex, ns, _blob_names(doc))
         return self._evidence_of(ex, ns, cid, raw_cp, raw_wi, raw_writes, found)
@@ -657,25 +659,17 @@ class AgentCheckpointStore:
         with self._cache_lock:
             return self._heads.get((ex, ns))
 
-    def _load_group(self, tx: RowTx, ex: str, ns: str, cids: Sequence[str], *, meta: bool,
-                    extra_blobs: Sequence[str] = (), judged: Sequence[str] | None = None
+    def _load_group(self, tx: RowTx, ex: str, ns: str, cids: Sequence[str], *, meta: bool
                     ) -> tuple[dict[str, Loaded | AgentVerdict | None], bytes | None]:
         """:meth:`_load_many` for one history, and (``meta``) its stored head marker
         read in the same statement. The blobs this store last saw listed by these
         manifests are fetched in that statement too (a guess: any blob the manifests
-        actually list that was not fetched is fetched next), and ``extra_blobs``.
-        Only ``judged`` (default: all) are verified; the others' manifests, the marker
-        and the blobs asked for are recorded for :meth:`RowTx.get` (:meth:`RowTx.remember`)."""
+        actually list that was not fetched is fetched next)."""
         out: dict[str, Loaded | AgentVerdict | None] = {}
         with self._cache_lock:
-            hinted = sorted({n for c in cids for n in self._hints.get((ex, ns, c), ())}
-                            | set(extra_blobs))
-        raw, found, marker = tx.fetch(ex, ns, cids, [f"{_esc(c)}|" for c in cids], hinted,
+            hinted = sorted({n for c in cids for n in self._hints.get((ex, ns, c), ())})
+        raw, found, marker = tx.fetch(ex, ns, cids, [writes_prefix(c) for c in cids], hinted,
                                       meta)
-        if meta:
-            tx.remember(ex, ns, {c: raw[c][0] for c in cids}, found, hinted, marker)
-        if judged is not None:
-            cids = [c for c in cids if c in judged]
         docs: dict[str, list[str]] = {}
         names: set[str] = set()
         for cid in cids:
@@ -876,7 +870,7 @@ class AgentCheckpointStore:
 
 
 def _scan_writes(tx: RowTx, ex: str, ns: str, cid: str) -> list[Any]:
-    prefix = f"{_esc(cid)}|"
+    prefix = writes_prefix(cid)
     return [r for r in tx.scan("w", ex, ns, prefix) if r.name.startswith(prefix)]
 
 

@@ -437,9 +437,11 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
             # the blobs about to be written exist already
             guess = self.store.head_hint(thread, ns)
             reusing = bool(missing and parent)
-            tx.prefetch(thread, ns, list(dict.fromkeys(
-                [*([str(parent)] if reusing else []), *([guess] if guess else [])])),
-                [*blobs, *(self.store.blob_hint(thread, ns, str(parent)) if reusing else [])])
+            manifests = [str(parent)] if reusing else []
+            if guess and guess not in manifests:
+                manifests.append(guess)
+            hinted = self.store.blob_hint(thread, ns, str(parent)) if reusing else []
+            tx.prefetch(thread, ns, manifests, [*blobs, *hinted])
             self.store.check_kind(tx, thread, ns,
                                   self.store._meta(tx, thread, ns).get("head") or "",
                                   KIND_LANGGRAPH)
@@ -629,9 +631,7 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
                 metadata = self._loads(loaded.manifest["body"]["metadata"])
                 if str(metadata.get("run_id")) in wanted:
                     doomed.setdefault((row.execution, row.ns), []).append(row.name)
-            for thread, ns in sorted(doomed):  # locked in one order, before any delete
-                tx.lock_history(thread, ns)
-            for (thread, ns), ids in sorted(doomed.items()):
+            for (thread, ns), ids in sorted(doomed.items()):  # locks taken in one order
                 self.store._drop(tx, thread, ns, ids)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
@@ -704,17 +704,17 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
         key = (str(conf["thread_id"]), str(conf.get("checkpoint_ns", "")),
                str(checkpoint["id"]))
         with self._workers_lock:  # writes for it wait for this save, not the database
-            for table, k in ((self._inflight, key), (self._inflight, key[:2])):
-                table[k] = table.get(k, 0) + 1
+            for k in (key, key[:2]):
+                self._inflight[k] = self._inflight.get(k, 0) + 1
         try:
             return await self._call(self.put, config, checkpoint, metadata, new_versions)
         finally:
             with self._workers_lock:
-                for k in (key[:2], key):
-                    left = self._inflight.pop(k, 1) - 1
-                    if left:
-                        self._inflight[k] = left
-                waiters = [] if left else self._waiting.pop(key, [])
+                for k in (key, key[:2]):
+                    self._inflight[k] -= 1
+                    if not self._inflight[k]:
+                        del self._inflight[k]
+                waiters = [] if key in self._inflight else self._waiting.pop(key, [])
             for fut in waiters:  # a failed save: they look in the database themselves
                 _resolve(fut)
 
@@ -735,7 +735,7 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
             with self._workers_lock:
                 fut: asyncio.Future[None] | None = None
                 saving = key in self._inflight
-                ours = saving or (thread, ns) in self._inflight or (
+                ours = (thread, ns) in self._inflight or (
                     self._progress.get((thread, ns), float("-inf"))
                     > time.monotonic() - self.writes_wait_s)
                 if key not in self._committed and (ours or looked):

@@ -141,30 +141,26 @@ class RowTx(abc.ABC):
     def checkpoint_rows(self, execution: str, ns: str, cid: str, writes_prefix: str
                         ) -> tuple[bytes | None, bytes | None, list[Row]]:
         """A checkpoint's manifest, writes index and pending writes (names starting
-        with ``writes_prefix``), in as few round trips as the backend allows."""
-        return (self.get("cp", execution, ns, cid), self.get("wi", execution, ns, cid),
-                [r for r in self.scan("w", execution, ns, writes_prefix)
-                 if r.name.startswith(writes_prefix)])
+        with ``writes_prefix``), in one statement (see :meth:`fetch`)."""
+        return self.checkpoints_rows(execution, ns, [cid], [writes_prefix])[cid]
 
     def checkpoints_rows(self, execution: str, ns: str, cids: Sequence[str],
                          writes_prefixes: Sequence[str]
                          ) -> dict[str, tuple[bytes | None, bytes | None, list[Row]]]:
         """:meth:`checkpoint_rows` of several checkpoints of one history (``cids[i]``'s
-        pending writes start with ``writes_prefixes[i]``), in as few round trips as the
-        backend allows (PostgreSQL: one)."""
-        return {cid: self.checkpoint_rows(execution, ns, cid, prefix)
-                for cid, prefix in zip(cids, writes_prefixes, strict=True)}
+        pending writes start with ``writes_prefixes[i]``), as :meth:`fetch` reads them."""
+        return self.fetch(execution, ns, cids, writes_prefixes, (), False)[0]
 
+    @abc.abstractmethod
     def fetch(self, execution: str, ns: str, cids: Sequence[str],
               writes_prefixes: Sequence[str], blobs: Sequence[str], meta: bool
               ) -> tuple[dict[str, tuple[bytes | None, bytes | None, list[Row]]],
                          dict[str, bytes], bytes | None]:
-        """:meth:`checkpoints_rows`, the ``blob`` rows named ``blobs`` that exist and
-        (with ``meta``) the history's head marker, in as few round trips as the
-        backend allows (PostgreSQL: one statement)."""
-        return (self.checkpoints_rows(execution, ns, cids, writes_prefixes),
-                self.get_many("blob", execution, ns, blobs) if blobs else {},
-                self.get("meta", execution, ns, "history") if meta else None)
+        """The manifests, writes indexes and pending writes of ``cids`` (``cids[i]``'s
+        writes start with ``writes_prefixes[i]``; no writes when ``writes_prefixes``
+        is empty), the ``blob`` rows named ``blobs`` that exist and (with ``meta``)
+        the history's head marker, in as few statements as the backend allows
+        (primary-key lookups and key ranges: one statement for a checkpoint)."""
 
     def get_many(self, space: str, execution: str, ns: str, names: Sequence[str]
                  ) -> dict[str, bytes]:
@@ -186,19 +182,10 @@ class RowTx(abc.ABC):
         rows named ``blobs`` (present or not) in one round trip, so that :meth:`get`
         of them in this transaction needs none (call it once the history is locked:
         :meth:`lock_history`)."""
-        rows, found, marker = self.fetch(execution, ns, cids, [c + "|" for c in cids],
-                                         blobs, True)
-        self.remember(execution, ns, {cid: rows[cid][0] for cid in cids}, found, blobs,
-                      marker)
-
-    def remember(self, execution: str, ns: str, manifests: dict[str, bytes | None],
-                 found: dict[str, bytes], blobs: Sequence[str], marker: bytes | None
-                 ) -> None:
-        """Record rows read by :meth:`fetch` (its head marker, these manifests, the
-        ``blobs`` asked for: present or not) for :meth:`get` in this transaction."""
+        rows, found, marker = self.fetch(execution, ns, cids, (), blobs, True)
         self.seen[("meta", execution, ns, "history")] = marker
-        for cid, raw in manifests.items():
-            self.seen[("cp", execution, ns, cid)] = raw
+        for cid in cids:
+            self.seen[("cp", execution, ns, cid)] = rows[cid][0]
         for name in blobs:
             self.seen[("blob", execution, ns, name)] = found.get(name)
 
@@ -310,13 +297,18 @@ def _blob(value: Any) -> bytes:
     return str(value).encode("utf-8", "surrogateescape")
 
 
+def _after(prefix: str) -> str:
+    """The first name after every name that starts with ``prefix`` (a range's end)."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
 def _where(space: str, execution: str | None, ns: str | None,
            names: Sequence[str] | None, mark: str, prefix: str | None = None,
            collate: str = "") -> tuple[str, list[Any]]:
     sql, args = "space = " + mark, [space]
     if prefix:
         sql += f" AND name{collate} >= {mark} AND name{collate} < {mark}"
-        args.extend([prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)])
+        args.extend([prefix, _after(prefix)])
     if execution is not None:
         sql += " AND execution = " + mark
         args.append(execution)
@@ -355,7 +347,7 @@ def _fetched(rows: Sequence[Any], execution: str, ns: str, cids: Sequence[str],
                         dict[str, bytes], bytes | None]:
     """:meth:`RowTx.fetch`'s answer from ``(space, name, data)`` rows."""
     found: dict[str, list[Any]] = {cid: [None, None, []] for cid in cids}
-    owner = dict(zip(prefixes, cids, strict=True))
+    owner = dict(zip(prefixes, cids, strict=True)) if prefixes else {}
     blob_rows: dict[str, bytes] = {}
     marker = None
     for space, name, data in rows:
@@ -398,11 +390,6 @@ class _SqliteTx(RowTx):
                 f"SELECT name, data FROM agent_rows WHERE {where}", args).fetchall())
         return out
 
-    def checkpoints_rows(self, execution: str, ns: str, cids: Sequence[str],
-                         writes_prefixes: Sequence[str]
-                         ) -> dict[str, tuple[bytes | None, bytes | None, list[Row]]]:
-        return self.fetch(execution, ns, cids, writes_prefixes, (), False)[0]
-
     def fetch(self, execution: str, ns: str, cids: Sequence[str],
               writes_prefixes: Sequence[str], blobs: Sequence[str], meta: bool
               ) -> tuple[dict[str, tuple[bytes | None, bytes | None, list[Row]]],
@@ -425,7 +412,7 @@ class _SqliteTx(RowTx):
                     args += [execution, ns, *listed]
             for prefix in pparts:
                 arms.append(pick + "space = 'w' AND name >= ? AND name < ?")
-                args += [execution, ns, prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)]
+                args += [execution, ns, prefix, _after(prefix)]
             if first and meta:
                 arms.append(pick + "space = 'meta' AND name = 'history'")
                 args += [execution, ns]
@@ -433,11 +420,6 @@ class _SqliteTx(RowTx):
             if arms:
                 rows += self._c.execute(" UNION ALL ".join(arms), args).fetchall()
         return _fetched(rows, execution, ns, cids, writes_prefixes)
-
-    def insert_many(self, space: str, execution: str, ns: str, rows: dict[str, bytes]
-                    ) -> set[str]:
-        return {name for name, data in rows.items()
-                if self.insert(space, execution, ns, name, data)}
 
     def add_many(self, space: str, execution: str, ns: str, rows: dict[str, bytes]) -> None:
         for name in rows:
@@ -624,23 +606,14 @@ class _PgTx(RowTx):
                               ' COLLATE "C"')
         return [(r[0], r[1], r[2]) for r in self._x(sql, args).fetchall()]
 
-    def checkpoint_rows(self, execution: str, ns: str, cid: str, writes_prefix: str
-                        ) -> tuple[bytes | None, bytes | None, list[Row]]:
-        return self.fetch(execution, ns, [cid], [writes_prefix], (), False)[0][cid]
-
-    def checkpoints_rows(self, execution: str, ns: str, cids: Sequence[str],
-                         writes_prefixes: Sequence[str]
-                         ) -> dict[str, tuple[bytes | None, bytes | None, list[Row]]]:
-        return self.fetch(execution, ns, cids, writes_prefixes, (), False)[0]
-
     def fetch(self, execution: str, ns: str, cids: Sequence[str],
               writes_prefixes: Sequence[str], blobs: Sequence[str], meta: bool
               ) -> tuple[dict[str, tuple[bytes | None, bytes | None, list[Row]]],
                          dict[str, bytes], bytes | None]:
-        # one statement; each arm a primary-key lookup (every key column equal to a
-        # value) or a key range with constant bounds. Not ``name = ANY(...)`` nor a
-        # join: on a table the planner has no statistics for yet (a new store), it
-        # reads such a condition as a filter over the whole history
+        # each arm a primary-key lookup (every key column equal to a value) or a key
+        # range with constant bounds. Not ``name = ANY(...)`` nor a join: on a table
+        # the planner has no statistics for yet (a new store), it reads such a
+        # condition as a filter over the whole history
         prefixes = list(writes_prefixes)
         arms: list[tuple[str, list[Any]]] = []
         pick = ("SELECT space, name, data FROM agent_rows WHERE execution = %s AND ns = %s "
@@ -650,30 +623,35 @@ class _PgTx(RowTx):
             # many checkpoints (a page of a listing: neighbours in the history): two
             # key ranges spanning them; rows in between that were not asked for are
             # dropped below
-            ends = [p[:-1] + chr(ord(p[-1]) + 1) for p in prefixes]
             arms.append((pick + "space IN ('cp', 'wi') AND name COLLATE \"C\" >= %s AND "
                          "name COLLATE \"C\" <= %s", [execution, ns, min(cids), max(cids)]))
-            arms.append((pick + "space = 'w' AND " + c_range,
-                         [execution, ns, min(prefixes), max(ends)]))
+            if prefixes:
+                arms.append((pick + "space = 'w' AND " + c_range, [
+                    execution, ns, min(prefixes), max(_after(p) for p in prefixes)]))
         else:
             for cid in cids:
                 arms.append((pick + "space IN ('cp', 'wi') AND name COLLATE \"C\" = %s",
                              [execution, ns, cid]))
             for prefix in prefixes:
                 arms.append((pick + "space = 'w' AND " + c_range,
-                             [execution, ns, prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)]))
+                             [execution, ns, prefix, _after(prefix)]))
         for blob in blobs:
             arms.append((pick + "space = 'blob' AND name COLLATE \"C\" = %s",
                          [execution, ns, blob]))
         if meta:
             arms.append((pick + "space = 'meta' AND name COLLATE \"C\" = 'history'",
                          [execution, ns]))
+        return _fetched(self._union(arms), execution, ns, cids, prefixes)
+
+    def _union(self, arms: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
+        """The rows of ``arms`` (each a SELECT and its parameters), 64 arms to a
+        ``UNION ALL`` statement: one the server plans quickly."""
         rows: list[Any] = []
-        for i in range(0, len(arms), 64):  # a statement the server plans quickly
+        for i in range(0, len(arms), 64):
             part = arms[i:i + 64]
             rows += self._x(" UNION ALL ".join(a[0] for a in part),
-                                    [x for a in part for x in a[1]]).fetchall()
-        return _fetched(rows, execution, ns, cids, prefixes)
+                            [x for a in part for x in a[1]]).fetchall()
+        return rows
 
     def insert_many(self, space: str, execution: str, ns: str, rows: dict[str, bytes]
                     ) -> set[str]:
@@ -698,16 +676,10 @@ class _PgTx(RowTx):
 
     def get_many(self, space: str, execution: str, ns: str, names: Sequence[str]
                  ) -> dict[str, bytes]:
-        out: dict[str, bytes] = {}
-        names = list(names)
-        for i in range(0, len(names), 256):  # primary-key lookups (see fetch)
-            part = names[i:i + 256]
-            rows = self._x(" UNION ALL ".join(
-                ["SELECT name, data FROM agent_rows WHERE space = %s AND execution = %s "
-                 "AND ns = %s AND name COLLATE \"C\" = %s"] * len(part)),
-                [a for name in part for a in (space, execution, ns, name)]).fetchall()
-            out.update((r[0], _blob(r[1])) for r in rows)
-        return out
+        return {r[0]: _blob(r[1]) for r in self._union([(
+            "SELECT name, data FROM agent_rows WHERE space = %s AND execution = %s "
+            "AND ns = %s AND name COLLATE \"C\" = %s", (space, execution, ns, name))
+            for name in names])}  # primary-key lookups (see fetch)
 
     def lock_history(self, execution: str, ns: str) -> None:
         if (execution, ns) in self._locked:

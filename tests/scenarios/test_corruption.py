@@ -307,7 +307,11 @@ KEY = {mf.KEY_ENV: "k-forged"}
 def _limited() -> None:
     import resource
 
-    resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+    # Address space, not memory: a `run` reserves about 1.7 GB with two malloc arenas (its
+    # Polars, Arrow and tokio threads), and more when glibc makes an arena per contended
+    # thread, which it did under load (a CI run at 3 GiB failed to spawn a thread). The net
+    # only has to stop an unbounded read, so it is wide and the arenas are capped.
+    resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
 
 
 def _guarded(args: list[str], env: dict[str, str] | None) -> subprocess.CompletedProcess[str]:
@@ -315,6 +319,7 @@ def _guarded(args: list[str], env: dict[str, str] | None) -> subprocess.Complete
     e.pop(mf.KEY_ENV, None)
     e.pop("SEALSTREAM_CRASH_AT", None)
     e.update(env or {})
+    e["MALLOC_ARENA_MAX"] = "2"
     return subprocess.run([sys.executable, "-m", "sealstream", *args], capture_output=True,
                           text=True, env=e, timeout=120, preexec_fn=_limited)
 

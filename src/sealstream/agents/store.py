@@ -499,17 +499,26 @@ class SqliteRowStore(RowStore):
         with self._lock:
             yield from self._transaction()
 
+    reads_without_snapshot = True
+
     @contextlib.contextmanager
     def reading(self) -> Iterator[RowTx]:
-        """A read transaction: one snapshot (WAL), without the write lock."""
+        """Statements in autocommit, each its own snapshot (WAL), without the write
+        lock and without BEGIN/COMMIT (two of a head read's three statements): a
+        reader that finds something that does not verify reads again in a
+        :meth:`transaction` (:attr:`reads_without_snapshot`)."""
         with self._lock:
-            yield from self._transaction(read_only=True)
+            conn = self._db()
+            try:
+                yield _SqliteTx(conn)
+            except sqlite3.Error as exc:
+                raise CheckpointError(f"agent store {self.location}: {exc}") from None
 
-    def _transaction(self, read_only: bool = False) -> Iterator[RowTx]:
+    def _transaction(self) -> Iterator[RowTx]:
         conn = self._db()
         try:
             # reports the original error; a failed COMMIT is ended
-            with immediate(conn, read_only=read_only):
+            with immediate(conn):
                 yield _SqliteTx(conn)
         except sqlite3.Error as exc:
             raise CheckpointError(f"agent store {self.location}: {exc}") from None

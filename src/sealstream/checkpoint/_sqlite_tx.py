@@ -14,14 +14,13 @@ __all__ = ["immediate"]
 
 
 @contextlib.contextmanager
-def immediate(conn: sqlite3.Connection, *, read_only: bool = False) -> Iterator[None]:
+def immediate(conn: sqlite3.Connection) -> Iterator[None]:
     """One write transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``) on an autocommit
-    connection; with ``read_only``, a read transaction (``BEGIN``: in WAL mode, one
-    snapshot for all its statements, without taking the write lock). On an error the
+    connection. On an error the
     original exception propagates, never "no transaction is active" (SQLite may
     already have rolled back after SQLITE_FULL or IOERR), and a failed COMMIT is
     rolled back so the connection stays usable."""
-    conn.execute("BEGIN" if read_only else "BEGIN IMMEDIATE")
+    conn.execute("BEGIN IMMEDIATE")
     try:
         yield
     except BaseException:

@@ -270,3 +270,35 @@ def test_a_row_changed_after_a_cached_read_is_judged_again(backend_url: str,
     with pytest.raises(AgentCheckpointError):
         saver.get_tuple(head)
     saver.close()
+
+
+def test_a_checkpoint_pruned_between_two_statements_of_a_read_is_not_called_damaged(
+        backend_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads run statement by statement (no BEGIN/COMMIT): a checkpoint whose manifest
+    was read and whose blobs another saver prunes before the next statement is
+    reported gone (read again in a transaction), never as damaged."""
+    writer = SealstreamSaver(backend_url, key=KEY, encryption_key=None)
+    ids = _thread(writer)
+    reader = SealstreamSaver(backend_url, key=KEY, encryption_key=None)  # no hints yet:
+    with reader.store.rows.reading() as tx:  # the blobs come in a second statement
+        tx_type = type(tx)
+    real_get_many = tx_type.get_many
+    raced: list[str] = []
+
+    def get_many_after_a_prune(self: Any, *args: Any, **kwargs: Any) -> dict[str, bytes]:
+        if not raced:
+            raced.append(args[0])
+            writer.prune([T])  # keeps ids[2]; ids[0] goes with its own blob a@1
+        return real_get_many(self, *args, **kwargs)
+
+    monkeypatch.setattr(tx_type, "get_many", get_many_after_a_prune)
+    old = generate_config(T)
+    old["configurable"]["checkpoint_id"] = ids[0]
+    got = reader.get_tuple(old)
+    assert raced == ["blob"]
+    assert got is None  # gone: the reader saw its manifest, not its blobs
+    assert [t.config["configurable"]["checkpoint_id"]
+            for t in reader.list(generate_config(T))] == [ids[2]]
+    assert reader.problems(T) == []
+    writer.close()
+    reader.close()

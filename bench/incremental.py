@@ -31,39 +31,6 @@ ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench" / "work" / "incremental"
 RESULTS = ROOT / "bench" / "results"
 
-SPEC = """
-[pipeline]
-name = "incremental_bench"
-batch_size = 10000
-
-[source]
-kind = "jsonl"
-paths = ["{data}"]
-key = "user"
-time = "ts"
-
-[watermark]
-max_delay_ms = 1000
-
-[window]
-kind = "tumbling"
-size_ms = 86400000
-
-[aggregates]
-n = "count"
-total = "sum(amount)"
-
-[sink]
-kind = "jsonl"
-path = "out"
-
-[checkpoint]
-path = "ckpt"
-every_events = {every}
-keep = 1000
-{extra}
-"""
-
 
 def make_input(path: Path, keys: int, touch: int) -> None:
     rng = random.Random(5)
@@ -77,11 +44,18 @@ def make_input(path: Path, keys: int, touch: int) -> None:
 
 
 def run(name: str, data: Path, every: int, extra: str) -> tuple[float, Path]:
+    """A run of one day-long tumbling window per key, a checkpoint every ``every``
+    events (``extra``: more ``[checkpoint]`` lines)."""
+    from sealstream.testing.specs import files_source, spec_text, tumbling
+
     wd = WORK / name
     shutil.rmtree(wd, ignore_errors=True)
     wd.mkdir(parents=True)
     spec = wd / "spec.toml"
-    spec.write_text(SPEC.format(data=data, every=every, extra=extra))
+    spec.write_text(spec_text("incremental_bench", files_source([data]), batch_size=10000,
+                              window=tumbling(86_400_000),
+                              checkpoint=f'path = "ckpt"\n{extra}', every_events=every,
+                              keep=1000))
     t0 = time.perf_counter()
     res = subprocess.run([sys.executable, "-m", "sealstream", "run", str(spec), "--quiet",
                           "--summary-json", str(wd / "summary.json")],

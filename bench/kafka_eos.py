@@ -46,35 +46,6 @@ RESULTS = ROOT / "bench" / "results"
 QUIX_PY = ROOT / "bench" / ".quix-venv" / "bin" / "python"
 QUIX_IDLE_S = 10.0
 
-SPEC = """
-[pipeline]
-name = "{name}"
-batch_size = 100000
-
-[source]
-{source}
-key = "user"
-time = "ts"
-
-[watermark]
-max_delay_ms = 5000
-
-[window]
-kind = "tumbling"
-size_ms = 60000
-
-[aggregates]
-n = "count"
-total = "sum(amount)"
-
-[sink]
-{sink}
-
-[checkpoint]
-path = "ckpt"
-every_ms = 1000
-"""
-
 
 def produce_keyed(bootstrap: str, topic: str, files: list[Path]) -> int:
     """Every line of the files into ``topic``, keyed by its user (murmur2)."""
@@ -110,9 +81,12 @@ def produce_keyed(bootstrap: str, topic: str, files: list[Path]) -> int:
 
 def sealstream_run(wd: Path, name: str, source: str, sink: str) -> dict[str, Any]:
     """``sealstream run`` of the standard job in a fresh ``wd``: wall time and summary."""
+    from sealstream.testing.specs import spec_text
+
     subprocess.run(["rm", "-rf", str(wd)], check=True)
     wd.mkdir(parents=True)
-    (wd / "spec.toml").write_text(SPEC.format(name=name, source=source, sink=sink))
+    (wd / "spec.toml").write_text(spec_text(name, source, batch_size=100000, max_delay_ms=5000,
+                                            sink=sink, every_ms=1000))
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "sealstream", "run", "spec.toml",
@@ -182,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from sealstream.testing.brokers import KafkaBroker, create_topic
     from sealstream.testing.datagen import generate
+    from sealstream.testing.specs import JSONL_OUT, files_source
 
     WORK.mkdir(parents=True, exist_ok=True)
     data = WORK / f"data-{args.events}-{args.keys}"
@@ -205,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"produced {n:,} events keyed by user in {time.perf_counter() - t0:.1f} s",
               flush=True)
         src_kafka = f'kind = "kafka"\nbootstrap = "{bootstrap}"\ntopic = "{topic}"\nstop = "end"'
-        src_files = f'kind = "jsonl"\npaths = {json.dumps([str(f) for f in files])}'
+        src_files = files_source(files)
 
         def sink_kafka(name: str) -> str:
             out = f"eos-{name}-{stamp}"
@@ -213,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             return f'kind = "kafka"\nbootstrap = "{bootstrap}"\ntopic = "{out}"'
 
         runs = {
-            "kafka_to_files": ("k2f", src_kafka, 'kind = "jsonl"\npath = "out"'),
+            "kafka_to_files": ("k2f", src_kafka, JSONL_OUT),
             "files_to_kafka": ("f2k", src_files, sink_kafka("f2k")),
             "kafka_to_kafka": ("k2k", src_kafka, sink_kafka("k2k")),
         }

@@ -47,35 +47,6 @@ WORK = ROOT / "bench" / "work" / "live"
 RESULTS = ROOT / "bench" / "results"
 TARGET = 0.70
 
-SPEC = """
-[pipeline]
-name = "live_bench"
-
-[source]
-{source}
-key = "user"
-time = "ts"
-
-[watermark]
-max_delay_ms = 1000
-
-[window]
-kind = "tumbling"
-size_ms = 60000
-
-[aggregates]
-n = "count"
-total = "sum(amount)"
-
-[sink]
-kind = "jsonl"
-path = "out"
-
-[checkpoint]
-path = "ckpt"
-every_ms = 1000
-"""
-
 
 def produce_files(bootstrap: str, topic: str, files: list[Path]) -> int:
     """Each JSONL file's lines into one partition (file i -> partition i), in order."""
@@ -163,10 +134,12 @@ def source_only(bootstrap: str, topic: str) -> tuple[int, float]:
 
 def sealstream_run(wd: Path, source_toml: str, timeout: float) -> dict[str, Any]:
     """``sealstream run`` of the standard pipeline in ``wd``; its JSON summary."""
+    from sealstream.testing.specs import spec_text
+
     wd.mkdir(parents=True, exist_ok=True)
     for sub in ("out", "ckpt"):
         subprocess.run(["rm", "-rf", str(wd / sub)], check=True)
-    (wd / "spec.toml").write_text(SPEC.format(source=source_toml))
+    (wd / "spec.toml").write_text(spec_text("live_bench", source_toml, every_ms=1000))
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     t0 = time.perf_counter()
     proc = subprocess.run(
@@ -204,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from sealstream.testing.brokers import KafkaBroker, create_topic
     from sealstream.testing.datagen import generate
+    from sealstream.testing.specs import files_source
 
     WORK.mkdir(parents=True, exist_ok=True)
     data = WORK / f"data-{args.events}-{args.keys}"
@@ -236,8 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                       'stop = "end"')
         runs = [sealstream_run(WORK / "run-kafka", kafka_toml, 3600) for _ in range(args.repeat)]
         results["sealstream_kafka"] = _summarise(runs, produced)
-        paths = json.dumps([str(f) for f in files])
-        runs = [sealstream_run(WORK / "run-jsonl", f'kind = "jsonl"\npaths = {paths}', 3600)
+        runs = [sealstream_run(WORK / "run-jsonl", files_source(files), 3600)
                 for _ in range(args.repeat)]
         results["sealstream_jsonl"] = _summarise(runs, produced)
         for k in ("sealstream_kafka", "sealstream_jsonl"):

@@ -40,40 +40,6 @@ RESULTS = ROOT / "bench" / "results"
 EVERY_MS = 1000
 MAX_DELAY_MS = 200
 
-SPEC = f"""
-[pipeline]
-name = "live_soak"
-
-[source]
-kind = "jsonl"
-paths = ["in/*.jsonl"]
-key = "user"
-time = "ts"
-follow = true
-stop = "never"
-poll_ms = 20
-
-[watermark]
-max_delay_ms = {MAX_DELAY_MS}
-
-[window]
-kind = "tumbling"
-size_ms = 1000
-
-[aggregates]
-n = "count"
-total = "sum(amount)"
-
-[sink]
-kind = "jsonl"
-path = "out"
-
-[checkpoint]
-path = "ckpt"
-every_ms = {EVERY_MS}
-keep = 3
-"""
-
 
 def writer(path: Path, rate: int, events: int, done: threading.Event) -> None:
     """``events`` lines at ``rate`` per second, in 20 ms slices."""
@@ -120,11 +86,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--full", action="store_true", help="10,000,000 events, first 1,000,000")
     ap.add_argument("--out", type=Path, default=RESULTS)
     a = ap.parse_args(argv)
+    from sealstream.testing.specs import files_source, spec_text, tumbling
+
     events = 10_000_000 if a.full else a.events
     first = 1_000_000 if a.full else events // 10
     subprocess.run(["rm", "-rf", str(WORK)], check=True)
     (WORK / "in").mkdir(parents=True)
-    (WORK / "spec.toml").write_text(SPEC)
+    source = files_source(["in/*.jsonl"]) + '\nfollow = true\nstop = "never"\npoll_ms = 20'
+    (WORK / "spec.toml").write_text(spec_text("live_soak", source, max_delay_ms=MAX_DELAY_MS,
+                                              window=tumbling(1000), every_ms=EVERY_MS, keep=3))
     src = WORK / "in" / "a.jsonl"
     src.touch()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}

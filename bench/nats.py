@@ -190,46 +190,16 @@ def ours(url: str, subs: list[str], batch: int) -> tuple[int, float]:
     return n, time.perf_counter() - t0
 
 
-SPEC = """
-[pipeline]
-name = "nats_bench"
-
-[source]
-kind = "nats"
-servers = "{url}"
-stream = "{stream}"
-subjects = {subjects}
-key = "user"
-time = "ts"
-stop = "end"
-
-[watermark]
-max_delay_ms = 1000
-
-[window]
-kind = "tumbling"
-size_ms = 60000
-
-[aggregates]
-n = "count"
-total = "sum(amount)"
-
-[sink]
-kind = "jsonl"
-path = "out"
-
-[checkpoint]
-path = "ckpt"
-every_ms = 1000
-"""
-
-
 def run_job(url: str, subs: list[str], work: Path) -> tuple[float | None, str]:
     """``sealstream run`` of the standard pipeline on the stream: (seconds, note)."""
+    from sealstream.testing.specs import spec_text
+
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     spec = work / "pipeline.toml"
-    spec.write_text(SPEC.format(url=url, stream=STREAM, subjects=json.dumps(subs)))
+    source = (f'kind = "nats"\nservers = "{url}"\nstream = "{STREAM}"\n'
+              f'subjects = {json.dumps(subs)}\nstop = "end"')
+    spec.write_text(spec_text("nats_bench", source, every_ms=1000))
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "sealstream", "run", str(spec)], cwd=work,
                           capture_output=True, text=True, check=False)

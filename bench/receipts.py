@@ -29,38 +29,6 @@ ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench" / "work" / "receipts"
 RESULTS = ROOT / "bench" / "results"
 
-SPEC = """
-[pipeline]
-name = "receipts_bench"
-batch_size = 20000
-
-[source]
-kind = "jsonl"
-paths = [{paths}]
-key = "user"
-time = "ts"
-
-[watermark]
-max_delay_ms = 1000
-
-[window]
-kind = "tumbling"
-size_ms = 60000
-
-[aggregates]
-n = "count"
-total = "sum(amount)"
-
-[sink]
-kind = "jsonl"
-path = "out"
-
-[checkpoint]
-path = "ckpt"
-every_events = {every}
-keep = 2
-"""
-
 
 @contextlib.contextmanager
 def without_roots() -> Iterator[None]:
@@ -123,14 +91,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     from sealstream.testing.datagen import generate
+    from sealstream.testing.specs import files_source, spec_text
 
     WORK.mkdir(parents=True, exist_ok=True)
     data = WORK / f"data-{args.events}-{args.keys}"
     if not data.is_dir():
         generate(data, events=args.events, keys=args.keys, partitions=3)
-    paths = ", ".join(f'"{p}"' for p in sorted(str(x) for x in data.glob("p*.jsonl")))
+    paths = sorted(str(x) for x in data.glob("p*.jsonl"))
     spec = WORK / "spec.toml"
-    spec.write_text(SPEC.format(paths=paths, every=args.every))
+    spec.write_text(spec_text("receipts_bench", files_source(paths), batch_size=20000,
+                              every_events=args.every, keep=2))
     rates: dict[bool, list[float]] = {True: [], False: []}
     for _ in range(args.rounds):
         for roots in (False, True):

@@ -28,37 +28,6 @@ ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench" / "work" / "scaleout"
 RESULTS = ROOT / "bench" / "results"
 
-SPEC = """
-[pipeline]
-name = "scaleout_bench"
-batch_size = 100000
-
-[source]
-kind = "jsonl"
-paths = [{paths}]
-key = "user"
-time = "ts"
-
-[watermark]
-max_delay_ms = 1000
-
-[window]
-kind = "tumbling"
-size_ms = 60000
-
-[aggregates]
-n = "count"
-total = "sum(amount)"
-
-[sink]
-kind = "jsonl"
-path = "out"
-
-[checkpoint]
-path = "ckpt"
-every_events = {every}
-"""
-
 
 def _peak_rss_mb(pid: int) -> float | None:
     try:
@@ -99,12 +68,14 @@ def _run(files: list[Path], every: int, workers: int | None, label: str) -> dict
     from sealstream import Job, load_spec
     from sealstream.distributed import DistributedJob
     from sealstream.distributed._shard import drain_pool
+    from sealstream.testing.specs import files_source, spec_text
 
     d = WORK / label
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
     spec = d / "spec.toml"
-    spec.write_text(SPEC.format(paths=", ".join(f'"{f}"' for f in files), every=every))
+    spec.write_text(spec_text("scaleout_bench", files_source(files), batch_size=100000,
+                              every_events=every))
     pipeline = load_spec(spec)
     start_s = 0.0
     if workers is not None:  # workers started (and idle in the pool) before the clock

@@ -29,37 +29,6 @@ ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench" / "work" / "stores"
 RESULTS = ROOT / "bench" / "results"
 
-SPEC = """
-[pipeline]
-name = "bench_{name}"
-batch_size = 100000
-
-[source]
-kind = "jsonl"
-paths = {paths}
-key = "user"
-time = "ts"
-
-[watermark]
-max_delay_ms = 2000
-
-[window]
-kind = "tumbling"
-size_ms = 60000
-
-[aggregates]
-n = "count"
-total = "sum(amount)"
-
-[sink]
-{sink}
-
-[checkpoint]
-{store}
-every_ms = 1000
-keep = 3
-"""
-
 
 def _pg_url(given: str | None) -> str | None:
     if given:
@@ -110,15 +79,18 @@ def configs(pg: str | None) -> list[tuple[str, str, str]]:
 
 def run_one(name: str, sink: str, store: str, files: list[Path], pg_admin: str | None
             ) -> dict[str, Any]:
+    from sealstream.testing.specs import files_source, spec_text
+
     wd = WORK / f"{name}-{uuid.uuid4().hex[:6]}"
     wd.mkdir(parents=True)
     pg = _fresh_pg_db(pg_admin) if "{pg}" in sink + store and pg_admin else None
     try:
         spec = wd / "spec.toml"
-        spec.write_text(SPEC.format(name=name.replace("+", "_"),
-                                    paths=json.dumps([str(f) for f in files]),
-                                    sink=sink.replace("{pg}", pg or ""),
-                                    store=store.replace("{pg}", pg or "")))
+        spec.write_text(spec_text(f"bench_{name.replace('+', '_')}", files_source(files),
+                                  batch_size=100000, max_delay_ms=2000,
+                                  sink=sink.replace("{pg}", pg or ""),
+                                  checkpoint=store.replace("{pg}", pg or ""), every_ms=1000,
+                                  keep=3))
         t0 = time.perf_counter()
         res = subprocess.run([sys.executable, "-m", "sealstream", "run", str(spec), "--quiet",
                               "--summary-json", str(wd / "summary.json")],

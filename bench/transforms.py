@@ -36,65 +36,43 @@ import polars as pl
 
 from sealstream.state.codec import decode_table
 from sealstream.testing.datagen import generate
+from sealstream.testing.specs import COUNT_AND_SUM, files_source, spec_text
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench" / "work" / "transforms"
 RESULTS = ROOT / "bench" / "results"
 
-SPEC = """
-[pipeline]
-name = "transforms_bench"
-
-[source]
-kind = "jsonl"
-paths = {paths}
-key = "user"
-time = "ts"
-
-[watermark]
-max_delay_ms = 1000
-
-{transform}
-
-[window]
-kind = "tumbling"
-size_ms = 60000
-
-[aggregates]
-{aggregates}
-
-[sink]
-kind = "jsonl"
-path = "out"
-{checkpoint}
-"""
-
 TARGET = 0.95
 
 
-def configs(median_amount: float) -> dict[str, tuple[str, str]]:
+def configs(median_amount: float) -> dict[str, tuple[str | None, dict[str, str]]]:
+    """name -> (the ``[transform]`` lines or None, the aggregates)."""
     return {
-        "plain": ("", 'n = "count"\ntotal = "sum(amount)"'),
+        "plain": (None, dict(COUNT_AND_SUM)),
         "filter+derived": (
-            f'[transform]\nwhere = "amount >= {median_amount!r}"\n'
-            'fields.cents = "amount * 100"',
-            'n = "count"\ntotal = "sum(cents)"'),
-        "distinct+median": ("", 'distinct = "count_distinct(amount)"\n'
-                                'p50 = "median(amount)"'),
+            f'where = "amount >= {median_amount!r}"\nfields.cents = "amount * 100"',
+            {"n": "count", "total": "sum(cents)"}),
+        "distinct+median": (None, {"distinct": "count_distinct(amount)",
+                                   "p50": "median(amount)"}),
     }
 
 
-def _spec(wd: Path, paths: list[str], transform: str, aggregates: str,
-          checkpoint: str = "") -> Path:
+def _spec(wd: Path, paths: list[str], transform: str | None, aggregates: dict[str, str],
+          every: int | None = None) -> Path:
+    """The pipeline's spec in a fresh ``wd``; checkpointed (synchronously) every
+    ``every`` events when given."""
     shutil.rmtree(wd, ignore_errors=True)
     wd.mkdir(parents=True)
     spec = wd / "spec.toml"
-    spec.write_text(SPEC.format(paths=json.dumps(paths), transform=transform,
-                                aggregates=aggregates, checkpoint=checkpoint))
+    checkpoint = None if every is None else 'path = "ckpt"\nasynchronous = false'
+    spec.write_text(spec_text("transforms_bench", files_source(paths), transform=transform,
+                              aggregates=aggregates, checkpoint=checkpoint,
+                              every_events=every))
     return spec
 
 
-def rate(wd: Path, paths: list[str], transform: str, aggregates: str) -> tuple[float, int]:
+def rate(wd: Path, paths: list[str], transform: str | None, aggregates: dict[str, str]
+         ) -> tuple[float, int]:
     spec = _spec(wd, paths, transform, aggregates)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SEALSTREAM_CRASH")}
     res = subprocess.run([sys.executable, "-m", "sealstream", "run", str(spec), "--quiet",
@@ -106,12 +84,11 @@ def rate(wd: Path, paths: list[str], transform: str, aggregates: str) -> tuple[f
     return summary["events"] / summary["seconds"], summary["results_written"]
 
 
-def state_per_window(wd: Path, paths: list[str], transform: str, aggregates: str,
-                     every: int) -> tuple[int, float, float]:
+def state_per_window(wd: Path, paths: list[str], transform: str | None,
+                     aggregates: dict[str, str], every: int) -> tuple[int, float, float]:
     """(open windows, compressed state bytes per window, in-memory bytes per window)
     at the first checkpoint."""
-    spec = _spec(wd, paths, transform, aggregates,
-                 f'[checkpoint]\npath = "ckpt"\nevery_events = {every}\nasynchronous = false')
+    spec = _spec(wd, paths, transform, aggregates, every)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SEALSTREAM_CRASH")}
     env["SEALSTREAM_CRASH_AT"] = "after_retention:1"
     res = subprocess.run([sys.executable, "-m", "sealstream", "run", str(spec), "--quiet"],

@@ -17,38 +17,7 @@ from sealstream.checkpoint.store import LocalCheckpointStore
 from sealstream.cli._progress import Progress
 from sealstream.pipeline import load_spec
 from sealstream.testing.datagen import generate
-
-SPEC = """
-[pipeline]
-name = "cadence"
-batch_size = {batch}
-
-[source]
-kind = "jsonl"
-paths = [{paths}]
-key = "user"
-time = "ts"
-
-[watermark]
-max_delay_ms = 1000
-
-[window]
-kind = "tumbling"
-size_ms = 60000
-
-[aggregates]
-n = "count"
-total = "sum(amount)"
-
-[sink]
-kind = "jsonl"
-path = "out"
-
-[checkpoint]
-path = "ckpt"
-keep = 100000
-{cadence}
-"""
+from sealstream.testing.specs import files_source, spec_text
 
 
 @pytest.fixture(scope="module")
@@ -58,11 +27,13 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def _job(inputs: Path, d: Path, *, batch: int, cadence: str) -> Job:
+def _job(inputs: Path, d: Path, *, batch: int, every_events: int | None = None,
+         every_ms: int | None = None) -> Job:
     (d / "in").symlink_to(inputs / "in")
-    paths = ", ".join(json.dumps(f"in/{p.name}") for p in sorted((inputs / "in").iterdir()))
+    paths = [f"in/{p.name}" for p in sorted((inputs / "in").iterdir())]
     spec = d / "spec.toml"
-    spec.write_text(SPEC.format(batch=batch, paths=paths, cadence=cadence))
+    spec.write_text(spec_text("cadence", files_source(paths), batch_size=batch,
+                              every_events=every_events, every_ms=every_ms, keep=100000))
     return Job(load_spec(spec))
 
 
@@ -82,7 +53,7 @@ def _events_at_checkpoints(d: Path) -> list[int]:
 def test_every_events_is_reached_in_one_step(inputs: Path, tmp_path: Path) -> None:
     """3 partitions, every 7,000 events: steps of 3 x 2,334 reach it each time (3 x
     2,333 = 6,999 took two steps, a checkpoint every 14,000 events)."""
-    job = _job(inputs, tmp_path, batch=262_144, cadence="every_events = 7000")
+    job = _job(inputs, tmp_path, batch=262_144, every_events=7000)
     job.run()
     at = _events_at_checkpoints(tmp_path)
     gaps = [b - a for a, b in zip([0, *at], at, strict=False)][:-1]  # the last: end of input
@@ -94,11 +65,11 @@ def test_every_ms_paces_the_batch_size(inputs: Path, tmp_path: Path,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     ref = tmp_path / "ref"
     ref.mkdir()
-    Job.run(_job(inputs, ref, batch=8192, cadence="every_events = 1000000"))
+    Job.run(_job(inputs, ref, batch=8192, every_events=1000000))
     paced = tmp_path / "paced"
     paced.mkdir()
     monkeypatch.setattr(engine, "MIN_PACED_BATCH", 1024)
-    job = _job(inputs, paced, batch=8192, cadence="every_ms = 1")  # every step outlasts it
+    job = _job(inputs, paced, batch=8192, every_ms=1)  # every step outlasts it
     sizes: list[int] = []
     job.progress = lambda j: sizes.append(j.merger.batch_size)  # type: ignore[union-attr]
     job.run()
@@ -106,7 +77,7 @@ def test_every_ms_paces_the_batch_size(inputs: Path, tmp_path: Path,
     assert _results(paced) == _results(ref)
     relaxed = tmp_path / "relaxed"
     relaxed.mkdir()
-    job = _job(inputs, relaxed, batch=8192, cadence="every_ms = 100000000")
+    job = _job(inputs, relaxed, batch=8192, every_ms=100000000)
     sizes = []
     job.progress = lambda j: sizes.append(j.merger.batch_size)  # type: ignore[union-attr]
     job.run()
@@ -116,7 +87,7 @@ def test_every_ms_paces_the_batch_size(inputs: Path, tmp_path: Path,
 
 def test_the_log_has_a_line_per_checkpoint(inputs: Path, tmp_path: Path) -> None:
     """Several checkpoints finishing between two looks at the job each get a line."""
-    job = _job(inputs, tmp_path, batch=2000, cadence="every_events = 6000")
+    job = _job(inputs, tmp_path, batch=2000, every_events=6000)
     job.run()
     out = io.StringIO()
     Progress(tty=False, stream=out)(job)  # one look after all of them

@@ -20,6 +20,7 @@ from rich.console import Console
 
 from sealstream.cli._metrics import CONTENT_TYPE, Snapshot, render
 from sealstream.testing.datagen import generate
+from sealstream.testing.specs import files_source, spec_text, tumbling
 from sealstream.watermark import NEG_INF, POS_INF
 
 COUNTERS = {
@@ -118,46 +119,16 @@ def test_render_before_any_checkpoint_has_no_checkpoint_samples() -> None:
 
 
 # ------------------------------------------------------------------ a running job
-SPEC = """
-[pipeline]
-name = "metrics-test"
-batch_size = 500
-
-[source]
-kind = "jsonl"
-paths = [{paths}]
-key = "user"
-time = "ts"
-
-[watermark]
-max_delay_ms = 1000
-
-[window]
-kind = "tumbling"
-size_ms = 60000
-allowed_lateness_ms = 1000
-
-[aggregates]
-n = "count"
-total = "sum(amount)"
-
-[sink]
-kind = "jsonl"
-path = "out"
-
-[late]
-kind = "jsonl"
-path = "late"
-
-[errors]
-kind = "jsonl"
-path = "errors"
-
-[checkpoint]
-path = "ckpt"
-every_events = 40000
-keep = 3
-"""
+def write_spec(d: Path, paths: list[Path], *, checkpoint: str = 'path = "ckpt"',
+               every_events: int = 40000) -> Path:
+    """``d/spec.toml``: the standard pipeline ("metrics-test") on the generated files
+    ``paths``, late events and bad records written, checkpoints every ``every_events``."""
+    spec = d / "spec.toml"
+    spec.write_text(spec_text(
+        "metrics-test", files_source(p.relative_to(d) for p in paths), batch_size=500,
+        window=tumbling(60_000, allowed_lateness_ms=1000), late=True, errors=True,
+        checkpoint=checkpoint, every_events=every_events, keep=3))
+    return spec
 
 
 @pytest.fixture(scope="module")
@@ -165,10 +136,7 @@ def big_spec(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("metrics")
     paths = generate(d / "in", events=300_000, keys=300, partitions=3, late_fraction=0.01,
                      bad_fraction=0.001, seed=5)
-    spec = d / "spec.toml"
-    spec.write_text(SPEC.format(paths=", ".join(
-        json.dumps(str(p.relative_to(d))) for p in paths)))
-    return spec
+    return write_spec(d, paths)
 
 
 def _scrape(url: str) -> tuple[str, str] | None:
@@ -289,12 +257,10 @@ def test_terminal_panel_renders_progress_and_partition_lag(tmp_path: Path) -> No
     from sealstream.pipeline import load_spec
 
     paths = generate(tmp_path / "in", events=6_000, keys=20, partitions=2, seed=2)
-    spec = tmp_path / "spec.toml"
-    spec.write_text(SPEC.format(paths=", ".join(
-        json.dumps(str(p.relative_to(tmp_path))) for p in paths)).replace(
-        # synchronous: checkpoint 1 is committed before the next panel, whatever the
-        # machine's load (asynchronous, it may still be in flight and only 2 shown)
-        "every_events = 40000", "every_events = 2000\nasynchronous = false"))
+    # synchronous: checkpoint 1 is committed before the next panel, whatever the
+    # machine's load (asynchronous, it may still be in flight and only 2 shown)
+    spec = write_spec(tmp_path, paths, checkpoint='path = "ckpt"\nasynchronous = false',
+                      every_events=2000)
     panels: list[str] = []
     stream = io.StringIO()
     progress = Progress(tty=True, stream=stream)
@@ -325,10 +291,7 @@ def _panel_job(tmp_path: Path, partitions: int) -> Any:
     from sealstream.pipeline import load_spec
 
     paths = generate(tmp_path / "in", events=300, keys=5, partitions=partitions, seed=3)
-    spec = tmp_path / "spec.toml"
-    spec.write_text(SPEC.format(paths=", ".join(
-        json.dumps(str(p.relative_to(tmp_path))) for p in paths)))
-    return Job(load_spec(spec))
+    return Job(load_spec(write_spec(tmp_path, paths)))
 
 
 def _panel_text(progress: Any, job: Any, now: float) -> str:

@@ -20,64 +20,30 @@ from pathlib import Path
 
 import sealstream
 from sealstream.checkpoint.manifest import KEY_ENV
+from sealstream.testing.specs import files_source, spec_text, tumbling
 
 SRC = Path(sealstream.__file__).resolve().parents[1]
 
 
 def live_spec(pipeline: str, source: str, idle_ms: int | None = None) -> str:
     """A spec of the live stories: pipeline ``pipeline``, the ``[source]`` section's
-    lines ``source``, then the same watermark (``idle_ms`` when given), window,
-    aggregates, outputs and checkpoints (every 50 ms, 2 kept)."""
-    idle = f"idle_ms = {idle_ms}\n" if idle_ms is not None else ""
-    return f"""
-[pipeline]
-name = "{pipeline}"
-
-[source]
-{source.strip()}
-
-[watermark]
-max_delay_ms = 500
-{idle}
-[window]
-kind = "tumbling"
-size_ms = 1000
-
-[aggregates]
-n = "count"
-total = "sum(amount)"
-
-[sink]
-kind = "jsonl"
-path = "out"
-
-[late]
-kind = "jsonl"
-path = "late"
-
-[errors]
-kind = "jsonl"
-path = "errors"
-
-[checkpoint]
-path = "ckpt"
-every_ms = 50
-keep = 2
-"""
+    lines ``source`` (its key and time included), then the same watermark (``idle_ms``
+    when given), window, aggregates, outputs and checkpoints (every 50 ms, 2 kept)."""
+    return spec_text(pipeline, source, key=None, time=None, max_delay_ms=500, idle_ms=idle_ms,
+                     window=tumbling(1000), late=True, errors=True, every_ms=50, keep=2)
 
 
 def files_spec(stop: str, idle_ms: int | None = None) -> str:
     """The spec of the growing-file stories: in/*.jsonl followed (polled every
     20 ms) until ``stop``."""
-    return live_spec("live", f"""
-kind = "jsonl"
-paths = ["in/*.jsonl"]
+    source = files_source(["in/*.jsonl"]) + f"""
 key = "user"
 time = "ts"
 follow = true
 poll_ms = 20
 stop = "{stop}"
-""", idle_ms)
+"""
+    return live_spec("live", source, idle_ms)
 
 
 def env() -> dict[str, str]:

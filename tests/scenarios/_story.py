@@ -17,7 +17,12 @@ from typing import Any
 
 import pytest
 
+from sealstream.testing.specs import files_source, spec_text
+
 ROOT = Path(__file__).resolve().parents[2]
+AGGREGATES = {"n": "count", "total": "sum(amount)", "low": "min(amount)",
+              "high": "max(amount)", "avg": "mean(amount)", "first_i": "first(i)",
+              "last_amount": "last(amount)"}
 
 
 def make_input(
@@ -60,50 +65,10 @@ def write_spec(
     errors: bool = False,
     batch_size: int = 50,
 ) -> Path:
-    paths = ", ".join(json.dumps(n) for n in names)
-    text = f"""
-[pipeline]
-name = "story"
-batch_size = {batch_size}
-
-[source]
-kind = "jsonl"
-paths = [{paths}]
-key = "user"
-time = "ts"
-
-[watermark]
-max_delay_ms = 1000
-
-[window]
-{window}
-
-[aggregates]
-n = "count"
-total = "sum(amount)"
-low = "min(amount)"
-high = "max(amount)"
-avg = "mean(amount)"
-first_i = "first(i)"
-last_amount = "last(amount)"
-
-[sink]
-kind = "jsonl"
-path = "out"
-
-[late]
-kind = "jsonl"
-path = "late"
-
-[checkpoint]
-path = "ckpt"
-every_events = {every_events}
-keep = {keep}
-"""
-    if errors:
-        text += '\n[errors]\nkind = "jsonl"\npath = "errors"\n'
     spec = d / "spec.toml"
-    spec.write_text(text)
+    spec.write_text(spec_text("story", files_source(names), batch_size=batch_size,
+                              window=window, aggregates=AGGREGATES, late=True, errors=errors,
+                              every_events=every_events, keep=keep))
     return spec
 
 

@@ -16,36 +16,7 @@ from typing import Any
 
 import pytest
 
-SPEC = """
-[pipeline]
-name = "quiet"
-
-[source]
-{source}
-key = "user"
-time = "ts"
-stop = "never"
-poll_ms = 20
-
-[watermark]
-max_delay_ms = 0
-
-[window]
-kind = "tumbling"
-size_ms = 1000
-
-[aggregates]
-n = "count"
-
-[sink]
-kind = "jsonl"
-path = "out"
-
-[checkpoint]
-path = "ckpt"
-every_ms = 100
-keep = 2
-"""
+from sealstream.testing.specs import spec_text, tumbling
 
 LINES = [json.dumps({"user": "u", "ts": 1000 * i}) for i in range(5)]
 
@@ -64,7 +35,9 @@ def _ids(ckpt: Path) -> list[tuple[int, int]]:
 
 def _checkpoints_while_quiet(d: Path, source: str) -> None:
     spec = d / "spec.toml"
-    spec.write_text(SPEC.format(source=source))
+    spec.write_text(spec_text("quiet", f'{source}\nstop = "never"\npoll_ms = 20',
+                              max_delay_ms=0, window=tumbling(1000), aggregates={"n": "count"},
+                              every_ms=100, keep=2))
     with subprocess.Popen([sys.executable, "-m", "sealstream", "run", str(spec), "--quiet"],
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                           text=True) as proc:

@@ -21,58 +21,24 @@ import pytest
 
 from scenarios._story import assert_same_output, run, run_killed_randomly
 from sealstream.cli import main
+from sealstream.testing.specs import files_source, spec_text
 from sealstream.windows.sketches import HLL_RELATIVE_ERROR
 
-SPEC = """
-[pipeline]
-name = "aggs"
-batch_size = {batch}
-
-[source]
-kind = "jsonl"
-paths = ["in/p0.jsonl", "in/p1.jsonl"]
-key = "svc"
-time = "ts"
-
-[watermark]
-max_delay_ms = 1000
-
-[transform]
+TRANSFORM = """
 where = "level <> 'debug'"
 fields.svc = "lower(service)"
 fields.lat = "latency_ms * 1.0"
-
-[window]
-{window}
-
-[aggregates]
-n = "count"
-errors = "count_if(level = 'error')"
-users = "count_distinct(user)"
-approx_users = "approx_count_distinct(user)"
-p50 = "median(lat)"
-p99 = "quantile(lat, 0.99)"
-sd = "stddev(lat)"
-var = "variance(latency_ms)"
-
-[sink]
-kind = "jsonl"
-path = "out"
-
-[late]
-kind = "jsonl"
-path = "late"
-
-[errors]
-kind = "jsonl"
-path = "errors"
-
-[checkpoint]
-path = "ckpt"
-every_events = {every}
-keep = 20
 """
-
+AGGREGATES = {
+    "n": "count",
+    "errors": "count_if(level = 'error')",
+    "users": "count_distinct(user)",
+    "approx_users": "approx_count_distinct(user)",
+    "p50": "median(lat)",
+    "p99": "quantile(lat, 0.99)",
+    "sd": "stddev(lat)",
+    "var": "variance(latency_ms)",
+}
 TUMBLING = 'kind = "tumbling"\nsize_ms = 2000\nallowed_lateness_ms = 500'
 SLIDING = 'kind = "sliding"\nsize_ms = 3000\nslide_ms = 1000'
 SESSION = 'kind = "session"\ngap_ms = 700\nallowed_lateness_ms = 200'
@@ -100,7 +66,10 @@ def make_job(d: Path, *, events: int = 1500, window: str = TUMBLING, every: int 
             out.append(json.dumps(rec))
         (d / "in" / f"p{p}.jsonl").write_text("\n".join(out) + "\n")
     spec = d / "spec.toml"
-    spec.write_text(SPEC.format(window=window, every=every, batch=batch))
+    spec.write_text(spec_text("aggs", files_source(["in/p0.jsonl", "in/p1.jsonl"]), key="svc",
+                              batch_size=batch, transform=TRANSFORM, window=window,
+                              aggregates=AGGREGATES, late=True, errors=True,
+                              every_events=every, keep=20))
     return spec
 
 

@@ -15,6 +15,7 @@ import pytest
 from sealstream.errors import SpecError
 from sealstream.pipeline import NatsSourceSpec, pipeline_from_dict
 from sealstream.testing.brokers import free_port
+from sealstream.testing.specs import spec_text, tumbling
 
 
 def spec(**source: object) -> dict[str, Any]:
@@ -67,32 +68,13 @@ def test_a_file_source_refuses_nats_settings() -> None:
         pipeline_from_dict(d)
 
 
-SPEC = """
-[pipeline]
-name = "orders"
-[source]
-kind = "nats"
-servers = "{url}"
-stream = "{stream}"
-subjects = ["{subject}"]
-key = "user"
-time = "ts"
-stop = "end"
-fail_after_ms = 1000
-[watermark]
-max_delay_ms = 0
-[window]
-kind = "tumbling"
-size_ms = 1000
-[aggregates]
-n = "count"
-[sink]
-kind = "jsonl"
-path = "out"
-[checkpoint]
-path = "ckpt"
-every_events = 1
-"""
+def spec_toml(url: str, stream: str, subject: str) -> str:
+    """A job reading ``subject`` of ``stream`` at ``url`` to its end, failing after 1 s
+    without the server."""
+    source = (f'kind = "nats"\nservers = "{url}"\nstream = "{stream}"\n'
+              f'subjects = ["{subject}"]\nstop = "end"\nfail_after_ms = 1000')
+    return spec_text("orders", source, max_delay_ms=0, window=tumbling(1000),
+                     aggregates={"n": "count"}, every_events=1)
 
 
 def run(d: Path) -> subprocess.CompletedProcess[str]:
@@ -104,7 +86,7 @@ def run(d: Path) -> subprocess.CompletedProcess[str]:
 
 def test_server_down_at_start_exits_1_naming_the_address(tmp_path: Path) -> None:
     url = f"nats://127.0.0.1:{free_port()}"
-    (tmp_path / "spec.toml").write_text(SPEC.format(url=url, stream="S", subject="a"))
+    (tmp_path / "spec.toml").write_text(spec_toml(url, "S", "a"))
     t0 = time.monotonic()
     res = run(tmp_path)
     assert res.returncode == 1 and url in res.stderr, res.stderr
@@ -120,7 +102,7 @@ def test_messages_removed_before_a_resume_are_refused_not_skipped(
     jet.create(["a"], max_msgs=4)
     jet.publish([("a", {"user": "u", "ts": 1000 * i}) for i in range(3)])
     (tmp_path / "spec.toml").write_text(
-        SPEC.format(url=jet.url, stream=jet.stream, subject=jet.s("a")))
+        spec_toml(jet.url, jet.stream, jet.s("a")))
     res = run(tmp_path)
     assert res.returncode == 0, res.stderr
     jet.publish([("a", {"user": "u", "ts": 1000 * i}) for i in range(3, 10)])

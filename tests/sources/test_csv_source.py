@@ -5,21 +5,18 @@ from __future__ import annotations
 import csv
 import io
 import json
-import tempfile
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 import pytest
-from _helpers import read_chunks, with_raw
+from _files import PLAN, LineFormat
+from _helpers import with_raw
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sealstream.errors import SourceChangedError
 from sealstream.sources import (
     BAD_SCHEMA,
-    FieldPlan,
-    PartitionPosition,
     float_col,
     int_col,
     json_col,
@@ -27,25 +24,8 @@ from sealstream.sources import (
 )
 from sealstream.sources.files.csv import CsvReader
 
-PLAN = FieldPlan("user", "ts", {"amount": "numeric", "x": "any"})
-
-
-def read_all(
-    path: Path,
-    plan: FieldPlan = PLAN,
-    chunk: int = 1000,
-    position: PartitionPosition | None = None,
-    block_bytes: int | None = None,
-) -> tuple[pl.DataFrame, pl.DataFrame, list[Any]]:
-    kw = {} if block_bytes is None else {"block_bytes": block_bytes}
-    reader = CsvReader(str(path), path, plan, position, **kw)
-    return read_chunks(reader, chunk)
-
-
-def write(tmp_path: Path, text: str | bytes, name: str = "p.csv") -> Path:
-    p = tmp_path / name
-    p.write_bytes(text.encode() if isinstance(text, str) else text)
-    return p
+CSV = LineFormat(CsvReader, "p.csv")
+read_all, write = CSV.read_all, CSV.write
 
 
 def test_header_quotes_offsets_and_raw(tmp_path: Path) -> None:
@@ -196,20 +176,14 @@ def csv_text(draw: st.DrawFn) -> str:
 @settings(max_examples=30, deadline=None)
 @given(text=csv_text(), chunk=st.integers(1, 6), block=st.integers(1, 200))
 def test_chunking_never_changes_csv_results(text: str, chunk: int, block: int) -> None:
-    with tempfile.TemporaryDirectory() as d:
-        path = write(Path(d), text)
-        whole_ev, whole_bad, _ = read_all(path, chunk=10_000)
-        ev, bad, chunks = read_all(path, chunk=chunk, block_bytes=block)
-    assert ev.equals(whole_ev)
-    assert bad.equals(whole_bad)
-    assert sum(c.eof for c in chunks) == 1 and chunks[-1].eof
+    ev, bad, _, _ = CSV.read_both_ways(text, chunk, block)
     # offsets are physical lines minus the header; _line points at the row's first line
     lines = text.split("\n")
-    for off, raw in zip(whole_bad["_offset"].to_list(), whole_bad["_raw"].to_list(), strict=True):
+    for off, raw in zip(bad["_offset"].to_list(), bad["_raw"].to_list(), strict=True):
         assert lines[off + 1].removesuffix("\r") == raw.split("\n")[0].removesuffix("\r")
     rows = list(csv.reader(io.StringIO(text, newline="")))[1:]
     good = [r for r in rows if len(r) == 4]
-    assert ev.height + whole_bad.height >= 0
+    assert ev.height + bad.height >= 0
     assert ev.height <= len(good)
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import math
 import re
-import tempfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 import pytest
+from _files import PLAN, LineFormat
 from _helpers import read_chunks, with_raw
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -28,26 +28,8 @@ from sealstream.sources import (
 )
 from sealstream.sources.files.jsonl import JsonlReader
 
-PLAN = FieldPlan("user", "ts", {"amount": "numeric", "x": "any"})
-
-
-def read_all(
-    path: Path,
-    plan: FieldPlan = PLAN,
-    chunk: int = 1000,
-    position: PartitionPosition | None = None,
-    block_bytes: int | None = None,
-) -> tuple[pl.DataFrame, pl.DataFrame, list[Any]]:
-    """Every chunk of a partition: (events, bad, chunks)."""
-    kw = {} if block_bytes is None else {"block_bytes": block_bytes}
-    reader = JsonlReader(str(path), path, plan, position, **kw)
-    return read_chunks(reader, chunk)
-
-
-def write(tmp_path: Path, text: str | bytes, name: str = "p.jsonl") -> Path:
-    p = tmp_path / name
-    p.write_bytes(text.encode() if isinstance(text, str) else text)
-    return p
+JSONL = LineFormat(JsonlReader, "p.jsonl")
+read_all, write = JSONL.read_all, JSONL.write
 
 
 def ms(dt: datetime) -> int:
@@ -523,13 +505,7 @@ def test_chunking_never_changes_results_and_matches_a_reference(
     lines: list[str], chunk: int, block: int, trailing_newline: bool
 ) -> None:
     text = "\n".join(lines) + ("\n" if trailing_newline and lines else "")
-    with tempfile.TemporaryDirectory() as d:
-        path = write(Path(d), text)
-        whole_ev, whole_bad, whole_chunks = read_all(path, chunk=10_000)
-        ev, bad, chunks = read_all(path, chunk=chunk, block_bytes=block)
-    assert ev.equals(whole_ev)
-    assert bad.equals(whole_bad)
-    assert sum(c.eof for c in chunks) == 1 and chunks[-1].eof
+    ev, bad, whole_chunks, chunks = JSONL.read_both_ways(text, chunk, block)
     assert chunks[-1].position.offset == whole_chunks[-1].position.offset
     expected_events, expected_bad = reference(text.split("\n"), PLAN)
     assert frames_to_rows(ev, PLAN) == expected_events

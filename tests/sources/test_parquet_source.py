@@ -11,6 +11,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from _files import PLAN
 from _helpers import read_chunks, with_raw
 
 from sealstream.errors import SourceChangedError, SourceError
@@ -24,8 +25,6 @@ from sealstream.sources import (
     open_partition,
 )
 from sealstream.sources.files.parquet import ParquetReader
-
-PLAN = FieldPlan("user", "ts", {"amount": "numeric", "x": "any"})
 
 
 def read_all(

@@ -79,6 +79,23 @@ def _fail(err: SealstreamError) -> None:
     raise _Exit(err.exit_code)
 
 
+def _max_age_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--max-age SECONDS``: how old a checkpoint may be before it is STALE."""
+    return click.option("--max-age", "max_age", type=click.FloatRange(min=0.0, min_open=True),
+                        metavar="SECONDS", help=help_text)
+
+
+def _require_receipts_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--require-receipts``: a checkpoint must sign its epoch's Merkle receipt root."""
+    return click.option("--require-receipts", "require_receipts", is_flag=True, help=help_text)
+
+
+#: the resume rules of ``run`` and ``replay``
+_RESUME_REQUIRE_RECEIPTS = _require_receipts_option(
+    "Resume only from checkpoints that sign their epoch's Merkle receipt root (default: "
+    "[checkpoint] require_receipts).")
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(version=__version__, prog_name="sealstream")
 def cli() -> None:
@@ -98,13 +115,9 @@ def cli() -> None:
                    "records is bad; 1 accepts any share, even no good record (default: "
                    "[pipeline] max_bad_ratio, else fail only when no record was good and "
                    "warn above half).")
-@click.option("--max-age", "max_age", type=click.FloatRange(min=0.0, min_open=True),
-              metavar="SECONDS",
-              help="Do not resume from a checkpoint older than this (STALE); "
-                   "default: [checkpoint] max_age_s, else any age.")
-@click.option("--require-receipts", "require_receipts", is_flag=True,
-              help="Resume only from checkpoints that sign their epoch's Merkle receipt "
-                   "root (default: [checkpoint] require_receipts).")
+@_max_age_option("Do not resume from a checkpoint older than this (STALE); "
+                 "default: [checkpoint] max_age_s, else any age.")
+@_RESUME_REQUIRE_RECEIPTS
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing but warnings and errors.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the run summary as JSON (on stderr when results go to stdout).")
@@ -315,13 +328,9 @@ def _resume_note(job: Any) -> str:
                    "partition offsets (by name or p<index>) with empty state.")
 @click.option("--to", "to", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Isolated destination: DIR/out, DIR/late, DIR/errors and DIR/ckpt.")
-@click.option("--max-age", "max_age", type=click.FloatRange(min=0.0, min_open=True),
-              metavar="SECONDS",
-              help="Refuse a --from checkpoint older than this (STALE); "
-                   "default: [checkpoint] max_age_s, else any age.")
-@click.option("--require-receipts", "require_receipts", is_flag=True,
-              help="Resume only from checkpoints that sign their epoch's Merkle receipt "
-                   "root (default: [checkpoint] require_receipts).")
+@_max_age_option("Refuse a --from checkpoint older than this (STALE); "
+                 "default: [checkpoint] max_age_s, else any age.")
+@_RESUME_REQUIRE_RECEIPTS
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run summary as JSON.")
 def replay(spec: Path, origin: str, to: Path, max_age: float | None, require_receipts: bool,
@@ -435,11 +444,12 @@ def _shown(directory: str) -> str:
 _PIPELINE_OPT = click.option(
     "--pipeline", "pipeline_name", default=None,
     help="With a database URL: whose checkpoints (default: the only pipeline in it).")
+_JSON_OPT = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
 
 @checkpoints.command("list")
 @click.argument("directory", type=str)
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_JSON_OPT
 @_PIPELINE_OPT
 def list_cmd(directory: str, as_json: bool, pipeline_name: str | None) -> None:
     """List the checkpoints in DIRECTORY, oldest first, with the files each depends on.
@@ -457,25 +467,19 @@ def list_cmd(directory: str, as_json: bool, pipeline_name: str | None) -> None:
     except SealstreamError as err:
         _fail(err)
         return
-    if as_json:
-        click.echo(json.dumps(data, indent=2))
-    else:
-        render_list(data, _shown(directory))
+    _emit(data, as_json, lambda d: render_list(d, _shown(directory)))
 
 
 @checkpoints.command("verify")
 @click.argument("directory", type=str)
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_JSON_OPT
 @click.option("--spec", type=click.Path(dir_okay=False, path_type=Path),
               help="Also check each checkpoint's pipeline fingerprint against this spec.")
-@click.option("--max-age", "max_age", type=click.FloatRange(min=0.0, min_open=True),
-              metavar="SECONDS",
-              help="A checkpoint older than this is STALE (default: the --spec's "
-                   "[checkpoint] max_age_s, else any age).")
-@click.option("--require-receipts", "require_receipts", is_flag=True,
-              help="A checkpoint that does not sign its epoch's Merkle receipt root is "
-                   "PARTIAL (NO_RECEIPT_ROOTS) (default: the --spec's [checkpoint] "
-                   "require_receipts).")
+@_max_age_option("A checkpoint older than this is STALE (default: the --spec's "
+                 "[checkpoint] max_age_s, else any age).")
+@_require_receipts_option("A checkpoint that does not sign its epoch's Merkle receipt root is "
+                          "PARTIAL (NO_RECEIPT_ROOTS) (default: the --spec's [checkpoint] "
+                          "require_receipts).")
 @_PIPELINE_OPT
 def verify_cmd(directory: str, as_json: bool, spec: Path | None, max_age: float | None,
                require_receipts: bool, pipeline_name: str | None) -> None:
@@ -509,10 +513,7 @@ def verify_cmd(directory: str, as_json: bool, spec: Path | None, max_age: float 
     except SealstreamError as err:
         _fail(err)
         return
-    if as_json:
-        click.echo(json.dumps(data, indent=2))
-    else:
-        render_verify(data, _shown(directory))
+    _emit(data, as_json, lambda d: render_verify(d, _shown(directory)))
     if any(c["verdict"] != "ATOMIC_CHECKPOINT" for c in data["checkpoints"]):
         raise _Exit(1)
 
@@ -527,7 +528,7 @@ def _emit(data: dict[str, Any], as_json: bool, render: Any) -> None:
 @checkpoints.command("inspect")
 @click.argument("directory", type=str)
 @click.argument("checkpoint_id", metavar="[ID]", required=False)
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_JSON_OPT
 @click.option("--spec", type=click.Path(dir_okay=False, path_type=Path),
               help="The run's spec: a Kafka source's lag per partition (broker's end offset "
                    "minus the checkpoint's) when the broker answers.")
@@ -564,7 +565,7 @@ def inspect_cmd(directory: str, checkpoint_id: str | None, as_json: bool,
 @click.argument("directory", type=str)
 @click.argument("a")
 @click.argument("b")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_JSON_OPT
 @_PIPELINE_OPT
 def diff_cmd(directory: str, a: str, b: str, as_json: bool, pipeline_name: str | None) -> None:
     """Show what advanced from checkpoint A to checkpoint B in DIRECTORY.
@@ -592,7 +593,7 @@ def diff_cmd(directory: str, a: str, b: str, as_json: bool, pipeline_name: str |
 @click.option("--replace", is_flag=True, help="Replace the --to file if it exists.")
 @click.option("--force", is_flag=True,
               help="Export even if the checkpoint is not ATOMIC_CHECKPOINT.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_JSON_OPT
 @click.option("--receipts", is_flag=True,
               help="Write instead one inclusion proof per result of the checkpoint's epoch "
                    "(JSON lines; check one with `sealstream receipts verify`).")
@@ -629,11 +630,9 @@ def export_cmd(directory: str, checkpoint_id: str | None, to: Path, replace: boo
 @click.option("--start", "start_ms", required=True, type=int, help="window_start (ms).")
 @click.option("--end", "end_ms", required=True, type=int, help="window_end (ms).")
 @click.option("--id", "checkpoint_id", default=None, help="Checkpoint (default: the newest).")
-@click.option("--require-receipts", is_flag=True,
-              help="PARTIAL_CHECKPOINT_REJECT when the window has no emission receipt.")
-@click.option("--max-age", "max_age", type=click.FloatRange(min=0.0, min_open=True),
-              metavar="SECONDS", help="Refuse a checkpoint older than this (STALE).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_require_receipts_option("PARTIAL_CHECKPOINT_REJECT when the window has no emission receipt.")
+@_max_age_option("Refuse a checkpoint older than this (STALE).")
+@_JSON_OPT
 @_PIPELINE_OPT
 def window_cmd(directory: str, window_key: str, start_ms: int, end_ms: int,
                checkpoint_id: str | None, require_receipts: bool, max_age: float | None,
@@ -669,7 +668,7 @@ def receipts() -> None:
               help="The signed MANIFEST.json of the checkpoint the proof names.")
 @click.option("--checkpoints", "directory", type=str,
               help="Or the checkpoint directory holding it.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_JSON_OPT
 def receipts_verify_cmd(proof: Path, manifest: Path | None, directory: str | None,
                         as_json: bool) -> None:
     """Check PROOF (one proof, or JSON lines of them) offline against a signed checkpoint
@@ -699,7 +698,7 @@ def receipts_verify_cmd(proof: Path, manifest: Path | None, directory: str | Non
 @click.option("--keep", required=True, type=click.IntRange(min=1),
               help="How many of the newest ATOMIC checkpoints to keep (>= 1).")
 @click.option("--dry-run", is_flag=True, help="Only print what would be done.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_JSON_OPT
 @_PIPELINE_OPT
 def prune_cmd(directory: str, keep: int, dry_run: bool, as_json: bool,
               pipeline_name: str | None) -> None:

@@ -439,6 +439,60 @@ class ParsedBlock:
         return (self.prev_tail + self.buf[:r])[-TAIL_BYTES:]
 
 
+Typed = tuple[pl.DataFrame, pl.DataFrame, RawTexts]
+"""A block's events, bad records and the text lookup of its records."""
+
+
+@dataclass(frozen=True)
+class BlockLines:
+    """A block of whole lines cut into records, by :meth:`LineFileReader._lines`."""
+
+    buf: bytes
+    a: npt.NDArray[np.uint8]
+    """``buf`` as an array."""
+    starts: I64Array
+    """Where each line starts in ``buf`` (a record's first line, when one spans several)."""
+    stops: I64Array
+    """Where each line (record) stops in ``buf``, just after its newline."""
+    rec_idx: I64Array
+    """The lines that are records (not blank), ascending."""
+    rec_off: I64Array
+    """The offsets of those records."""
+    end_line: int
+    """Lines from the block's first one to the first after its consumable lines."""
+    end_byte: int
+    """Bytes from the block's start to that line (a trailing partial blank line is left)."""
+    newlines: int
+    """Newline bytes in the block (physical lines it completes)."""
+
+
+def strip_eol(line: bytes) -> bytes:
+    """A line without its newline and one carriage return before it."""
+    if line.endswith(b"\n"):
+        line = line[:-1]
+    return line[:-1] if line.endswith(b"\r") else line
+
+
+def valid_utf8(buf: bytes, a: npt.NDArray[np.uint8]) -> bool:
+    """Whether ``buf`` (``a``: the same bytes as an array) is valid UTF-8; ASCII
+    is seen without decoding."""
+    if a.max() >= 0x80:
+        try:
+            buf.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+    return True
+
+
+def text_lengths(a: npt.NDArray[np.uint8], starts: I64Array, stops: I64Array) -> I64Array:
+    """The length of each line ``a[starts[i]:stops[i]]`` without its newline and
+    one carriage return before it."""
+    lens = stops - starts
+    lens -= a[stops - 1] == 10
+    lens -= (lens > 0) & (a[np.maximum(starts + lens - 1, 0)] == 13)
+    return lens
+
+
 def line_spans(a: npt.NDArray[np.uint8]) -> tuple[I64Array, I64Array, int, bool]:
     """Line starts and stops (stop = after the newline) of a block, complete
     line count, and whether a final line lacks its newline."""
@@ -547,10 +601,11 @@ class _RawBlock:
 class LineFileReader:
     """Reads a text file in blocks of whole lines and serves chunks of records.
 
-    Subclasses implement :meth:`_parse_block` (and may override :meth:`_cut`,
-    :meth:`_start`). Offsets count lines from the start of the file (from
-    ``position.offset`` when resuming); a chunk holds at most ``max_records``
-    records (blank lines between them do not count).
+    Subclasses implement :meth:`_lines` and :meth:`_type_block` (and may
+    override :meth:`_cut`, :meth:`_start`, :meth:`_prepare`). Offsets count
+    lines from the start of the file (from ``position.offset`` when resuming); a
+    chunk holds at most ``max_records`` records (blank lines between them do not
+    count).
 
     The file must not change while it is read, except by growing (what is
     appended after it was opened is left for a later run). Before every chunk
@@ -585,6 +640,7 @@ class LineFileReader:
         self._path = path
         self._plan = plan
         self._roles = roles(plan)
+        self._schema = cls_schema(len(self._roles))
         self._typer = Typer(plan, self.line_delta)
         self._read_unterminated = read_unterminated
         self._block_bytes = max(1, block_bytes)
@@ -654,6 +710,16 @@ class LineFileReader:
         parsing of the reader's other blocks."""
         return None
 
+    def _lines(self, buf: bytes, a: npt.NDArray[np.uint8], first_line: int) -> BlockLines:
+        """The lines and records of a block of whole lines (the last one may lack
+        its newline) whose first line has offset ``first_line``."""
+        raise NotImplementedError
+
+    def _type_block(self, block: BlockLines, prepared: Any) -> Typed:
+        """The events, bad records and text lookup of a block's records (at least
+        one); ``prepared`` is what :meth:`_prepare` returned for the block."""
+        raise NotImplementedError
+
     def _parse_block(
         self,
         buf: bytes,
@@ -663,7 +729,25 @@ class LineFileReader:
         prev_tail: bytes,
         prepared: Any,
     ) -> ParsedBlock:
-        raise NotImplementedError
+        block = self._lines(buf, np.frombuffer(buf, np.uint8), first_line)
+        if len(block.rec_idx) == 0:
+            events, bad = empty_events(self._plan), empty_bad()
+            texts: RawTexts = no_texts
+        else:
+            events, bad, texts = self._type_block(block, prepared)
+        return ParsedBlock(
+            events,
+            bad,
+            block.rec_off,
+            start_byte + block.stops[block.rec_idx],
+            first_line + block.end_line,
+            start_byte + block.end_byte,
+            block.newlines,
+            buf,
+            start_byte,
+            prev_tail,
+            texts,
+        )
 
     # -- identity ----------------------------------------------------------
     def _changed(self, what: str) -> SourceChangedError:

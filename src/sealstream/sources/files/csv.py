@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import csv as pycsv
 import io
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,24 +36,23 @@ import numpy.typing as npt
 import polars as pl
 
 from ...errors import SourceError
-from .._base import OFFSET, RAW, FieldPlan, PartitionPosition, RawTexts
+from .._base import OFFSET, RAW, PartitionPosition, RawTexts
 from .._parse import (
-    DEFAULT_BLOCK_BYTES,
     FLOAT,
     INT,
     MISSING,
     STRING,
+    BlockLines,
     I64Array,
     LineFileReader,
-    ParsedBlock,
+    Typed,
     bad_frame,
     changed_error,
-    cls_schema,
-    empty_bad,
-    empty_events,
-    no_texts,
     nonblank_mask,
     string_views,
+    strip_eol,
+    text_lengths,
+    valid_utf8,
 )
 
 _INT_TEXT = r"^[+-]?[0-9]+$"
@@ -70,12 +68,6 @@ def _terminators(a: npt.NDArray[np.uint8], parity: int = 0) -> tuple[I64Array, I
     return nl, nl[((np.searchsorted(q, nl) + parity) % 2) == 0]
 
 
-def _strip_eol(data: bytes) -> bytes:
-    if data.endswith(b"\n"):
-        data = data[:-1]
-    return data[:-1] if data.endswith(b"\r") else data
-
-
 def _unique(names: list[str]) -> list[str]:
     seen: dict[str, int] = {}
     out = []
@@ -89,19 +81,9 @@ class CsvReader(LineFileReader):
     """A CSV file with a header line as a partition. See the module docstring."""
 
     line_delta = 2
-
-    def __init__(
-        self,
-        name: str,
-        path: Path,
-        plan: FieldPlan,
-        position: PartitionPosition | None = None,
-        block_bytes: int = DEFAULT_BLOCK_BYTES,
-        read_unterminated: bool = True,
-    ) -> None:
-        self._header: list[str] = []
-        self._cls_exprs: list[pl.Expr] | None = None
-        super().__init__(name, path, plan, position, block_bytes, read_unterminated)
+    _header: list[str]
+    """The header's column names (set by :meth:`_read_header`, on opening)."""
+    _cls_exprs: list[pl.Expr] | None = None
 
     # -- header and start ----------------------------------------------------
     def _read_header(self) -> tuple[int, int]:
@@ -126,7 +108,7 @@ class CsvReader(LineFileReader):
                 # partition (as an empty JSONL file is)
                 self._header = []
                 return len(data), int(np.count_nonzero(a == 10))
-        record = _strip_eol(data[starts[r] : stops[r]])
+        record = strip_eol(data[starts[r] : stops[r]])
         try:
             text = record.decode("utf-8-sig")
             header = next(pycsv.reader(io.StringIO(text, newline="")))
@@ -152,16 +134,7 @@ class CsvReader(LineFileReader):
         return int(term[-1]) + 1 if len(term) else 0
 
     # -- blocks --------------------------------------------------------------
-    def _parse_block(
-        self,
-        buf: bytes,
-        start_byte: int,
-        first_line: int,
-        final: bool,
-        prev_tail: bytes,
-        prepared: Any,
-    ) -> ParsedBlock:
-        a = np.frombuffer(buf, np.uint8)
+    def _lines(self, buf: bytes, a: npt.NDArray[np.uint8], first_line: int) -> BlockLines:
         nl, term = _terminators(a)
         starts = np.concatenate([[0], term + 1]).astype(np.int64)
         stops = term + 1
@@ -173,59 +146,27 @@ class CsvReader(LineFileReader):
         nonblank = nonblank_mask(a, starts, stops)
         rec_idx = np.flatnonzero(nonblank).astype(np.int64)
         rec_off = first_line + np.searchsorted(nl, starts[rec_idx]).astype(np.int64)
-        rec_end = start_byte + stops[rec_idx]
         if partial and nonblank[-1]:
-            end_line = first_line + len(nl) + (0 if buf.endswith(b"\n") else 1)
-            end_byte = start_byte + len(buf)
+            end_line = len(nl) + (0 if buf.endswith(b"\n") else 1)
+            end_byte = len(buf)
         else:
-            end_line = first_line + len(nl)
-            end_byte = start_byte + (int(term[-1]) + 1 if len(term) else 0)
-        if len(rec_idx) == 0:
-            events, bad = empty_events(self._plan), empty_bad()
-            texts: RawTexts = no_texts
-        else:
-            events, bad, texts = self._type_block(buf, a, starts[rec_idx], stops[rec_idx], rec_off)
-        return ParsedBlock(
-            events,
-            bad,
-            rec_off,
-            rec_end,
-            end_line,
-            end_byte,
-            len(nl),
-            buf,
-            start_byte,
-            prev_tail,
-            texts,
-        )
+            end_line = len(nl)
+            end_byte = int(term[-1]) + 1 if len(term) else 0
+        return BlockLines(buf, a, starts, stops, rec_idx, rec_off, end_line, end_byte, len(nl))
 
-    def _type_block(
-        self,
-        buf: bytes,
-        a: npt.NDArray[np.uint8],
-        starts: I64Array,
-        stops: I64Array,
-        rec_off: I64Array,
-    ) -> tuple[pl.DataFrame, pl.DataFrame, RawTexts]:
+    def _type_block(self, block: BlockLines, prepared: Any) -> Typed:
+        buf, a, rec_off = block.buf, block.a, block.rec_off
+        starts, stops = block.starts[block.rec_idx], block.stops[block.rec_idx]
         m = len(self._header)
         names = [f"c{i}" for i in range(m)]
-        utf8_ok = True
-        if a.max() >= 0x80:
-            try:
-                buf.decode("utf-8")
-            except UnicodeDecodeError:
-                utf8_ok = False
         frame: pl.DataFrame | None = None
-        if utf8_ok:
+        if valid_utf8(buf, a):
             q = np.flatnonzero(a == 34)
             commas = np.flatnonzero(a == 44)
             outside = commas[(np.searchsorted(q, commas) % 2) == 0]
             nfields = np.searchsorted(outside, stops) - np.searchsorted(outside, starts) + 1
             good = nfields == m
-            lens = stops - starts
-            lens -= a[stops - 1] == 10
-            lens -= (lens > 0) & (a[np.maximum(starts + lens - 1, 0)] == 13)
-            line_text = string_views(buf, a, starts, lens)
+            line_text = string_views(buf, a, starts, text_lengths(a, starts, stops))
             if good.all() and self._contiguous(starts, stops):
                 pbuf = buf[int(starts[0]) : int(stops[-1])]
             else:  # drop blank lines and rows with a wrong field count
@@ -304,7 +245,7 @@ class CsvReader(LineFileReader):
         bad_reason: list[str] = []
         bad_raw: list[str] = []
         for s, e, off in zip(starts.tolist(), stops.tolist(), rec_off.tolist(), strict=True):
-            record = _strip_eol(buf[s:e])
+            record = strip_eol(buf[s:e])
             try:
                 text = record.decode("utf-8")
             except UnicodeDecodeError as err:
@@ -342,7 +283,7 @@ class CsvReader(LineFileReader):
     def _classify(self, frame: pl.DataFrame, names: list[str]) -> pl.DataFrame:
         """Text columns -> the k/i/x/t columns of ``_parse`` (per role)."""
         if frame.height == 0:
-            return pl.DataFrame(schema=cls_schema(len(self._roles)))
+            return pl.DataFrame(schema=self._schema)
         if self._cls_exprs is None:
             self._cls_exprs = self._classify_exprs(names)
         return frame.select(self._cls_exprs)

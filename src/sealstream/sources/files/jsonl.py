@@ -33,37 +33,37 @@ import functools
 import json
 import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import polars as pl
 
-from .._base import OFFSET, FieldPlan, PartitionPosition, RawTexts
+from .._base import OFFSET, FieldPlan, RawTexts
 from .._parse import (
     BOOL,
-    DEFAULT_BLOCK_BYTES,
     FLOAT,
     INT,
     INT_RE,
     MISSING,
     OTHER,
     STRING,
+    BlockLines,
     I64Array,
     LineFileReader,
-    ParsedBlock,
+    Typed,
     Typer,
     bad_frame,
     cls_schema,
-    empty_bad,
-    empty_events,
     first_bytes,
     line_spans,
-    no_texts,
     nonblank_mask,
     py_classify,
     roles,
     string_views,
+    strip_eol,
+    text_lengths,
+    valid_utf8,
 )
 
 _GROUP_LINES = 1024
@@ -224,19 +224,8 @@ class JsonlReader(LineFileReader):
     """A JSONL file as a partition. See the module docstring."""
 
     line_delta = 1
-
-    def __init__(
-        self,
-        name: str,
-        path: Path,
-        plan: FieldPlan,
-        position: PartitionPosition | None = None,
-        block_bytes: int = DEFAULT_BLOCK_BYTES,
-        read_unterminated: bool = True,
-    ) -> None:
-        self._dtypes: dict[str, pl.DataType] | None = None
-        super().__init__(name, path, plan, position, block_bytes, read_unterminated)
-        self._schema = cls_schema(len(self._roles))
+    _dtypes: dict[str, pl.DataType] | None = None
+    """The types blocks are decoded with (see :meth:`_prepare`), once learned."""
 
     @classmethod
     def for_values(cls, plan: FieldPlan) -> JsonlReader:
@@ -251,7 +240,7 @@ class JsonlReader(LineFileReader):
         self._schema = cls_schema(len(self._roles))
         return self
 
-    def parse_values_block(self, buf: bytes) -> tuple[pl.DataFrame, pl.DataFrame, RawTexts]:
+    def parse_values_block(self, buf: bytes) -> Typed:
         """Events, bad records and the text lookup of ``buf``: one record per line,
         every line a record (no blank line), offsets = line indices."""
         dtypes = self._prepare(lambda n: buf[:n])
@@ -342,75 +331,34 @@ class JsonlReader(LineFileReader):
             self._dtypes = self._guess(head(1 << 16).split(b"\n")[:100])
         return dict(self._dtypes)
 
-    def _parse_block(
-        self,
-        buf: bytes,
-        start_byte: int,
-        first_line: int,
-        final: bool,
-        prev_tail: bytes,
-        prepared: Any,
-    ) -> ParsedBlock:
-        a = np.frombuffer(buf, np.uint8)
+    def _lines(self, buf: bytes, a: npt.NDArray[np.uint8], first_line: int) -> BlockLines:
         starts, stops, n_complete, partial = line_spans(a)
         nonblank = nonblank_mask(a, starts, stops)
         rec_idx = np.flatnonzero(nonblank).astype(np.int64)
-        rec_off = first_line + rec_idx
-        rec_end = start_byte + stops[rec_idx]
         if partial and nonblank[-1]:
-            end_line, end_byte = first_line + len(starts), start_byte + len(buf)
+            end_line, end_byte = len(starts), len(buf)
         else:
-            end_line = first_line + n_complete
-            end_byte = start_byte + (int(stops[n_complete - 1]) if n_complete else 0)
-        if len(rec_idx) == 0:
-            events, bad = empty_events(self._plan), empty_bad()
-            texts: RawTexts = no_texts
-        else:
-            events, bad, texts = self._type_block(buf, a, starts, stops, rec_idx, rec_off, prepared)
-        return ParsedBlock(
-            events,
-            bad,
-            rec_off,
-            rec_end,
-            end_line,
-            end_byte,
-            n_complete,
-            buf,
-            start_byte,
-            prev_tail,
-            texts,
+            end_line = n_complete
+            end_byte = int(stops[n_complete - 1]) if n_complete else 0
+        return BlockLines(
+            buf, a, starts, stops, rec_idx, first_line + rec_idx, end_line, end_byte, n_complete
         )
 
-    def _type_block(
-        self,
-        buf: bytes,
-        a: np.ndarray[Any, np.dtype[np.uint8]],
-        starts: I64Array,
-        stops: I64Array,
-        rec_idx: I64Array,
-        rec_off: I64Array,
-        dtypes: dict[str, pl.DataType],
-    ) -> tuple[pl.DataFrame, pl.DataFrame, RawTexts]:
-        """Events, bad records and the text lookup of a block's records."""
-        events, bad, texts = self._type_lines(buf, a, starts, stops, rec_idx, rec_off, dtypes)
-        if events.height and buf.find(b"\\u") >= 0:
-            events, bad = self._lone_surrogates(buf, starts, stops, rec_idx, rec_off, events, bad)
+    def _type_block(self, block: BlockLines, dtypes: dict[str, pl.DataType]) -> Typed:
+        events, bad, texts = self._type_lines(block, dtypes)
+        if events.height and block.buf.find(b"\\u") >= 0:
+            events, bad = self._lone_surrogates(block, events, bad)
         return events, bad, texts
 
     def _lone_surrogates(
-        self,
-        buf: bytes,
-        starts: I64Array,
-        stops: I64Array,
-        rec_idx: I64Array,
-        rec_off: I64Array,
-        events: pl.DataFrame,
-        bad: pl.DataFrame,
+        self, block: BlockLines, events: pl.DataFrame, bad: pl.DataFrame
     ) -> tuple[pl.DataFrame, pl.DataFrame]:
         """Events whose key, time or value field holds a lone surrogate escape
         (``"\\ud800"``: no Unicode character) become bad records. Polars decodes
         such a string as another one (``"\\u0000..."``); a key must never change
         silently. Only lines the regex finds are decoded, with ``json``."""
+        buf, starts, stops = block.buf, block.starts, block.stops
+        rec_idx, rec_off = block.rec_idx, block.rec_off
         hits = [m.start() for m in _LONE_SURROGATE.finditer(buf)]
         if not hits:
             return events, bad
@@ -422,7 +370,7 @@ class JsonlReader(LineFileReader):
         reasons: list[str] = []
         raws: list[str] = []
         for line, off in zip(lines[in_events].tolist(), offsets[in_events].tolist(), strict=True):
-            text = _strip_eol(buf[starts[line] : stops[line]])
+            text = strip_eol(buf[starts[line] : stops[line]])
             reason = self._surrogate_problem(text)
             if reason is not None:
                 bad_off.append(off)
@@ -450,30 +398,16 @@ class JsonlReader(LineFileReader):
                 )
         return None
 
-    def _type_lines(
-        self,
-        buf: bytes,
-        a: np.ndarray[Any, np.dtype[np.uint8]],
-        starts: I64Array,
-        stops: I64Array,
-        rec_idx: I64Array,
-        rec_off: I64Array,
-        dtypes: dict[str, pl.DataType],
-    ) -> tuple[pl.DataFrame, pl.DataFrame, RawTexts]:
-        utf8_ok = True
-        if a.max() >= 0x80:
-            try:
-                buf.decode("utf-8")
-            except UnicodeDecodeError:
-                utf8_ok = False
+    def _type_lines(self, block: BlockLines, dtypes: dict[str, pl.DataType]) -> Typed:
+        buf, a, starts, stops = block.buf, block.a, block.starts, block.stops
+        rec_idx, rec_off = block.rec_idx, block.rec_off
+        utf8_ok = valid_utf8(buf, a)
         if utf8_ok:
             if len(rec_idx) == len(starts):  # no blank line: spare the gathers
                 rec_starts, rec_stops = starts, stops
             else:
                 rec_starts, rec_stops = starts[rec_idx], stops[rec_idx]
-            lens = rec_stops - rec_starts
-            lens -= a[rec_stops - 1] == 10
-            lens -= (lens > 0) & (a[np.maximum(rec_starts + lens - 1, 0)] == 13)
+            lens = text_lengths(a, rec_starts, rec_stops)
 
             def take(rows: I64Array) -> pl.Series:
                 return string_views(buf, a, rec_starts[rows], lens[rows])
@@ -488,22 +422,17 @@ class JsonlReader(LineFileReader):
             raw = take(np.arange(len(rec_idx), dtype=np.int64))
         else:
             raw = pl.Series(
-                [_strip_eol(buf[starts[r] : stops[r]]).decode("utf-8", "replace") for r in rec_idx],
+                [strip_eol(buf[starts[r] : stops[r]]).decode("utf-8", "replace") for r in rec_idx],
                 dtype=pl.String,
             )
-        events, bad = self._slow_block(buf, starts, stops, rec_idx, rec_off, raw, utf8_ok)
+        events, bad = self._slow_block(block, raw, utf8_ok)
         return events, bad, _series_texts(raw, rec_off)
 
     def _slow_block(
-        self,
-        buf: bytes,
-        starts: I64Array,
-        stops: I64Array,
-        rec_idx: I64Array,
-        rec_off: I64Array,
-        raw: pl.Series,
-        utf8_ok: bool,
+        self, block: BlockLines, raw: pl.Series, utf8_ok: bool
     ) -> tuple[pl.DataFrame, pl.DataFrame]:
+        buf, starts, stops = block.buf, block.starts, block.stops
+        rec_idx, rec_off = block.rec_idx, block.rec_off
         parts: list[pl.DataFrame] = []
         bad_off: list[int] = []
         bad_reason: list[str] = []
@@ -536,7 +465,7 @@ class JsonlReader(LineFileReader):
                     return
             good: list[int] = []
             for r in range(g0, g1):
-                line = _strip_eol(buf[starts[rec_idx[r]] : stops[rec_idx[r]]])
+                line = strip_eol(buf[starts[rec_idx[r]] : stops[rec_idx[r]]])
                 reason = _line_problem(line)
                 if reason is None:
                     good.append(r)
@@ -545,20 +474,7 @@ class JsonlReader(LineFileReader):
                     bad_reason.append(reason)
                     bad_raw.append(line.decode("utf-8", "replace"))
             if good:
-                parts.extend(
-                    self._decode_lines(
-                        buf,
-                        starts,
-                        stops,
-                        rec_idx,
-                        rec_off,
-                        raw,
-                        good,
-                        bad_off,
-                        bad_reason,
-                        bad_raw,
-                    )
-                )
+                parts.extend(self._decode_lines(block, raw, good, bad_off, bad_reason, bad_raw))
 
         clean: list[tuple[pl.DataFrame, int, int]] = []
         for g0 in range(0, n, _GROUP_LINES):
@@ -589,11 +505,7 @@ class JsonlReader(LineFileReader):
 
     def _decode_lines(
         self,
-        buf: bytes,
-        starts: I64Array,
-        stops: I64Array,
-        rec_idx: I64Array,
-        rec_off: I64Array,
+        block: BlockLines,
         raw: pl.Series,
         rows: list[int],
         bad_off: list[int],
@@ -601,7 +513,9 @@ class JsonlReader(LineFileReader):
         bad_raw: list[str],
     ) -> list[pl.DataFrame]:
         """Decode lines that ``json`` accepts; lines polars still refuses are bad."""
-        joined = b"\n".join(_strip_eol(buf[starts[rec_idx[r]] : stops[rec_idx[r]]]) for r in rows)
+        buf, starts, stops = block.buf, block.starts, block.stops
+        rec_idx, rec_off = block.rec_idx, block.rec_off
+        joined = b"\n".join(strip_eol(buf[starts[rec_idx[r]] : stops[rec_idx[r]]]) for r in rows)
         decoded = self._decode(joined)
         sel = pl.Series(rows, dtype=pl.Int64)
         if decoded is not None and decoded[0].height == len(rows):
@@ -611,17 +525,14 @@ class JsonlReader(LineFileReader):
         if len(rows) == 1:
             r = rows[0]
             bad_off.append(int(rec_off[r]))
-            line = _strip_eol(buf[starts[rec_idx[r]] : stops[rec_idx[r]]])
+            line = strip_eol(buf[starts[rec_idx[r]] : stops[rec_idx[r]]])
             problem = self._surrogate_problem(line)
             bad_reason.append(problem or "record cannot be decoded as a JSON object")
             bad_raw.append(raw[r])
             return []
         mid = len(rows) // 2
-        return self._decode_lines(
-            buf, starts, stops, rec_idx, rec_off, raw, rows[:mid], bad_off, bad_reason, bad_raw
-        ) + self._decode_lines(
-            buf, starts, stops, rec_idx, rec_off, raw, rows[mid:], bad_off, bad_reason, bad_raw
-        )
+        head = self._decode_lines(block, raw, rows[:mid], bad_off, bad_reason, bad_raw)
+        return head + self._decode_lines(block, raw, rows[mid:], bad_off, bad_reason, bad_raw)
 
 
 def _series_take(raw: pl.Series) -> Take:
@@ -665,10 +576,3 @@ def _has_surrogate(value: Any) -> bool:
     except UnicodeEncodeError:
         return True
     return False
-
-
-def _strip_eol(line: bytes) -> bytes:
-    """A line without its newline and one carriage return before it."""
-    if line.endswith(b"\n"):
-        line = line[:-1]
-    return line[:-1] if line.endswith(b"\r") else line

@@ -64,11 +64,15 @@ def write_spec(
     keep: int = 3,
     errors: bool = False,
     batch_size: int = 50,
+    checkpoints: bool = True,
 ) -> Path:
+    """The story's spec in ``d``; ``checkpoints=False`` leaves ``[checkpoint]`` out."""
     spec = d / "spec.toml"
     spec.write_text(spec_text("story", files_source(names), batch_size=batch_size,
                               window=window, aggregates=AGGREGATES, late=True, errors=errors,
-                              every_events=every_events, keep=keep))
+                              checkpoint='path = "ckpt"' if checkpoints else None,
+                              every_events=every_events if checkpoints else None,
+                              keep=keep if checkpoints else None))
     return spec
 
 

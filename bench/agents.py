@@ -5,7 +5,9 @@
 
 At N checkpoints of 10 KB in one thread: put, put_writes, get_tuple (latest and by
 id), list (all, and limit 10); 16 concurrent ``ainvoke`` runs x 20 steps on the
-async savers; the head read at 100 / 1,000 / 3,000 checkpoints (both backends). PostgreSQL comes
+async savers; the head read at 100 / 1,000 / 3,000 checkpoints (both backends); on
+SQLite, the statements of a save replayed without Python (the database's share of
+the time, against SqliteSaver's whole save). PostgreSQL comes
 from ``--pg``, else ``SEALSTREAM_TEST_PG``, else ``scripts/pg-test-server``.
 Prints a markdown table and writes it to ``bench/results/agents.md``.
 """
@@ -168,6 +170,72 @@ def _sqlite(n: int, work: Path) -> dict[str, dict[str, float]]:
     return out
 
 
+def _statements_alone(n: int, work: Path) -> str:
+    """How much of a SQLite save is the database's work: the statements our saver
+    sent for ``n`` put + put_writes (recorded with their parameters), replayed on a
+    fresh file with the same settings and no Python logic, interleaved with
+    SqliteSaver's put and put_writes. The difference to the saver's own time is
+    the Python of sealing and checking."""
+    import sqlite3
+
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    from sealstream.agents.langgraph import SealstreamSaver
+    from sealstream.agents.store import _SQLITE_SCHEMA
+
+    ours = SealstreamSaver(work / "record.db", key=b"bench", encryption_key=None)
+    _, _, parent, _ = _fill(ours, "t", 50)
+    real = ours.store.rows._db()
+    log: list[tuple[bool, str, Any]] = []
+
+    class Recorder:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def execute(self, sql: str, args: Any = ()) -> Any:
+            log.append((False, sql, args))
+            return real.execute(sql, args)
+
+        def executemany(self, sql: str, args: Any) -> Any:
+            args = list(args)
+            log.append((True, sql, args))
+            return real.executemany(sql, args)
+
+    ours.store.rows._conn = Recorder()  # type: ignore[assignment]
+    _fill(ours, "t", 50 + n, 50, parent)
+    ours.close()
+    saves: list[list[tuple[bool, str, Any]]] = [[]]
+    for entry in log:
+        saves[-1].append(entry)
+        if entry[1] == "COMMIT":
+            saves.append([])
+    if len(saves) != 2 * n + 1 or saves[-1]:
+        raise RuntimeError(f"expected {2 * n} saves ending in COMMIT, recorded {len(saves) - 1}")
+    replay = sqlite3.connect(work / "replay.db", isolation_level=None)
+    replay.execute("PRAGMA journal_mode=WAL")
+    replay.execute("PRAGMA synchronous=FULL")
+    replay.executescript(_SQLITE_SCHEMA)
+    conn = sqlite3.connect(work / "theirs-alone.db", check_same_thread=False)
+    theirs = SqliteSaver(conn)
+    alone: tuple[list[float], list[float]] = ([], [])
+    their: tuple[list[float], list[float]] = ([], [])
+    parent = None
+    for i in range(n):
+        for k in (0, 1):
+            t0 = time.perf_counter()
+            for many, sql, args in saves[2 * i + k]:
+                (replay.executemany if many else replay.execute)(sql, args)
+            alone[k].append(time.perf_counter() - t0)
+        p, w, parent, _ = _fill(theirs, "t", i + 1, i, parent)
+        their[0].extend(p)
+        their[1].extend(w)
+    replay.close()
+    conn.close()
+    ratio = [statistics.median(alone[k]) / statistics.median(their[k]) for k in (0, 1)]
+    return (f"\nSealstreamSaver (SQLite)'s statements alone (replayed, no Python) / "
+            f"SqliteSaver: put {ratio[0]:.2f}x, put_writes {ratio[1]:.2f}x\n")
+
+
 def _postgres(n: int, url: str) -> dict[str, dict[str, float]]:
     import psycopg
 
@@ -256,13 +324,15 @@ def main() -> None:
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         results |= _sqlite(args.checkpoints, Path(tmp))
+    with tempfile.TemporaryDirectory() as tmp:
+        alone = _statements_alone(min(args.checkpoints, 600), Path(tmp))
     url = None if args.skip_pg else _pg_url(args.pg)
     if url:
         results |= _postgres(args.checkpoints, url)
     text = (f"Agent savers, {args.checkpoints} checkpoints of 10 KB in one thread "
             "(medians, ms; list all: median of 3; each saver's operations interleaved "
             "with its LangGraph counterpart's)\n\n" + _table(results) + "\n"
-            + _ratios(results))
+            + _ratios(results) + alone)
     if not url:
         text += "\nPostgreSQL: skipped (no server).\n"
     print(text)

@@ -102,6 +102,7 @@ from sealstream.sinks._base import JSON_LINE
 from sealstream.sinks.database import DatabaseSink, same_database
 from sealstream.sinks.jsonl import JsonlDirSink
 from sealstream.sinks.kafka import KafkaSink
+from sealstream.sinks.parquet import ParquetDirSink
 from sealstream.sources._base import (
     OFFSET,
     PARTITION,
@@ -311,7 +312,8 @@ class Job(Checkpointing):
         if self.p.errors is not None:
             self.sinks["errors"] = open_sink(self.p.errors, "records", self.run_token)
         results = self.sinks["results"]
-        if isinstance(results, JsonlDirSink):  # a compound key: its lines name each field
+        # a compound key: each field under its own name (a line's field, a column)
+        if isinstance(results, (JsonlDirSink, ParquetDirSink, DatabaseSink)):
             results.key_fields = self.p.source.key_fields
         for role, sink in self.sinks.items():
             if isinstance(sink, DatabaseSink):

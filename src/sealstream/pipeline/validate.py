@@ -149,9 +149,14 @@ def validate(p: Pipeline) -> None:
                     or k in p.aggregates]
         if reserved:
             raise SpecError(f"source.key: {reserved[0]!r} would name two result columns")
-        if p.sink.kind not in ("jsonl", "stdout"):
-            raise SpecError(f"sink.kind: a compound key (source.key as a list) is written by "
-                            f"jsonl and stdout sinks for now, not {p.sink.kind!r}")
+        if p.sink.kind == "kafka":
+            raise SpecError("sink.kind: a compound key (source.key as a list) is written by "
+                            "jsonl, stdout, parquet, sqlite and postgresql sinks for now, "
+                            "not 'kafka'")
+        if p.sink.kind in ("sqlite", "postgresql") and "key_types" in keys:
+            raise SpecError("source.key: 'key_types' names a column of the results table "
+                            "(the kind of each key field); rename the field with "
+                            "[transform] fields")
     if p.workers is not None:
         _positive("pipeline.workers", p.workers)
     _positive("watermark.max_delay_ms", p.watermark.max_delay_ms, zero_ok=True)

@@ -49,14 +49,18 @@ __all__ = [
     "check_epoch",
     "check_role",
     "check_run_token",
+    "compound_key_text",
     "ensure_dir",
     "fsync_dir",
     "fsync_file",
     "id_schema",
     "is_regular_file",
+    "json_value_text",
     "os_reason",
     "read_own_file",
     "remove_if_exists",
+    "split_compound_key",
+    "split_json_fields",
     "symlink_refusal",
     "write_new",
 ]
@@ -139,6 +143,91 @@ def id_schema(role: SinkRole) -> dict[str, pl.DataType]:
     Int64. records: ``_partition`` String, ``_offset`` Int64.
     """
     return dict(_RESULT_IDS if role == "results" else _RECORD_IDS)
+
+
+# --------------------------------------------------------------------------- compound keys
+# A compound key's identity is the text the transform stage builds
+# (``"tenant":"acme","user":7``: each field's JSON after its quoted name, see
+# ``sealstream.transforms._stage._compound_key``). Sinks that store each field in a
+# column of its own split that text into typed values, and rebuild it when they
+# read their identities back. The engine writes a field's value as: an integer in
+# decimal (always within Int64), a float as Polars formats a Float64 (always with
+# a ``.`` or an exponent), ``true``/``false``, or a JSON string.
+
+#: a field's kind in a compound key: string, integer, float, boolean
+KEY_KINDS = "sifb"
+
+
+def split_compound_key(key: pl.Series, fields: tuple[str, ...]) -> list[pl.DataFrame]:
+    """For each field of the compound key texts ``key``, a frame of ``kind`` (one
+    letter of :data:`KEY_KINDS`), ``text`` (the value as text: a string unescaped,
+    a number or boolean as its JSON text) and the typed values ``s`` (String), ``i``
+    (Int64), ``f`` (Float64), ``b`` (Boolean), each null where the value is of
+    another kind. Columnar; raises :class:`ValueError` when a text is not a compound
+    key of ``fields``."""
+    if not key.len():
+        return [_EMPTY_SPLIT for _ in fields]
+    # one JSON object a line: "{" + key + "}" (the key's strings are JSON-escaped)
+    blob = ("{" + key.cast(pl.String) + "}\n").str.join("").item().encode()
+    bad = ValueError(f"the results' key is not a compound key of {list(fields)}")
+    try:
+        out = split_json_fields(blob, fields)
+    except pl.exceptions.PolarsError:
+        raise bad from None
+    if out[0].height != key.len():
+        raise bad
+    for f, part in zip(fields, out, strict=True):
+        if part.get_column("text").null_count():
+            raise ValueError(f"a result's compound key lacks field {f!r}")
+    return out
+
+
+_EMPTY_SPLIT = pl.DataFrame(schema={"kind": pl.String, "text": pl.String, "s": pl.String,
+                                    "i": pl.Int64, "f": pl.Float64, "b": pl.Boolean})
+
+
+def split_json_fields(blob: bytes, fields: tuple[str, ...]) -> list[pl.DataFrame]:
+    """:func:`split_compound_key` of the top-level ``fields`` of JSON Lines ``blob``
+    (a missing or null field: null ``kind`` and ``text``). Raises Polars' error when
+    a line is not a JSON object."""
+    s = pl.read_ndjson(blob, schema={f: pl.String for f in fields})
+    i, x, b = (pl.read_ndjson(blob, schema={f: dtype for f in fields}, ignore_errors=True)
+               for dtype in (pl.Int64, pl.Float64, pl.Boolean))
+    out = []
+    for f in fields:
+        frame = pl.DataFrame({"s": s.get_column(f), "i": i.get_column(f),
+                              "f": x.get_column(f), "b": b.get_column(f)})
+        is_b, is_i = pl.col("b").is_not_null(), pl.col("i").is_not_null()
+        is_f = pl.col("f").is_not_null() & ~is_i
+        kind = (pl.when(is_b).then(pl.lit("b")).when(is_i).then(pl.lit("i"))
+                .when(is_f).then(pl.lit("f")).when(pl.col("s").is_not_null())
+                .then(pl.lit("s")))
+        text = (pl.when(is_i).then(pl.col("i").cast(pl.String))
+                .when(is_f).then(pl.col("f").cast(pl.String))
+                .otherwise(pl.col("s")))
+        out.append(frame.select(
+            kind.alias("kind"), text.alias("text"),
+            pl.when(~is_b & ~is_i & ~is_f).then(pl.col("s")).alias("s"),
+            "i", pl.when(is_f).then(pl.col("f")).alias("f"), "b"))
+    return out
+
+
+def compound_key_text(fields: tuple[str, ...], values: list[pl.Expr]) -> pl.Expr:
+    """The compound key text from each field's value as JSON text (``values``, in
+    field order): ``"tenant":"acme","user":7``."""
+    import json
+
+    parts: list[pl.Expr] = []
+    for n, (f, value) in enumerate(zip(fields, values, strict=True)):
+        parts += [pl.lit(("," if n else "") + json.dumps(f) + ":"), value]
+    return pl.concat_str(parts)
+
+
+def json_value_text(kind: pl.Expr, text: pl.Expr) -> pl.Expr:
+    """A field's JSON text from its kind letter and text (see :func:`split_compound_key`)."""
+    from sealstream.sources._parse import json_str
+
+    return pl.when(kind == "s").then(json_str(text)).otherwise(text)
 
 
 # --------------------------------------------------------------------------- staged directory

@@ -18,8 +18,24 @@ The table (created if absent) has one row per result, identified by
                   (exact integers of any size, and floats); first, last: JSONB in
                   PostgreSQL, JSON text in SQLite (the value as in the JSON output)
 
-An existing table must have these columns with fitting types, else the run stops
-with one line naming the table and what does not fit.
+**A compound key** (``key = ["tenant", "user"]``, :attr:`DatabaseSink.key_fields`)
+replaces ``key`` and ``key_is_int`` by one column per field, under the field's
+name, in the key's order, and ``key_types``::
+
+    tenant, user  TEXT     each field's value as text (strings unquoted, numbers and
+                           booleans as in the JSON output: 7, 2.5, true)
+    key_types     TEXT     one letter per field, in order: s string, i integer,
+                           f float, b boolean ("si": tenant a string, user an integer)
+    window_start, window_end, <aggregates> as above
+
+The primary key is ``(tenant, user, key_types, window_start, window_end)``:
+``key_types`` tells the integer ``7`` from the string ``"7"`` (two keys in
+sealstream), as ``key_is_int`` does for a single key.
+
+An existing table must have these columns with fitting types and this primary
+key, else the run stops with one line naming the table and what does not fit (a
+table of a single key for a compound one, or of other key fields, is refused, never
+written into).
 
 Exactly once, two ways:
 
@@ -69,11 +85,18 @@ import pyarrow.ipc as ipc
 
 from sealstream.errors import SinkError
 from sealstream.sinks._base import JSON_LINE, CommittedFile, Sink, SinkRole
-from sealstream.sinks._files import check_epoch, check_run_token, id_schema
+from sealstream.sinks._files import (
+    check_epoch,
+    check_run_token,
+    id_schema,
+    split_compound_key,
+)
 
 __all__ = ["DatabaseSink", "column_types", "same_database"]
 
 ID_COLUMNS = ("key", "key_is_int", "window_start", "window_end")
+#: the column of a compound key's table telling each field's kind (see KEY_KINDS)
+KEY_TYPES = "key_types"
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 #: aggregate function -> (PostgreSQL type, SQLite type)
@@ -106,15 +129,34 @@ OWNERS = "sealstream_sink_owners"
 T = TypeVar("T")
 
 
-def column_types(aggregates: dict[str, str], dialect: str) -> dict[str, str]:
+def id_columns(key_fields: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The primary key of the results table: :data:`ID_COLUMNS` for a single key, the
+    fields, ``key_types``, ``window_start`` and ``window_end`` for a compound one."""
+    if key_fields is None:
+        return ID_COLUMNS
+    return (*key_fields, KEY_TYPES, "window_start", "window_end")
+
+
+def column_types(aggregates: dict[str, str], dialect: str,
+                 key_fields: tuple[str, ...] | None = None) -> dict[str, str]:
     """Column -> SQL type of the results table, for ``{name: function}``."""
     i = 0 if dialect == "postgresql" else 1
-    cols = {"key": "TEXT", "key_is_int": "BOOLEAN" if i == 0 else "INTEGER",
-            "window_start": "BIGINT" if i == 0 else "INTEGER",
-            "window_end": "BIGINT" if i == 0 else "INTEGER"}
+    cols: dict[str, str]
+    if key_fields is None:
+        cols = {"key": "TEXT", "key_is_int": "BOOLEAN" if i == 0 else "INTEGER"}
+    else:
+        cols = {f: "TEXT" for f in key_fields}
+        cols[KEY_TYPES] = "TEXT"
+    cols["window_start"] = "BIGINT" if i == 0 else "INTEGER"
+    cols["window_end"] = "BIGINT" if i == 0 else "INTEGER"
     for name, func in aggregates.items():
         cols[name] = _TYPES[func][i]
     return cols
+
+
+def _col(name: str) -> str:
+    """A column name quoted for SQL (a double quote in it doubled)."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _pg_identity(url: str) -> tuple[Any, ...]:
@@ -203,6 +245,8 @@ class DatabaseSink(Sink):
         self.shown = shown
         self.aggregates = dict(aggregates)
         self.run_token = check_run_token(run_token)
+        self._key_fields: tuple[str, ...] | None = None
+        self.id_columns: tuple[str, ...] = ID_COLUMNS
         self.columns = column_types(self.aggregates, dialect)
         self._conn: Any = None
         self._ready = False
@@ -212,6 +256,52 @@ class DatabaseSink(Sink):
         self.transactional = False
         #: the pipeline the table belongs to (set by the engine); None: no claim
         self.pipeline = pipeline
+
+    @property
+    def key_fields(self) -> tuple[str, ...] | None:
+        """A compound key's fields (each a column of its own), or None for a single key
+        (the ``key`` and ``key_is_int`` columns). Set before the table is first used;
+        raises :class:`SinkError` for a field name the table cannot hold."""
+        return self._key_fields
+
+    @key_fields.setter
+    def key_fields(self, fields: tuple[str, ...] | None) -> None:
+        if self._ready:
+            raise SinkError(f"table {self.table!r}: the key cannot change once it is set up")
+        if fields is not None:
+            fields = tuple(fields)
+            self._check_field_names(fields)
+        self._key_fields = fields
+        self.id_columns = id_columns(fields)
+        self.columns = column_types(self.aggregates, self.dialect, fields)
+
+    def _check_field_names(self, fields: tuple[str, ...]) -> None:
+        if not fields:
+            raise SinkError("source.key: a compound key needs at least one field")
+        taken = {"window_start": "a window column", "window_end": "a window column",
+                 KEY_TYPES: "the column of the key fields' kinds",
+                 **{a: "an aggregate" for a in self.aggregates}}
+        # SQLite compares column names without case; PostgreSQL keeps 63 bytes of one
+        fold = self.dialect == "sqlite"
+        seen: dict[str, str] = {}
+        for f in fields:
+            if not isinstance(f, str) or not f or "\0" in f:
+                raise SinkError(f"source.key: {f!r} cannot name a column of table "
+                                f"{self.table!r}")
+            if self.dialect == "postgresql" and len(f.encode()) > 63:
+                raise SinkError(f"source.key: {f!r} is longer than the 63 bytes PostgreSQL "
+                                f"allows a column name of table {self.table!r}; rename it "
+                                "with [transform] fields")
+            name = f.lower() if fold else f
+            clash = taken.get(name) or next(
+                (why for t, why in taken.items() if fold and t.lower() == name), None)
+            if clash is None and name in seen:
+                clash = f"key field {seen[name]!r}"
+            if clash is not None:
+                raise SinkError(f"source.key: field {f!r} would name the same column of "
+                                f"table {self.table!r} as {clash}; rename it with "
+                                "[transform] fields")
+            seen[name] = f
 
     # ------------------------------------------------------------ connection
     @property
@@ -307,13 +397,13 @@ class DatabaseSink(Sink):
                     conn.execute("SELECT pg_advisory_xact_lock(5470013)")
                 existing = self._existing_columns(conn)
                 if existing is None:
-                    cols = ", ".join(f'"{c}" {t} NOT NULL' if c in ID_COLUMNS else f'"{c}" {t}'
-                                     for c, t in self.columns.items())
-                    ids = ", ".join(f'"{c}"' for c in ID_COLUMNS)
+                    cols = ", ".join(f"{_col(c)} {t} NOT NULL" if c in self.id_columns
+                                     else f"{_col(c)} {t}" for c, t in self.columns.items())
+                    ids = ", ".join(_col(c) for c in self.id_columns)
                     conn.execute(f"CREATE TABLE {self._q(self.table)} ({cols}, "
                                  f"PRIMARY KEY ({ids}))")
                 else:
-                    self._check_fit(existing)
+                    self._check_fit(existing, self._primary_key(conn))
                 conn.execute(f"CREATE TABLE IF NOT EXISTS {STAGING} (tbl TEXT NOT NULL, "
                              f"token TEXT NOT NULL, epoch BIGINT NOT NULL, data {blob} NOT NULL, "
                              "pipeline TEXT, PRIMARY KEY (tbl, token))")
@@ -360,7 +450,38 @@ class DatabaseSink(Sink):
                 f"{owner!r}; pipeline {self.pipeline!r} cannot share it (both would upsert "
                 "the same (key, window) rows): give this pipeline its own sink.table")
 
-    def _check_fit(self, existing: dict[str, str]) -> None:
+    def _primary_key(self, conn: Any) -> tuple[str, ...]:
+        """The existing table's primary key columns, in order (empty when it has none)."""
+        if self.dialect == "sqlite":
+            rows = conn.execute(f"PRAGMA table_info({self._q(self.table)})").fetchall()
+            return tuple(str(r[1]) for r in sorted((r for r in rows if r[5]),
+                                                   key=lambda r: int(r[5])))
+        rows = conn.execute(
+            "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+            "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = to_regclass(%s) AND i.indisprimary "
+            "ORDER BY array_position(i.indkey::int2[], a.attnum)",
+            (self._q(self.table),)).fetchall()
+        return tuple(str(r[0]) for r in rows)
+
+    def _key_shape(self, columns: tuple[str, ...]) -> str:
+        if columns == ID_COLUMNS:
+            return "a single key (key, key_is_int, window_start, window_end)"
+        if columns[-3:] == (KEY_TYPES, "window_start", "window_end") and len(columns) > 3:
+            return f"the compound key ({', '.join(columns[:-3])})"
+        return f"({', '.join(columns)})" if columns else "no primary key"
+
+    def _check_fit(self, existing: dict[str, str], primary: tuple[str, ...]) -> None:
+        def misfit(have: str) -> SinkError:
+            return SinkError(
+                f"table {self.table!r} in {self.shown} does not fit this pipeline: its "
+                f"results are identified by {have}, this pipeline's by "
+                f"{self._key_shape(self.id_columns)}; give this pipeline its own sink.table "
+                "(or drop the table)")
+
+        if any(c not in existing for c in self.id_columns):
+            # a table of another key shape: say so rather than name one missing column
+            raise misfit(self._key_shape(primary) if primary
+                         else f"no primary key (its columns are {', '.join(existing)})")
         for col, want in self.columns.items():
             have = existing.get(col)
             if have is None:
@@ -372,6 +493,8 @@ class DatabaseSink(Sink):
                 raise SinkError(
                     f"table {self.table!r} in {self.shown} does not fit this pipeline: "
                     f"column {col!r} is {have.upper()}, expected {want}")
+        if primary and primary != self.id_columns:
+            raise misfit(self._key_shape(primary))
 
     def close(self) -> None:
         if self._conn is not None:
@@ -384,13 +507,25 @@ class DatabaseSink(Sink):
         """The rows to upsert, in table column order. Aggregate values come from each
         row's JSON line, which is typed per row (the typed columns are typed per batch:
         an integer beside a float there is a float, and integers past int64 too)."""
-        cols: list[Sequence[Any]] = [
-            frame.get_column("key").cast(pl.String).to_list(),
-            [bool(v) if self.dialect == "postgresql" else int(v)
-             for v in frame.get_column("__kint").to_list()],
-            frame.get_column("window_start").to_list(),
-            frame.get_column("window_end").to_list(),
-        ]
+        cols: list[Sequence[Any]]
+        if self._key_fields is None:
+            cols = [
+                frame.get_column("key").cast(pl.String).to_list(),
+                [bool(v) if self.dialect == "postgresql" else int(v)
+                 for v in frame.get_column("__kint").to_list()],
+            ]
+        else:  # each field's text, then their kinds ("si")
+            try:
+                parts = split_compound_key(frame.get_column("key"), self._key_fields)
+            except ValueError as exc:
+                raise SinkError(f"cannot write results to table {self.table!r}: {exc}"
+                                ) from None
+            cols = [part.get_column("text").to_list() for part in parts]
+            kinds = pl.DataFrame([part.get_column("kind").alias(f"k{n}")
+                                  for n, part in enumerate(parts)])
+            cols.append(kinds.select(pl.concat_str(pl.all())).to_series().to_list())
+        cols += [frame.get_column("window_start").to_list(),
+                 frame.get_column("window_end").to_list()]
         lines = [json.loads(t) for t in frame.get_column(JSON_LINE).to_list()]
         for name, func in self.aggregates.items():
             values = [line.get(name) for line in lines]
@@ -419,9 +554,10 @@ class DatabaseSink(Sink):
                 values.append(f"CAST({ph} AS JSONB)")
             else:
                 values.append(ph)
-        quoted = ", ".join(f'"{c}"' for c in names)
-        ids = ", ".join(f'"{c}"' for c in ID_COLUMNS)
-        sets = ", ".join(f'"{c}" = excluded."{c}"' for c in names if c not in ID_COLUMNS)
+        quoted = ", ".join(_col(c) for c in names)
+        ids = ", ".join(_col(c) for c in self.id_columns)
+        sets = ", ".join(f"{_col(c)} = excluded.{_col(c)}" for c in names
+                         if c not in self.id_columns)
         conflict = f"ON CONFLICT ({ids}) DO " + (f"UPDATE SET {sets}" if sets else "NOTHING")
         if self.dialect == "sqlite":
             conn.executemany(f"INSERT INTO {self._q(self.table)} ({quoted}) "

@@ -42,10 +42,13 @@ from sealstream.sinks._base import JSON_LINE, CommittedFile, SinkRole
 from sealstream.sinks._files import (
     StagedDirSink,
     check_epoch,
+    compound_key_text,
     fsync_dir,
     fsync_file,
     id_schema,
+    json_value_text,
     read_own_file,
+    split_json_fields,
 )
 
 __all__ = ["JsonlDirSink", "json_lines_bytes", "read_json_ids"]
@@ -97,21 +100,16 @@ def read_json_ids(paths: list[Path], role: SinkRole,
 
 def _compound_ids(data: bytes, fields: tuple[str, ...]) -> pl.DataFrame:
     """Identities of result lines with a compound key: the key text rebuilt from each
-    field (``"tenant":"acme","user":7``), as the engine builds it."""
-    import json
-
-    from sealstream.sources._parse import json_str
-
-    text = pl.read_ndjson(data, schema={**{f: pl.String for f in fields},
-                                        "window_start": pl.Int64, "window_end": pl.Int64})
-    num = pl.read_ndjson(data, schema={f: pl.Float64 for f in fields}, ignore_errors=True)
-    boo = pl.read_ndjson(data, schema={f: pl.Boolean for f in fields}, ignore_errors=True)
-    parts: list[pl.Expr] = []
-    for n, f in enumerate(fields):
-        plain = num.get_column(f).is_not_null() | boo.get_column(f).is_not_null()
-        value = pl.when(pl.lit(plain)).then(pl.col(f)).otherwise(json_str(pl.col(f)))
-        parts += [pl.lit(("," if n else "") + json.dumps(f) + ":"), value]
-    return text.select(pl.concat_str(parts).alias("key"), pl.lit(False).alias("__kint"),
+    field (``"tenant":"acme","user":7``), as the engine builds it (a float keeps its
+    fraction: ``7.0`` is not ``7``)."""
+    parts = split_json_fields(data, fields)
+    text = pl.read_ndjson(data, schema={"window_start": pl.Int64, "window_end": pl.Int64})
+    values = pl.DataFrame({f"v{n}": part.select(json_value_text(pl.col("kind"), pl.col("text"))
+                                                ).to_series()
+                           for n, part in enumerate(parts)})
+    key = values.select(compound_key_text(fields, [pl.col(f"v{n}") for n in range(len(fields))])
+                        .alias("key"))
+    return text.select(key.to_series(), pl.lit(False).alias("__kint"),
                        "window_start", "window_end")
 
 

@@ -27,6 +27,19 @@ without the internal ``__json`` and ``__kint`` columns: ``key``,
   relaxed types (Int64 + Float64 -> Float64; columns still conflicting become
   String).
 
+**A compound key** (``key = ["tenant", "user"]``; :attr:`ParquetDirSink.key_fields`)
+is written as one column per field, under the field's name, in the key's order,
+instead of ``key``: ``tenant``, ``user``, ``window_start``, ``window_end``, then
+the aggregates. A field's column has its values' own type in that file: Int64
+when every value of the field in the epoch is an integer, Float64 when every one
+is a float, Boolean, or String when every one is a string. A field whose values
+mix kinds in one epoch (an integer beside a string, ``7`` beside ``7.0``: two keys
+in sealstream) is a String column holding each value's JSON text (``7``,
+``"7"``), and the file's key-value metadata ``sealstream.key_json_fields`` lists
+such fields (a JSON array), so :meth:`ParquetDirSink.read_ids` restores the exact
+identity. A result's identity is (its key fields..., ``window_start``,
+``window_end``).
+
 Rows of an epoch are kept in memory until ``prepare``, which writes, fsyncs
 and closes the staging file and fsyncs the directory; ``commit`` renames it.
 Every :class:`OSError` becomes a one-line :class:`~sealstream.errors.SinkError`
@@ -50,16 +63,20 @@ from sealstream.sinks._base import JSON_LINE, RESULT_ID_COLUMNS, CommittedFile, 
 from sealstream.sinks._files import (
     StagedDirSink,
     check_epoch,
+    compound_key_text,
     fsync_dir,
     fsync_file,
     id_schema,
     os_reason,
     read_own_file,
+    split_compound_key,
 )
+from sealstream.sources._parse import json_str
 
-__all__ = ["KEY_IS_INT_METADATA", "ParquetDirSink"]
+__all__ = ["KEY_IS_INT_METADATA", "KEY_JSON_FIELDS_METADATA", "ParquetDirSink"]
 
 KEY_IS_INT_METADATA = "sealstream.key_is_int"
+KEY_JSON_FIELDS_METADATA = "sealstream.key_json_fields"
 _KINT = "__kint"
 
 
@@ -94,6 +111,67 @@ def _typed(df: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, str]]:
         return out, {}
     mask = np.packbits(kint.to_numpy().astype(np.bool_))
     return out, {KEY_IS_INT_METADATA: base64.b64encode(mask.tobytes()).decode("ascii")}
+
+
+def _typed_compound(df: pl.DataFrame,
+                    fields: tuple[str, ...]) -> tuple[pl.DataFrame, dict[str, str]]:
+    """Replace ``key``/``__kint`` by one typed column per key field (first, in key
+    order); return the frame and the file metadata (see the module docstring)."""
+    import json
+
+    try:
+        parts = split_compound_key(df.get_column("key"), fields)
+    except ValueError as exc:
+        raise SinkError(f"cannot write results as Parquet: {exc}") from None
+    columns: list[pl.Series] = []
+    as_json: list[str] = []
+    for f, part in zip(fields, parts, strict=True):
+        kinds = set(part.get_column("kind").unique().to_list())
+        if len(kinds) == 1:
+            col = {"s": "s", "i": "i", "f": "f", "b": "b"}[kinds.pop()]
+            columns.append(part.get_column(col).alias(f))
+        else:  # mixed kinds: each value's JSON text
+            as_json.append(f)
+            columns.append(part.select(
+                pl.when(pl.col("kind") == "s").then(json_str(pl.col("text")))
+                .otherwise(pl.col("text")).alias(f)).to_series())
+    rest = df.drop(["key", _KINT])
+    out = pl.DataFrame(columns).hstack(rest) if columns else rest
+    meta = {KEY_JSON_FIELDS_METADATA: json.dumps(as_json)} if as_json else {}
+    return out, meta
+
+
+def _compound_ids(df: pl.DataFrame, meta: dict[str, str], fields: tuple[str, ...],
+                  where: Path) -> pl.DataFrame:
+    """The identity frame of a file written with a compound key."""
+    import json
+
+    try:
+        as_json = set(json.loads(meta.get(KEY_JSON_FIELDS_METADATA, "[]")))
+    except ValueError:
+        raise SinkError(f"cannot read results from {where}: bad "
+                        f"{KEY_JSON_FIELDS_METADATA}") from None
+    values: list[pl.Expr] = []
+    for f in fields:
+        c, dtype = pl.col(f), df.schema[f]
+        if f in as_json and dtype == pl.String:
+            values.append(c)
+        elif dtype.is_integer():
+            values.append(c.cast(pl.Int64).cast(pl.String))
+        elif dtype.is_float():
+            values.append(c.cast(pl.Float64).cast(pl.String))
+        elif dtype == pl.Boolean:
+            values.append(pl.when(c).then(pl.lit("true")).otherwise(pl.lit("false")))
+        elif dtype == pl.String:
+            values.append(json_str(c))
+        else:
+            raise SinkError(f"cannot read results from {where}: its key column {f!r} has a "
+                            "type sealstream does not write")
+    ids = df.select(compound_key_text(fields, values).alias("key"),
+                    pl.lit(False).alias(_KINT), "window_start", "window_end")
+    if ids.get_column("key").null_count():
+        raise SinkError(f"cannot read results from {where}: a key column holds a null")
+    return ids
 
 
 def _kint_from(meta: dict[str, str], height: int, where: Path) -> pl.Series:
@@ -132,6 +210,8 @@ class ParquetDirSink(StagedDirSink):
         self._frames: dict[int, list[pl.DataFrame]] = {}
         self._prepared: dict[int, list[str]] = {}
         self._failed: dict[int, str] = {}
+        #: a compound key's fields: each is a column of its own instead of ``key``
+        self.key_fields: tuple[str, ...] | None = None
 
     def write(self, epoch: int, frame: pl.DataFrame) -> None:
         """Keep ``frame``'s typed columns for ``epoch`` until ``prepare``.
@@ -166,8 +246,16 @@ class ParquetDirSink(StagedDirSink):
         frames = self._frames.get(epoch)
         if not frames:
             return []
-        table, meta = _typed(_concat(frames))
         token = self.final_name(epoch)
+        if self.key_fields is not None:
+            try:
+                table, meta = _typed_compound(_concat(frames), self.key_fields)
+            except SinkError as exc:
+                self._failed[epoch] = str(exc)
+                self._frames.pop(epoch, None)
+                raise
+        else:
+            table, meta = _typed(_concat(frames))
         staging = self.path / self.staging_name(token)
         try:
             # serialise in memory first so that I/O errors are plain OSErrors
@@ -195,8 +283,9 @@ class ParquetDirSink(StagedDirSink):
         parts = [pl.DataFrame(schema=schema)]
         for path in self._files_of(files):
             data = read_own_file(path, "results")
+            key_columns = list(self.key_fields) if self.key_fields is not None else ["key"]
             try:
-                df = pl.read_parquet(data, columns=["key", "window_start", "window_end"])
+                df = pl.read_parquet(data, columns=[*key_columns, "window_start", "window_end"])
                 meta = pl.read_parquet_metadata(io.BytesIO(data))
             except pl.exceptions.PolarsError:
                 # never quote what the reader met: the file may hold anything
@@ -204,8 +293,12 @@ class ParquetDirSink(StagedDirSink):
                     f"cannot read results from {path}: it is not a Parquet file of results "
                     "as sealstream writes them; move the file out of the directory"
                 ) from None
+            if self.key_fields is not None:
+                df = _compound_ids(df, meta, self.key_fields, path)
             key = df.get_column("key")
-            if key.dtype.is_integer():
+            if self.key_fields is not None:
+                kint = df.get_column(_KINT)
+            elif key.dtype.is_integer():
                 kint = pl.Series("__kint", np.ones(df.height, dtype=np.bool_))
             else:
                 kint = _kint_from(meta, df.height, path)

@@ -28,6 +28,12 @@ already typed per row) plus identity columns: for results ``key``, ``__kint``,
 ``window_start``, ``window_end``; for record outputs (late events, bad records)
 ``_partition`` and ``_offset``. Results also carry one typed column per
 aggregate for columnar formats.
+
+With a compound key (``key = ["tenant", "user"]``) ``key`` holds the fields' JSON
+after their names (``"tenant":"acme","user":7``) and ``__kint`` is False; a sink
+given the fields (its ``key_fields``) writes each under its own name, splitting that
+text (:func:`sealstream.sinks._files.split_compound_key`), and rebuilds it exactly
+when it reads its identities back.
 """
 
 from __future__ import annotations

@@ -489,3 +489,18 @@ def test_spec_refusals_that_remain(tmp_path: Path) -> None:
     assert "a compound key (source.key as a list) is written by jsonl, stdout, parquet, " \
            "sqlite and postgresql sinks for now, not 'kafka'" in res.stderr
     assert not (tmp_path / "results.db").exists()
+
+
+def test_parquet_files_of_another_key_are_named_as_such(tmp_path: Path) -> None:
+    from sealstream.testing.sink_contract import results_frame
+
+    single = ParquetDirSink(tmp_path, run_token="a")
+    single.write(1, results_frame([{"key": "u1", "window_start": 0, "window_end": 10, "n": 1}]))
+    (token,) = single.prepare(1)
+    single.commit(1, [token])
+    sink = ParquetDirSink(tmp_path, run_token="b")
+    sink.key_fields = FIELDS
+    with pytest.raises(SinkError, match="it holds the results of another key \\(its columns "
+                                        "are key, window_start, window_end, n\\), this "
+                                        "pipeline's key is written as tenant, user"):
+        sink.read_ids(sink.committed())

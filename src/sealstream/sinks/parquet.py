@@ -38,7 +38,8 @@ in sealstream) is a String column holding each value's JSON text (``7``,
 ``"7"``), and the file's key-value metadata ``sealstream.key_json_fields`` lists
 such fields (a JSON array), so :meth:`ParquetDirSink.read_ids` restores the exact
 identity. A result's identity is (its key fields..., ``window_start``,
-``window_end``).
+``window_end``). A committed file of the directory that lacks the key's columns
+(written for another key) stops the read-back with one line naming the file.
 
 Rows of an epoch are kept in memory until ``prepare``, which writes, fsyncs
 and closes the staging file and fsyncs the directory; ``commit`` renames it.
@@ -288,6 +289,13 @@ class ParquetDirSink(StagedDirSink):
                 df = pl.read_parquet(data, columns=[*key_columns, "window_start", "window_end"])
                 meta = pl.read_parquet_metadata(io.BytesIO(data))
             except pl.exceptions.PolarsError:
+                other = _other_key(data, key_columns)
+                if other is not None:
+                    raise SinkError(
+                        f"cannot read results from {path}: it holds the results of another "
+                        f"key (its columns are {other}), this pipeline's key is written as "
+                        f"{', '.join(key_columns)}; move the file out of the directory or "
+                        "give this pipeline its own sink.path") from None
                 # never quote what the reader met: the file may hold anything
                 raise SinkError(
                     f"cannot read results from {path}: it is not a Parquet file of results "
@@ -326,6 +334,18 @@ class ParquetDirSink(StagedDirSink):
     def close(self) -> None:
         """Drop rows not yet prepared (no checkpoint can refer to them)."""
         self._frames.clear()
+
+
+def _other_key(data: bytes, key_columns: list[str]) -> str | None:
+    """The columns of a readable Parquet file of results that lacks ``key_columns``
+    (written for another key), or None."""
+    try:
+        names = list(pl.read_parquet_schema(io.BytesIO(data)))
+    except pl.exceptions.PolarsError:
+        return None
+    if "window_start" not in names or all(c in names for c in key_columns):
+        return None
+    return ", ".join(names)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -227,3 +227,36 @@ def test_a_transaction_the_broker_aborted_for_its_timeout_is_produced_again(
     resumed = run(spec)
     assert resumed.returncode == 0, resumed.stderr
     assert_topics_match(kafka.bootstrap, topics, expected)
+
+
+@pytest.mark.parametrize("point", ["after_manifest_publish:2", "after_commit_results:2"])
+def test_a_zombie_paused_between_transactions_is_fenced_too(
+        tmp_path: Path, expected: Path, kafka: Any, point: str) -> None:
+    """Instance A stops outside any transaction (its producer made and used, an
+    epoch's manifest published or a commit just made); instance B of the same job
+    runs to the end; then A goes on. Its next transactional call is refused: it must
+    stop with one line and never produce its epochs on top of B's (a fenced instance
+    must not take the transactional.id back with a new producer)."""
+    spec, topics = _story(tmp_path, kafka.bootstrap)
+    env = dict(os.environ)
+    env.pop("SEALSTREAM_CRASH_AT", None)
+    env["SEALSTREAM_PAUSE_AT"] = point
+    a = subprocess.Popen([sys.executable, "-m", "sealstream", "run", str(spec), "--quiet"],
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_stopped(a.pid)
+        b_dir = tmp_path / "b"
+        b_dir.mkdir()
+        shutil.copytree(tmp_path / "in", b_dir / "in")
+        b_spec = b_dir / "spec.toml"
+        b_spec.write_text(spec.read_text())
+        kafka_spec(b_spec, kafka.bootstrap, topics)
+        b = run(b_spec)
+        assert b.returncode == 0, b.stderr
+    finally:
+        os.kill(a.pid, signal.SIGCONT)
+        _, err = a.communicate(timeout=180)
+    assert a.returncode == 1, err
+    assert "fenced" in err or "taken over" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert_topics_match(kafka.bootstrap, topics, expected)

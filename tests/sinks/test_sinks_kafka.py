@@ -223,3 +223,67 @@ def test_the_documented_example_runs(kafka: Any, tmp_path: Path) -> None:
     assert got and got.keys() == want.keys()
     assert all(same_value(want[k], got[k]) for k in want)
     shutil.rmtree(d)
+
+
+def test_a_retried_commit_settles_the_transactional_id_before_reading_back(
+        own_kafka: Any, tmp_path: Path) -> None:
+    """After a failed commit attempt (here: the broker away), the next attempt first
+    makes its new producer (``init_transactions`` completes a commit the broker was
+    finishing, or aborts the open transaction), and only then reads the topic back
+    to see whether the epoch made it. Read back first, a commit completed after the
+    read-back would be produced a second time. Calls are recorded on the real sink
+    against a real broker; the rows are committed once."""
+    topic = own_kafka.new_topic(2)
+    sink = _sink(own_kafka.bootstrap, topic, tmp_path / "s", retry_s=120,
+                 settings={"transaction.timeout.ms": "5000"})
+    sink.recover({})
+    rows = sample_rows("results", 1, n=4)
+    sink.write(1, results_frame(rows))
+    tokens = sink.prepare(1)
+    calls: list[str] = []
+    new_producer, read_back_once = sink._new_producer, sink._read_back_once
+
+    def recorded_producer() -> Any:
+        p = new_producer()
+        calls.append("producer")
+        return p
+
+    def recorded_read_back(start: Any) -> Any:
+        out = read_back_once(start)
+        calls.append("read-back")
+        return out
+
+    sink._new_producer = recorded_producer  # type: ignore[method-assign]
+    sink._read_back_once = recorded_read_back  # type: ignore[method-assign]
+    retrying = threading.Event()
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "retrying" in record.getMessage():
+                retrying.set()
+
+    handler = Seen()
+    log = logging.getLogger("sealstream.kafka")
+    log.addHandler(handler)
+    own_kafka.broker.stop()
+    failure: list[BaseException] = []
+
+    def commit() -> None:
+        try:
+            sink.commit(1, tokens)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failure.append(exc)
+
+    worker = threading.Thread(target=commit)
+    worker.start()
+    try:
+        assert retrying.wait(120), "the sink did not retry"
+        own_kafka.broker.start()
+    finally:
+        worker.join(180)
+        log.removeHandler(handler)
+    assert not failure, failure
+    assert "read-back" in calls, calls
+    assert calls[0] == "producer", f"read back before init_transactions settled it: {calls}"
+    assert len(read_committed(own_kafka.bootstrap, topic)) == len(rows)
+    sink.close()

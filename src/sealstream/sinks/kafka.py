@@ -487,7 +487,12 @@ class KafkaSink(Sink):
             nonlocal attempts
             attempts += 1
             if attempts > 1:
-                # an earlier attempt may have committed after all: look after our last end
+                # an earlier attempt may have committed after all. First a new producer:
+                # its init_transactions settles what the earlier one left (completes a
+                # commit the broker was finishing, aborts an open transaction), so the
+                # read-back sees the final state; read before, a commit completed after
+                # it would be produced twice. Then look after our last end.
+                self._ensure_producer()
                 frame, _ = self._read_back_once(self._end)
                 if token in frame.get_column("token").to_list():
                     return

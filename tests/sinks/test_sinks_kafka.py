@@ -287,3 +287,41 @@ def test_a_retried_commit_settles_the_transactional_id_before_reading_back(
     assert calls[0] == "producer", f"read back before init_transactions settled it: {calls}"
     assert len(read_committed(own_kafka.bootstrap, topic)) == len(rows)
     sink.close()
+
+
+def test_commits_after_an_aborted_transaction_are_found_from_the_recorded_offsets(
+        kafka: Any, tmp_path: Path) -> None:
+    """A run was killed inside a transaction with its rows at the broker; the next
+    instance's init_transactions aborts it, commits epoch 1, a checkpoint records the
+    end offsets (after the aborted transaction), and epoch 2 is committed. Recovery
+    from that checkpoint must find epoch 2 committed after the recorded offsets (its
+    staged file is gone), even on a broker that lists the aborted transaction in
+    fetches starting after it (the test broker does; the read_committed client then
+    hides the producer's later messages)."""
+    from confluent_kafka import Producer
+
+    topic = kafka.new_topic(1)
+    dead = Producer({"bootstrap.servers": kafka.bootstrap, "transactional.id": "job-y"})
+    dead.init_transactions(30)
+    dead.begin_transaction()
+    for i in range(4):
+        dead.produce(topic, b"{}", f"u{i}".encode(),
+                     headers=[("sealstream-id", b"{}"),
+                              ("sealstream-token", b"000000000001-runA")])
+    assert dead.flush(30) == 0  # at the broker, never committed
+    live = _sink(kafka.bootstrap, topic, tmp_path / "s", "runB", transactional_id="job-y")
+    live.recover({})  # aborts the dead run's transaction
+    rows1, rows2 = sample_rows("results", 1, n=5), sample_rows("results", 2, n=7)
+    live.write(1, results_frame(rows1))
+    live.commit(1, live.prepare(1))
+    live.write(2, results_frame(rows2))
+    tokens2 = live.prepare(2)
+    floor = live.location()  # what checkpoint 2 records: the end after epoch 1
+    live.commit(2, tokens2)
+    live.close()
+    assert len(read_committed(kafka.bootstrap, topic)) == len(rows1) + len(rows2)
+    again = _sink(kafka.bootstrap, topic, tmp_path / "s", "runC", transactional_id="job-y")
+    again.recover_at(floor, {2: tokens2})  # epoch 2 is in Kafka: nothing to produce
+    assert [f.token for f in again.committed()] == tokens2
+    assert len(read_committed(kafka.bootstrap, topic)) == len(rows1) + len(rows2)
+    again.close()

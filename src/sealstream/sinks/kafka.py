@@ -548,6 +548,11 @@ class KafkaSink(Sink):
                 except BufferError:
                     p.flush(self._commit_timeout())
                     produce(topic, v, k, headers=headers)
+            # the rows reach the broker inside the open transaction here (the commit
+            # would flush them anyway): the crash point below is then the instant
+            # between produce and commit that the broker sees, not rows still queued
+            # in this process
+            p.flush(self._commit_timeout())
             _sink_point("kafka_in_transaction")
             p.commit_transaction(self._commit_timeout())
 
@@ -651,8 +656,8 @@ _points: Any = None
 
 def _sink_point(name: str) -> None:
     """The sink's own crash/pause point (``kafka_in_transaction``: the epoch's rows are
-    produced, the transaction is not committed yet), driven by the same environment
-    variables as :mod:`sealstream._runtime.crash`."""
+    produced and flushed to the broker, the transaction is not committed yet), driven
+    by the same environment variables as :mod:`sealstream._runtime.crash`."""
     global _points
     if _points is None:
         if not (os.environ.get("SEALSTREAM_CRASH_AT") or os.environ.get("SEALSTREAM_PAUSE_AT")):

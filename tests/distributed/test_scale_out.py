@@ -409,3 +409,33 @@ def test_without_ray_address_a_run_starts_its_own_ray_beside_another_one(
         time.sleep(0.2)
     left = {p for p in started if _running(p)}
     assert not left, f"processes of the run's Ray left running: {sorted(left)}"
+
+
+def test_kafka_outputs_with_workers_and_a_lost_worker(
+        ray_cluster: Any, kafka: Any, tmp_path: Path) -> None:
+    """Results, late events and bad records into Kafka topics (the sinks stay on the
+    coordinator) from 2 workers, one of them SIGKILLed after a randomly drawn step:
+    the job restarts every worker from the newest checkpoint, the sinks recover from
+    what the topics hold, and each topic read ``read_committed`` equals the
+    single-process run's output exactly once. Then a rerun with 3 workers produces
+    nothing more."""
+    scenarios = str(Path(__file__).resolve().parents[1] / "scenarios")
+    if scenarios not in sys.path:  # _kafka_story imports _story as its neighbour
+        sys.path.append(scenarios)
+    from _kafka_story import assert_topics_match, kafka_spec
+
+    reference_run(tmp_path / "ref", window=WINDOWS["tumbling"], errors=True, bad_every=97,
+                  **STORY)
+    d = tmp_path / "dist"
+    names = make_input(d, events=STORY["events"], bad_every=97)
+    spec = write_spec(d, names, window=WINDOWS["tumbling"], errors=True,
+                      every_events=STORY["every_events"], batch_size=STORY["batch_size"])
+    topics = kafka_spec(spec, kafka.bootstrap)
+    rng = random.Random(5)
+    kill = KillAt(rng, steps=STORY["events"] // STORY["batch_size"])
+    job = _job(spec, 2, progress=kill)
+    job.run()
+    assert kill.killed and job.restarts == 1
+    assert_topics_match(kafka.bootstrap, topics, tmp_path / "ref")
+    _job(spec, 3).run()
+    assert_topics_match(kafka.bootstrap, topics, tmp_path / "ref")

@@ -283,8 +283,9 @@ def test_a_retried_commit_settles_the_transactional_id_before_reading_back(
         worker.join(180)
         log.removeHandler(handler)
     assert not failure, failure
-    assert "read-back" in calls, calls
-    assert calls[0] == "producer", f"read back before init_transactions settled it: {calls}"
+    # (a first read-back, before the new producer, only looks for another instance)
+    assert calls[-2:] == ["producer", "read-back"], \
+        f"read back before init_transactions settled it: {calls}"
     assert len(read_committed(own_kafka.bootstrap, topic)) == len(rows)
     sink.close()
 
@@ -325,3 +326,60 @@ def test_commits_after_an_aborted_transaction_are_found_from_the_recorded_offset
     assert [f.token for f in again.committed()] == tokens2
     assert len(read_committed(kafka.bootstrap, topic)) == len(rows1) + len(rows2)
     again.close()
+
+
+def test_a_fenced_instance_retrying_after_a_broker_fault_does_not_produce_again(
+        own_kafka: Any, tmp_path: Path) -> None:
+    """Instance A prepared epoch 1; instance B of the same job takes the
+    transactional.id over and commits the same rows. A's commit then meets the broker
+    away (a retriable error, so A does not learn it was fenced) and retries once the
+    broker is back: its new producer would take the transactional.id back. A must see
+    that another instance of the job committed after its last end and stop as fenced,
+    not produce the rows a second time."""
+    topic = own_kafka.new_topic(1)
+    rows = sample_rows("results", 1, n=5)
+    first = _sink(own_kafka.bootstrap, topic, tmp_path / "a", "runA",
+                  transactional_id="job-z", retry_s=120,
+                  settings={"transaction.timeout.ms": "3000"})
+    first.recover({})
+    first.write(1, results_frame(rows))
+    t1 = first.prepare(1)
+    second = _sink(own_kafka.bootstrap, topic, tmp_path / "b", "runB",
+                   transactional_id="job-z")
+    second.recover({})  # fences A
+    second.write(1, results_frame(rows))
+    second.commit(1, second.prepare(1))
+    second.close()
+    assert len(read_committed(own_kafka.bootstrap, topic)) == len(rows)
+    retrying = threading.Event()
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "retrying" in record.getMessage():
+                retrying.set()
+
+    handler = Seen()
+    log = logging.getLogger("sealstream.kafka")
+    log.addHandler(handler)
+    own_kafka.broker.stop()
+    failure: list[BaseException] = []
+
+    def commit() -> None:
+        try:
+            first.commit(1, t1)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            failure.append(exc)
+
+    worker = threading.Thread(target=commit)
+    worker.start()
+    try:
+        assert retrying.wait(120), "the sink did not retry"
+        own_kafka.broker.start()
+    finally:
+        worker.join(180)
+        log.removeHandler(handler)
+    assert not worker.is_alive()
+    assert len(read_committed(own_kafka.bootstrap, topic)) == len(rows), "produced twice"
+    assert failure and isinstance(failure[0], SinkError), failure
+    assert "taken over by another instance" in str(failure[0]), failure[0]
+    first.close()

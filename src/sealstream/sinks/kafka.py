@@ -526,7 +526,13 @@ class KafkaSink(Sink):
             nonlocal attempts
             attempts += 1
             if attempts > 1:
-                # an earlier attempt may have committed after all. First a new producer:
+                # Another instance of the job may have taken the transactional.id over
+                # while the broker could not tell us (it was away): its commits after
+                # our last end say so. Then stop as fenced, before a new producer would
+                # take the id back and this instance produce what the other one did.
+                before, _ = self._read_back_once(self._end)
+                self._stop_if_superseded(before, token, known)
+                # An earlier attempt may have committed after all. First a new producer:
                 # its init_transactions settles what the earlier one left (completes a
                 # commit the broker was finishing, aborts an open transaction), so the
                 # read-back sees the final state; read before, a commit completed after
@@ -535,6 +541,7 @@ class KafkaSink(Sink):
                 frame, _ = self._read_back_once(self._end)
                 if token in frame.get_column("token").to_list():
                     return
+                self._stop_if_superseded(frame, token, known)
             p = self._ensure_producer()
             p.begin_transaction()
             produce = p.produce
@@ -559,6 +566,21 @@ class KafkaSink(Sink):
         self._retrying("commit a transaction to", once)
         known[token] = _token_epoch(token) or 0
         self._end_stale = True
+
+    def _stop_if_superseded(self, frame: pl.DataFrame, token: str,
+                            known: dict[str, int]) -> None:
+        """Raise the fenced error when ``frame`` (read back after our last end) holds
+        epochs this instance neither found at its start nor committed: another
+        instance of the job (the topic is the job's own) has been committing."""
+        others = sorted(set(frame.get_column("token").unique().to_list())
+                        - set(known) - {token})
+        if others:
+            raise SinkError(
+                f"cannot commit a transaction to Kafka topic {self.topic!r} at "
+                f"{self.bootstrap}: epoch {others[0]} was committed by another instance "
+                f"(transactional.id {self._tid!r} was taken over by another instance of "
+                "this job while the broker was unreachable; this run stops, the next run "
+                "produces its prepared epochs again)")
 
     def commit(self, epoch: int, tokens: list[str]) -> None:
         check_epoch(epoch)

@@ -51,7 +51,10 @@ replay. A run without a checkpoint reads the topic from its beginning.
 (``sealstream-<pipeline>-<output>``, or ``transactional.id`` in the settings).
 A second instance of the job fences the first at its start; the fenced one's
 open transaction is aborted and its next commit fails, so the run stops with a
-:class:`SinkError` and none of its later results become visible.
+:class:`SinkError` and none of its later results become visible. A fenced instance
+whose call met the broker away (a retriable error: it is not told) sees the other
+instance's epochs when its retry reads the topic back, and stops the same way
+instead of taking the transactional id back with a new producer.
 
 **Transaction timeouts.** Unlike Flink's KafkaSink (which writes into a
 transaction during the whole checkpoint interval and must commit it after a
@@ -63,8 +66,8 @@ staged epoch again. Nothing is lost and nothing is doubled.
 
 **Broker faults** (connection lost, timeouts, a retriable or abortable
 transaction error): the producer is thrown away, a new one is created
-(``init_transactions`` settles what the old one left), the topic is read back
-from the last known end to see whether the epoch made it, and the epoch is
+(``init_transactions`` settles what the old one left), then the topic is read
+back from the last known end to see whether the epoch made it, and the epoch is
 produced again if not; for ``retry_s`` seconds at most (default 60), then a
 one-line :class:`SinkError` naming the topic and the broker's reason.
 """

@@ -351,3 +351,91 @@ def test_a_followed_source_runs_on_workers_and_resumes_with_another_count(
         outputs.append([sorted(json.dumps(r, sort_keys=True) for r in read_jsonl_dir(d / sub))
                         for sub in ("out", "late")])
     assert outputs[0][0] and outputs[0] == outputs[1]
+
+
+def _descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(name))
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_without_ray_address_a_run_starts_its_own_ray_beside_another_one(
+        ray_cluster: Any, tmp_path: Path) -> None:
+    """``--workers 2`` without ``--ray`` while another Ray runs on the machine (this
+    test session's cluster): the run starts a local Ray of its own (it neither joins
+    nor trips over the other one, as Ray's default address lookup would), gives the
+    single-process output, and leaves none of the processes it started behind."""
+    reference_run(tmp_path / "ref", window=WINDOWS["tumbling"], **STORY)
+    d = tmp_path / "dist"
+    spec = _story_spec(d, "tumbling")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sealstream", "run", str(spec), "--quiet", "--workers", "2"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    started: set[int] = set()
+    try:
+        while proc.poll() is None:  # the processes its local Ray starts, as they come
+            started |= _descendants(proc.pid)
+            time.sleep(0.05)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert started, "the run started no process of its own"
+    assert_same_dirs(d, tmp_path / "ref")
+    deadline = time.monotonic() + 120  # a generous bound for Ray's shutdown to finish
+    while any(_running(p) for p in started) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = {p for p in started if _running(p)}
+    assert not left, f"processes of the run's Ray left running: {sorted(left)}"
+
+
+def test_kafka_outputs_with_workers_and_a_lost_worker(
+        ray_cluster: Any, kafka: Any, tmp_path: Path) -> None:
+    """Results, late events and bad records into Kafka topics (the sinks stay on the
+    coordinator) from 2 workers, one of them SIGKILLed after a randomly drawn step:
+    the job restarts every worker from the newest checkpoint, the sinks recover from
+    what the topics hold, and each topic read ``read_committed`` equals the
+    single-process run's output exactly once. Then a rerun with 3 workers produces
+    nothing more."""
+    scenarios = str(Path(__file__).resolve().parents[1] / "scenarios")
+    if scenarios not in sys.path:  # _kafka_story imports _story as its neighbour
+        sys.path.append(scenarios)
+    from _kafka_story import assert_topics_match, kafka_spec
+
+    reference_run(tmp_path / "ref", window=WINDOWS["tumbling"], errors=True, bad_every=97,
+                  **STORY)
+    d = tmp_path / "dist"
+    names = make_input(d, events=STORY["events"], bad_every=97)
+    spec = write_spec(d, names, window=WINDOWS["tumbling"], errors=True,
+                      every_events=STORY["every_events"], batch_size=STORY["batch_size"])
+    topics = kafka_spec(spec, kafka.bootstrap)
+    rng = random.Random(5)
+    kill = KillAt(rng, steps=STORY["events"] // STORY["batch_size"])
+    job = _job(spec, 2, progress=kill)
+    job.run()
+    assert kill.killed and job.restarts == 1
+    assert_topics_match(kafka.bootstrap, topics, tmp_path / "ref")
+    _job(spec, 3).run()
+    assert_topics_match(kafka.bootstrap, topics, tmp_path / "ref")

@@ -227,3 +227,96 @@ def test_a_transaction_the_broker_aborted_for_its_timeout_is_produced_again(
     resumed = run(spec)
     assert resumed.returncode == 0, resumed.stderr
     assert_topics_match(kafka.bootstrap, topics, expected)
+
+
+@pytest.mark.parametrize("point", ["after_manifest_publish:2", "after_commit_results:2"])
+def test_a_zombie_paused_between_transactions_is_fenced_too(
+        tmp_path: Path, expected: Path, kafka: Any, point: str) -> None:
+    """Instance A stops outside any transaction (its producer made and used, an
+    epoch's manifest published or a commit just made); instance B of the same job
+    runs to the end; then A goes on. Its next transactional call is refused: it must
+    stop with one line and never produce its epochs on top of B's (a fenced instance
+    must not take the transactional.id back with a new producer)."""
+    spec, topics = _story(tmp_path, kafka.bootstrap)
+    env = dict(os.environ)
+    env.pop("SEALSTREAM_CRASH_AT", None)
+    env["SEALSTREAM_PAUSE_AT"] = point
+    a = subprocess.Popen([sys.executable, "-m", "sealstream", "run", str(spec), "--quiet"],
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_stopped(a.pid)
+        b_dir = tmp_path / "b"
+        b_dir.mkdir()
+        shutil.copytree(tmp_path / "in", b_dir / "in")
+        b_spec = b_dir / "spec.toml"
+        b_spec.write_text(spec.read_text())
+        kafka_spec(b_spec, kafka.bootstrap, topics)
+        b = run(b_spec)
+        assert b.returncode == 0, b.stderr
+    finally:
+        os.kill(a.pid, signal.SIGCONT)
+        _, err = a.communicate(timeout=180)
+    assert a.returncode == 1, err
+    assert "fenced" in err or "taken over" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert_topics_match(kafka.bootstrap, topics, expected)
+
+
+def _read_uncommitted(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[Any]:
+    """Every message of ``topic`` as a ``read_uncommitted`` consumer (the Java
+    clients' default) sees it: committed, aborted and still open transactions."""
+    import uuid
+
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+    c: Any = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4().hex}",
+                       "isolation.level": "read_uncommitted", "enable.auto.commit": False,
+                       "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+    out: list[Any] = []
+    try:
+        parts = sorted(c.list_topics(topic, timeout=timeout_s).topics[topic].partitions)
+        assign = []
+        for p in parts:
+            lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s,
+                                             cached=False)
+            if lo < hi:
+                assign.append(TopicPartition(topic, p, lo))
+        pending = {tp.partition for tp in assign}
+        if assign:
+            c.assign(assign)
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            assert time.monotonic() < deadline, f"reading {topic} did not reach its end"
+            for m in c.consume(10_000, 0.5):
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        pending.discard(m.partition())
+                        continue
+                    raise KafkaException(err)
+                out.append(m)
+    finally:
+        c.close()
+    return out
+
+
+def test_read_uncommitted_consumers_also_see_aborted_transactions(
+        tmp_path: Path, expected: Path, kafka: Any) -> None:
+    """As kafka-output.md says: killed inside an epoch's transaction, the run leaves
+    its rows in an aborted transaction. ``read_committed`` sees each row once;
+    a ``read_uncommitted`` consumer also sees the aborted rows."""
+    from sealstream.testing.kafka_read import read_committed
+
+    spec, topics = _story(tmp_path, kafka.bootstrap)
+    assert run(spec, crash_at="kafka_in_transaction:2").returncode == -9
+    assert run(spec).returncode == 0
+    assert_topics_match(kafka.bootstrap, topics, expected)
+    extra: list[Any] = []
+    for topic in topics.values():
+        committed = {(m.partition, m.offset) for m in read_committed(kafka.bootstrap, topic)}
+        extra += [m for m in _read_uncommitted(kafka.bootstrap, topic)
+                  if (m.partition(), m.offset()) not in committed]
+    # the epoch killed inside its transaction: its rows were at the broker, aborted
+    # by the next run's init_transactions, and produced again in a new transaction
+    assert extra, "the aborted transaction's rows are not visible read_uncommitted"
+    assert all(dict(m.headers())["sealstream-token"] for m in extra)

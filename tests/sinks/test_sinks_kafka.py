@@ -223,3 +223,163 @@ def test_the_documented_example_runs(kafka: Any, tmp_path: Path) -> None:
     assert got and got.keys() == want.keys()
     assert all(same_value(want[k], got[k]) for k in want)
     shutil.rmtree(d)
+
+
+def test_a_retried_commit_settles_the_transactional_id_before_reading_back(
+        own_kafka: Any, tmp_path: Path) -> None:
+    """After a failed commit attempt (here: the broker away), the next attempt first
+    makes its new producer (``init_transactions`` completes a commit the broker was
+    finishing, or aborts the open transaction), and only then reads the topic back
+    to see whether the epoch made it. Read back first, a commit completed after the
+    read-back would be produced a second time. Calls are recorded on the real sink
+    against a real broker; the rows are committed once."""
+    topic = own_kafka.new_topic(2)
+    sink = _sink(own_kafka.bootstrap, topic, tmp_path / "s", retry_s=120,
+                 settings={"transaction.timeout.ms": "5000"})
+    sink.recover({})
+    rows = sample_rows("results", 1, n=4)
+    sink.write(1, results_frame(rows))
+    tokens = sink.prepare(1)
+    calls: list[str] = []
+    new_producer, read_back_once = sink._new_producer, sink._read_back_once
+
+    def recorded_producer() -> Any:
+        p = new_producer()
+        calls.append("producer")
+        return p
+
+    def recorded_read_back(start: Any) -> Any:
+        out = read_back_once(start)
+        calls.append("read-back")
+        return out
+
+    sink._new_producer = recorded_producer  # type: ignore[method-assign]
+    sink._read_back_once = recorded_read_back  # type: ignore[method-assign]
+    retrying = threading.Event()
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "retrying" in record.getMessage():
+                retrying.set()
+
+    handler = Seen()
+    log = logging.getLogger("sealstream.kafka")
+    log.addHandler(handler)
+    own_kafka.broker.stop()
+    failure: list[BaseException] = []
+
+    def commit() -> None:
+        try:
+            sink.commit(1, tokens)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failure.append(exc)
+
+    worker = threading.Thread(target=commit)
+    worker.start()
+    try:
+        assert retrying.wait(120), "the sink did not retry"
+        own_kafka.broker.start()
+    finally:
+        worker.join(180)
+        log.removeHandler(handler)
+    assert not failure, failure
+    # (a first read-back, before the new producer, only looks for another instance)
+    assert calls[-2:] == ["producer", "read-back"], \
+        f"read back before init_transactions settled it: {calls}"
+    assert len(read_committed(own_kafka.bootstrap, topic)) == len(rows)
+    sink.close()
+
+
+def test_commits_after_an_aborted_transaction_are_found_from_the_recorded_offsets(
+        kafka: Any, tmp_path: Path) -> None:
+    """A run was killed inside a transaction with its rows at the broker; the next
+    instance's init_transactions aborts it, commits epoch 1, a checkpoint records the
+    end offsets (after the aborted transaction), and epoch 2 is committed. Recovery
+    from that checkpoint must find epoch 2 committed after the recorded offsets (its
+    staged file is gone), even on a broker that lists the aborted transaction in
+    fetches starting after it (the test broker does; the read_committed client then
+    hides the producer's later messages)."""
+    from confluent_kafka import Producer
+
+    topic = kafka.new_topic(1)
+    dead = Producer({"bootstrap.servers": kafka.bootstrap, "transactional.id": "job-y"})
+    dead.init_transactions(30)
+    dead.begin_transaction()
+    for i in range(4):
+        dead.produce(topic, b"{}", f"u{i}".encode(),
+                     headers=[("sealstream-id", b"{}"),
+                              ("sealstream-token", b"000000000001-runA")])
+    assert dead.flush(30) == 0  # at the broker, never committed
+    live = _sink(kafka.bootstrap, topic, tmp_path / "s", "runB", transactional_id="job-y")
+    live.recover({})  # aborts the dead run's transaction
+    rows1, rows2 = sample_rows("results", 1, n=5), sample_rows("results", 2, n=7)
+    live.write(1, results_frame(rows1))
+    live.commit(1, live.prepare(1))
+    live.write(2, results_frame(rows2))
+    tokens2 = live.prepare(2)
+    floor = live.location()  # what checkpoint 2 records: the end after epoch 1
+    live.commit(2, tokens2)
+    live.close()
+    assert len(read_committed(kafka.bootstrap, topic)) == len(rows1) + len(rows2)
+    again = _sink(kafka.bootstrap, topic, tmp_path / "s", "runC", transactional_id="job-y")
+    again.recover_at(floor, {2: tokens2})  # epoch 2 is in Kafka: nothing to produce
+    assert [f.token for f in again.committed()] == tokens2
+    assert len(read_committed(kafka.bootstrap, topic)) == len(rows1) + len(rows2)
+    again.close()
+
+
+def test_a_fenced_instance_retrying_after_a_broker_fault_does_not_produce_again(
+        own_kafka: Any, tmp_path: Path) -> None:
+    """Instance A prepared epoch 1; instance B of the same job takes the
+    transactional.id over and commits the same rows. A's commit then meets the broker
+    away (a retriable error, so A does not learn it was fenced) and retries once the
+    broker is back: its new producer would take the transactional.id back. A must see
+    that another instance of the job committed after its last end and stop as fenced,
+    not produce the rows a second time."""
+    topic = own_kafka.new_topic(1)
+    rows = sample_rows("results", 1, n=5)
+    first = _sink(own_kafka.bootstrap, topic, tmp_path / "a", "runA",
+                  transactional_id="job-z", retry_s=120,
+                  settings={"transaction.timeout.ms": "3000"})
+    first.recover({})
+    first.write(1, results_frame(rows))
+    t1 = first.prepare(1)
+    second = _sink(own_kafka.bootstrap, topic, tmp_path / "b", "runB",
+                   transactional_id="job-z")
+    second.recover({})  # fences A
+    second.write(1, results_frame(rows))
+    second.commit(1, second.prepare(1))
+    second.close()
+    assert len(read_committed(own_kafka.bootstrap, topic)) == len(rows)
+    retrying = threading.Event()
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "retrying" in record.getMessage():
+                retrying.set()
+
+    handler = Seen()
+    log = logging.getLogger("sealstream.kafka")
+    log.addHandler(handler)
+    own_kafka.broker.stop()
+    failure: list[BaseException] = []
+
+    def commit() -> None:
+        try:
+            first.commit(1, t1)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            failure.append(exc)
+
+    worker = threading.Thread(target=commit)
+    worker.start()
+    try:
+        assert retrying.wait(120), "the sink did not retry"
+        own_kafka.broker.start()
+    finally:
+        worker.join(180)
+        log.removeHandler(handler)
+    assert not worker.is_alive()
+    assert len(read_committed(own_kafka.bootstrap, topic)) == len(rows), "produced twice"
+    assert failure and isinstance(failure[0], SinkError), failure
+    assert "taken over by another instance" in str(failure[0]), failure[0]
+    first.close()

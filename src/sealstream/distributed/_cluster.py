@@ -1,6 +1,7 @@
 """Connecting to Ray: a cluster at an address, or a local one for the run.
 
-A local Ray started here listens on 127.0.0.1 only and is stopped through the
+A local Ray started here (always a new one, even beside another Ray on the machine)
+listens on 127.0.0.1 only and is stopped through the
 API when the run ends (never ``ray stop``, which stops every Ray on the machine).
 Ray's token authentication follows ``RAY_AUTH_MODE`` as the user set it; a
 process that joins a cluster must use the same mode as the cluster.
@@ -38,7 +39,10 @@ def connect(address: str | None, workers: int) -> Callable[[], None]:
         if address is not None:
             ray.init(address=address, log_to_driver=False, configure_logging=False)
         else:
+            # "local": a Ray of this run's own, even when another Ray runs on the
+            # machine (RAY_ADDRESS, or the last cluster started here): never join it
             ray.init(
+                address="local",
                 num_cpus=max(workers, os.cpu_count() or 1),
                 include_dashboard=False,
                 _node_ip_address="127.0.0.1",

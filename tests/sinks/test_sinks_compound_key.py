@@ -474,20 +474,13 @@ def test_a_job_into_a_table_of_a_single_key_is_refused_in_one_line(
 
 
 def test_spec_refusals_that_remain(tmp_path: Path) -> None:
-    """Kafka does not write compound keys yet; a table cannot take a field named
-    key_types (its own column). Both exit 2 at validation, before anything runs."""
+    """A table cannot take a field named key_types (its own column): exit 2 at
+    validation, before anything runs."""
     spec = write_job(tmp_path, "sqlite")
     text = spec.read_text()
     spec.write_text(text.replace('key = ["tenant", "user"]', 'key = ["tenant", "key_types"]'))
     res = run(spec)
     assert res.returncode == 2 and "'key_types' names a column of the results table" in res.stderr
-    sink = 'kind = "sqlite"\nurl = "sqlite:///results.db"\ntable = "ck_results"'
-    spec.write_text(text.replace(sink, 'kind = "kafka"\nbootstrap = "127.0.0.1:1"\n'
-                                       'topic = "t"'))
-    res = run(spec)
-    assert res.returncode == 2, res.stderr
-    assert "a compound key (source.key as a list) is written by jsonl, stdout, parquet, " \
-           "sqlite and postgresql sinks for now, not 'kafka'" in res.stderr
     assert not (tmp_path / "results.db").exists()
 
 
@@ -504,3 +497,65 @@ def test_parquet_files_of_another_key_are_named_as_such(tmp_path: Path) -> None:
                                         "are key, window_start, window_end, n\\), this "
                                         "pipeline's key is written as tenant, user"):
         sink.read_ids(sink.committed())
+
+
+def _kafka_results(kafka: Any, topic: str) -> list[dict[str, Any]]:
+    """The topic's committed results; each message's key is the JSON object of the
+    key fields, and its identity header names the result's window."""
+    from sealstream.testing.kafka_read import read_committed
+
+    out = []
+    for m in read_committed(kafka.bootstrap, topic):
+        value = json.loads(m.value)
+        assert json.loads(m.key) == {f: value[f] for f in FIELDS}
+        assert list(json.loads(m.key)) == list(FIELDS)
+        ident = json.loads(dict(m.headers)["sealstream-id"])
+        assert (ident["window_start"], ident["window_end"]) == (value["window_start"],
+                                                                value["window_end"])
+        out.append(value)
+    return out
+
+
+def _kafka_job(tmp_path: Path, kafka: Any) -> tuple[Path, str]:
+    topic = kafka.new_topic(3)
+    spec = write_job(tmp_path, "jsonl")
+    spec.write_text(spec.read_text().replace(
+        'kind = "jsonl"\npath = "out"',
+        f'kind = "kafka"\nbootstrap = "{kafka.bootstrap}"\ntopic = "{topic}"'))
+    return spec, topic
+
+
+@pytest.mark.parametrize("point", ["kafka_in_transaction", "after_manifest_publish"])
+def test_kafka_results_of_a_compound_key_are_exactly_once_through_a_sigkill(
+        tmp_path: Path, kafka: Any, reference: list[dict[str, Any]], point: str) -> None:
+    """Killed inside the epoch's transaction (rows at the broker, not committed) or
+    right after the manifest: the resumed run commits each result once, keyed by
+    the fields' JSON object; a rerun produces nothing."""
+    spec, topic = _kafka_job(tmp_path, kafka)
+    crashed = run(spec, crash_at=f"{point}:3")
+    assert crashed.returncode == -9, f"{point} was not reached: {crashed.stderr}"
+    resumed = run(spec)
+    assert resumed.returncode == 0, resumed.stderr
+    first = _kafka_results(kafka, topic)
+    assert_same_results(first, reference)
+    again = run(spec)
+    assert again.returncode == 0, again.stderr
+    assert len(_kafka_results(kafka, topic)) == len(first)
+
+
+def test_kafka_fallback_to_an_older_checkpoint_suppresses_what_was_committed(
+        tmp_path: Path, kafka: Any, reference: list[dict[str, Any]]) -> None:
+    """The compound identities read back from the topic's headers are what the
+    resumed run suppresses after falling back past a damaged newest checkpoint."""
+    spec, topic = _kafka_job(tmp_path, kafka)
+    assert run(spec, crash_at="after_retention:4").returncode == -9
+    newest = sorted((tmp_path / "ckpt").glob("cp-*"))[-1]
+    state = newest / "state.arrow"
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 1
+    state.write_bytes(bytes(data))
+    assert _kafka_results(kafka, topic)
+    resumed = run(spec)
+    assert resumed.returncode == 0, resumed.stderr
+    assert list((tmp_path / "ckpt" / "rejected").glob(f"{newest.name}-*"))  # it fell back
+    assert_same_results(_kafka_results(kafka, topic), reference)

@@ -313,7 +313,7 @@ class Job(Checkpointing):
             self.sinks["errors"] = open_sink(self.p.errors, "records", self.run_token)
         results = self.sinks["results"]
         # a compound key: each field under its own name (a line's field, a column)
-        if isinstance(results, (JsonlDirSink, ParquetDirSink, DatabaseSink)):
+        if isinstance(results, (JsonlDirSink, ParquetDirSink, DatabaseSink, KafkaSink)):
             results.key_fields = self.p.source.key_fields
         for role, sink in self.sinks.items():
             if isinstance(sink, DatabaseSink):

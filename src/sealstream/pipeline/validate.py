@@ -149,10 +149,6 @@ def validate(p: Pipeline) -> None:
                     or k in p.aggregates]
         if reserved:
             raise SpecError(f"source.key: {reserved[0]!r} would name two result columns")
-        if p.sink.kind == "kafka":
-            raise SpecError("sink.kind: a compound key (source.key as a list) is written by "
-                            "jsonl, stdout, parquet, sqlite and postgresql sinks for now, "
-                            "not 'kafka'")
         if p.sink.kind in ("sqlite", "postgresql") and "key_types" in keys:
             raise SpecError("source.key: 'key_types' names a column of the results table "
                             "(the kind of each key field); rename the field with "

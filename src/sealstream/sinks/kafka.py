@@ -10,7 +10,8 @@ Selected in the spec (for ``[sink]``, ``[late]`` and ``[errors]``)::
     [sink.settings]                          # librdkafka settings, passed through
     "transaction.timeout.ms" = "60000"
 
-Each row becomes one message: key = the result's key (for late events and bad
+Each row becomes one message: key = the result's key (a compound key's fields as
+one JSON object, ``{"tenant":"acme","user":7}``; for late events and bad
 records: the name of the source partition they came from), value = the row as
 JSON (the line the JSON Lines sink writes), headers ``sealstream-id`` (the
 row's identity as JSON: key, key-is-integer, window start and end; or source
@@ -188,6 +189,9 @@ class KafkaSink(Sink):
         self._ids: pl.DataFrame | None = None  # token + id columns of what was read back
         self._end: dict[int, int] | None = None  # end offsets after our last commit
         self._end_stale = True
+        #: a compound key's fields (results only): the message key is then the JSON
+        #: object of the fields, ``{"tenant":"acme","user":7}``
+        self.key_fields: tuple[str, ...] | None = None
 
     # ------------------------------------------------------------ naming
     def set_job(self, pipeline: str, output: str) -> None:
@@ -462,6 +466,8 @@ class KafkaSink(Sink):
             ident = pl.struct(key.alias("key"), pl.col("__kint").cast(pl.Boolean),
                               pl.col("window_start").cast(pl.Int64),
                               pl.col("window_end").cast(pl.Int64))
+            if self.key_fields is not None:  # the key text is the fields' JSON members
+                key = pl.concat_str([pl.lit("{"), key, pl.lit("}")])
         else:
             key = pl.col("_partition").cast(pl.String)
             ident = pl.struct(pl.col("_partition").cast(pl.String),

@@ -198,7 +198,7 @@ def judge(ev: Evidence, parent: Mapping[str, Any] | None, policy: Policy) -> Ver
     """
     try:
         return _judge(ev, parent, policy)
-    except (TypeError, ValueError, AttributeError, KeyError, IndexError,
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError,
             RecursionError) as exc:
         doc = None
         try:

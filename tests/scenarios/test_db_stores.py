@@ -172,6 +172,32 @@ def test_a_checkpoint_row_with_a_text_id_is_no_checkpoint(tmp_path: Path,
     assert_same_output(tmp_path, expected)
 
 
+@pytest.mark.parametrize("db", ["sqlite", "postgresql"])
+def test_a_database_without_checkpoints_reads_as_an_empty_store(
+        tmp_path: Path, db: str, request: pytest.FixtureRequest) -> None:
+    """A database that exists but holds no checkpoints is an empty store, as an empty
+    directory is: list and verify print no checkpoints and exit 0 (semantics section 8:
+    "or there are none"), prune keeps nothing; only inspect, which needs one, exits 2."""
+    if db == "sqlite":
+        sqlite3.connect(tmp_path / "empty.db").close()  # a database file, no tables
+        url = f"sqlite:///{tmp_path / 'empty.db'}"
+    else:
+        url = str(request.getfixturevalue("pg_url"))
+    listed = _cli("list", url, "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout)["checkpoints"] == []
+    verified = _cli("verify", url, "--json")
+    assert verified.returncode == 0, verified.stderr
+    data = json.loads(verified.stdout)
+    assert data["checkpoints"] == [] and data["resume_from"] is None
+    pruned = _cli("prune", url, "--keep", "1", "--json")
+    assert pruned.returncode == 0, pruned.stderr
+    assert json.loads(pruned.stdout)["kept"] == []
+    shown = _cli("inspect", url, "--json")
+    assert shown.returncode == 2 and "no checkpoints in" in shown.stderr, shown.stderr
+    assert "Traceback" not in listed.stderr + verified.stderr + pruned.stderr + shown.stderr
+
+
 def test_pipelines_share_a_database_and_cli_errors(tmp_path: Path) -> None:
     spec = _sqlite_story(tmp_path)
     assert run(spec).returncode == 0

@@ -553,3 +553,33 @@ def test_a_resealed_manifest_with_a_non_finite_number_is_rejected(
     res = _guarded(["run", str(d / "spec.toml"), "--quiet"], None)
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
     assert_same_output(d, expected)
+
+
+@pytest.mark.parametrize("parent", ["itself", "a newer id", "zero", "text", "true"])
+def test_a_parent_that_cannot_be_an_older_checkpoint_is_malformed(
+    tmp_path: Path, crashed: Path, expected: Path, parent: str
+) -> None:
+    """A checkpoint continues from an older one: a re-sealed manifest naming itself, a
+    newer id, no valid id or a non-integer as parent would make itself (or nothing) the
+    yardstick of its own coherence, so a position it moved back (re-reading events the
+    state already holds) went unnoticed and the checkpoint was ATOMIC."""
+    d = _copy(crashed, tmp_path / "job")
+    newest = sorted((d / "ckpt").glob("cp-*"))[-1]
+    cid = int(newest.name.removeprefix("cp-"))
+    named = {"itself": cid, "a newer id": cid + 5, "zero": 0, "text": str(cid - 1),
+             "true": True}[parent]
+
+    def regress(doc: dict) -> None:
+        doc["parent"] = named
+        doc["positions"][0]["next_offset"] = 1
+        doc["positions"][0]["resume"]["offset"] = 0
+    _reseal(newest / "MANIFEST.json", regress)
+    data = _verify_guarded(d, None)
+    verdict = data["checkpoints"][-1]
+    assert (verdict["verdict"], verdict["reason"]) == (INCONSISTENT, "MANIFEST_MALFORMED"), \
+        verdict
+    assert "parent" in verdict["message"], verdict
+    assert data["resume_from"] == data["checkpoints"][-2]["id"]
+    res = _guarded(["run", str(d / "spec.toml"), "--quiet"], None)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert_same_output(d, expected)

@@ -555,6 +555,31 @@ def test_a_resealed_manifest_with_a_non_finite_number_is_rejected(
     assert_same_output(d, expected)
 
 
+def test_a_checkpoint_naming_no_parent_is_still_held_to_its_predecessor(
+    tmp_path: Path, crashed: Path, expected: Path
+) -> None:
+    """Only a chain's first checkpoint names no parent, and then no older checkpoint is
+    kept (a fresh job, or --start-over moved them aside). A re-sealed manifest that drops
+    its parent to hide positions that went back is held to the newest older checkpoint
+    that verifies, as when its parent is gone."""
+    d = _copy(crashed, tmp_path / "job")
+    newest = sorted((d / "ckpt").glob("cp-*"))[-1]
+
+    def regress(doc: dict) -> None:
+        doc["parent"] = None
+        doc["positions"][0]["next_offset"] = 1
+        doc["positions"][0]["resume"]["offset"] = 0
+    _reseal(newest / "MANIFEST.json", regress)
+    data = _verify_guarded(d, None)
+    verdict = data["checkpoints"][-1]
+    assert (verdict["verdict"], verdict["reason"]) == (INCONSISTENT, "POSITION_REGRESSION"), \
+        verdict
+    assert data["resume_from"] == data["checkpoints"][-2]["id"]
+    res = _guarded(["run", str(d / "spec.toml"), "--quiet"], None)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert_same_output(d, expected)
+
+
 @pytest.mark.parametrize("parent", ["itself", "a newer id", "zero", "text", "true"])
 def test_a_parent_that_cannot_be_an_older_checkpoint_is_malformed(
     tmp_path: Path, crashed: Path, expected: Path, parent: str

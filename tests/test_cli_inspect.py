@@ -288,6 +288,26 @@ def test_inspect_corrupt_state(job: Path, capsys: pytest.CaptureFixture[str]) ->
     assert "HASH_MISMATCH" in out and "mismatch" in out
 
 
+@pytest.mark.parametrize("what", ["FIFO", "symlink"])
+def test_inspect_a_state_that_is_not_a_regular_file(
+        job: Path, capsys: pytest.CaptureFixture[str], what: str) -> None:
+    """inspect shows the guard's verdict on a checkpoint whose state is a FIFO or a
+    symbolic link, as for any other damage, instead of failing (exit 1) on it."""
+    state = cp(job, 4) / "state.arrow"
+    if what == "FIFO":
+        state.unlink()
+        os.mkfifo(state)
+    else:
+        moved = job / "elsewhere.arrow"
+        state.rename(moved)
+        state.symlink_to(moved)
+    data = cli_json(capsys, "inspect", str(job / "ckpt"), "4")
+    assert (data["verdict"], data["reason"]) == ("INCONSISTENT_STATE", "NOT_A_REGULAR_FILE")
+    assert data["state"]["read"] is False and "cannot be read" in data["state"]["error"]
+    entry = next(f for f in data["files"] if f["role"] == "state")
+    assert entry["bytes"] is None and entry["sha256_ok"] is None
+
+
 def test_inspect_truncated_manifest(job: Path, capsys: pytest.CaptureFixture[str]) -> None:
     m = cp(job, 4) / "MANIFEST.json"
     m.write_bytes(m.read_bytes()[:100])

@@ -212,6 +212,8 @@ def _read_verified(
         return None, f"{rel} is missing", fact
     except OSError as exc:
         return None, f"{rel} cannot be read ({exc.strerror or exc})", fact
+    except CheckpointError as exc:  # not a regular file (a FIFO, a symlink), undecryptable
+        return None, f"{rel} cannot be read ({exc})", fact
     fact["bytes"] = len(data)
     ok = sha256_hex(data) == e.get("sha256") and len(data) == _int(e.get("bytes"))
     fact["sha256_ok"] = ok

@@ -496,3 +496,115 @@ def test_a_state_with_an_arrow_extension_type_is_inconsistent(
     res = _guarded(["run", str(d / "spec.toml"), "--quiet"], None)
     assert res.returncode == 0 and "panic" not in res.stderr, res.stderr
     assert_same_output(d, expected)
+
+
+def _strict_json(text: str) -> dict:
+    """Parse as RFC 8259 JSON: NaN and Infinity are not JSON."""
+    def refuse(name: str) -> None:
+        raise ValueError(f"{name} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+# where a forger puts a number that JSON cannot hold, and how it is spelt in the file
+NON_FINITE = [
+    ("lateness_ms", "Infinity"),
+    ("lateness_ms", "1e999"),
+    ("next_offset", "Infinity"),
+    ("next_offset", "-1e999"),
+    ("created_ms", "Infinity"),
+    ("created_ms", "NaN"),
+]
+
+
+@pytest.mark.parametrize("field,number", NON_FINITE)
+def test_a_resealed_manifest_with_a_non_finite_number_is_rejected(
+    tmp_path: Path, crashed: Path, expected: Path, field: str, number: str
+) -> None:
+    """Python's JSON parser reads `Infinity`, `NaN` and `1e999` (an overflow to inf);
+    none of them is JSON and no writer produces one. A forger re-sealing the manifest
+    around one gets a rejecting verdict, not a traceback out of the guard (it did
+    int(inf) -> OverflowError), and `list --json` stays strict JSON."""
+    d = _copy(crashed, tmp_path / "job")
+    newest = sorted((d / "ckpt").glob("cp-*"))[-1]
+    manifest = newest / "MANIFEST.json"
+    value = float(number)  # inf, -inf or nan: what Python's parser makes of the text
+
+    def plant(doc: dict) -> None:
+        if field == "next_offset":
+            doc["positions"][0]["next_offset"] = value
+        else:
+            doc[field] = value
+    _reseal(manifest, plant)  # json.dumps spells it Infinity / -Infinity / NaN
+    if "e" in number:  # 1e999 parses to the same inf, so the digest still verifies
+        manifest.write_text(manifest.read_text().replace("Infinity", "1e999"))
+    assert number in manifest.read_text()
+    data = _verify_guarded(d, None)
+    verdict = data["checkpoints"][-1]
+    assert (verdict["verdict"], verdict["reason"]) == (PARTIAL, "MANIFEST_UNREADABLE"), verdict
+    assert "manifest is not JSON" in verdict["message"], verdict
+    assert data["resume_from"] == data["checkpoints"][-2]["id"]
+    listed = _guarded(["checkpoints", "list", str(d / "ckpt"), "--json"], None)
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+    cps = _strict_json(listed.stdout)["checkpoints"]
+    assert cps[-1]["id"] == verdict["id"] and cps[-1]["complete"] is False, cps[-1]
+    shown = _guarded(["checkpoints", "inspect", str(d / "ckpt"), str(verdict["id"]),
+                      "--json"], None)
+    assert "Traceback" not in shown.stderr, shown.stderr
+    res = _guarded(["run", str(d / "spec.toml"), "--quiet"], None)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert_same_output(d, expected)
+
+
+def test_a_checkpoint_naming_no_parent_is_still_held_to_its_predecessor(
+    tmp_path: Path, crashed: Path, expected: Path
+) -> None:
+    """Only a chain's first checkpoint names no parent, and then no older checkpoint is
+    kept (a fresh job, or --start-over moved them aside). A re-sealed manifest that drops
+    its parent to hide positions that went back is held to the newest older checkpoint
+    that verifies, as when its parent is gone."""
+    d = _copy(crashed, tmp_path / "job")
+    newest = sorted((d / "ckpt").glob("cp-*"))[-1]
+
+    def regress(doc: dict) -> None:
+        doc["parent"] = None
+        doc["positions"][0]["next_offset"] = 1
+        doc["positions"][0]["resume"]["offset"] = 0
+    _reseal(newest / "MANIFEST.json", regress)
+    data = _verify_guarded(d, None)
+    verdict = data["checkpoints"][-1]
+    assert (verdict["verdict"], verdict["reason"]) == (INCONSISTENT, "POSITION_REGRESSION"), \
+        verdict
+    assert data["resume_from"] == data["checkpoints"][-2]["id"]
+    res = _guarded(["run", str(d / "spec.toml"), "--quiet"], None)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert_same_output(d, expected)
+
+
+@pytest.mark.parametrize("parent", ["itself", "a newer id", "zero", "text", "true"])
+def test_a_parent_that_cannot_be_an_older_checkpoint_is_malformed(
+    tmp_path: Path, crashed: Path, expected: Path, parent: str
+) -> None:
+    """A checkpoint continues from an older one: a re-sealed manifest naming itself, a
+    newer id, no valid id or a non-integer as parent would make itself (or nothing) the
+    yardstick of its own coherence, so a position it moved back (re-reading events the
+    state already holds) went unnoticed and the checkpoint was ATOMIC."""
+    d = _copy(crashed, tmp_path / "job")
+    newest = sorted((d / "ckpt").glob("cp-*"))[-1]
+    cid = int(newest.name.removeprefix("cp-"))
+    named = {"itself": cid, "a newer id": cid + 5, "zero": 0, "text": str(cid - 1),
+             "true": True}[parent]
+
+    def regress(doc: dict) -> None:
+        doc["parent"] = named
+        doc["positions"][0]["next_offset"] = 1
+        doc["positions"][0]["resume"]["offset"] = 0
+    _reseal(newest / "MANIFEST.json", regress)
+    data = _verify_guarded(d, None)
+    verdict = data["checkpoints"][-1]
+    assert (verdict["verdict"], verdict["reason"]) == (INCONSISTENT, "MANIFEST_MALFORMED"), \
+        verdict
+    assert "parent" in verdict["message"], verdict
+    assert data["resume_from"] == data["checkpoints"][-2]["id"]
+    res = _guarded(["run", str(d / "spec.toml"), "--quiet"], None)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert_same_output(d, expected)

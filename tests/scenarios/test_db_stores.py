@@ -61,6 +61,10 @@ def _tamper(db: str, url: str, name: str, how: str) -> None:
         data = bytes(data)
         if how == "delete":
             conn.execute(f"DELETE FROM {table} WHERE name = {q}", (name,))
+        elif how == "text":  # a str: SQLite keeps it as TEXT in the BLOB column
+            conn.execute(f"UPDATE {table} SET data = {q} WHERE name = {q}", ("garbage", name))
+        elif how == "integer":
+            conn.execute(f"UPDATE {table} SET data = 42 WHERE name = {q}", (name,))
         else:
             new = data[: len(data) // 2] if how == "truncate" else (
                 data[:100] + bytes([data[100] ^ 0x40]) + data[101:])
@@ -111,6 +115,11 @@ def test_kill_then_resume_from_a_database(tmp_path: Path, expected: Path, point:
     ("postgresql", "receipts.json", "delete", "PARTIAL_CHECKPOINT_REJECT"),
     ("sqlite", "MANIFEST.json", "delete", "PARTIAL_CHECKPOINT_REJECT"),
     ("postgresql", "MANIFEST.json", "delete", "PARTIAL_CHECKPOINT_REJECT"),
+    # what `UPDATE ... SET data = 'garbage'` leaves: a value that is not a BLOB
+    ("sqlite", "MANIFEST.json", "text", "PARTIAL_CHECKPOINT_REJECT"),
+    ("sqlite", "state.arrow", "text", "PARTIAL_CHECKPOINT_REJECT"),
+    # 42 is read as the bytes "42": a whole JSON document, not a cut one
+    ("sqlite", "receipts.json", "integer", "INCONSISTENT_STATE"),
 ])
 def test_corrupt_newest_checkpoint_falls_back(tmp_path: Path, expected: Path, db: str,
                                               blob: str, how: str, verdict: str,
@@ -121,6 +130,10 @@ def test_corrupt_newest_checkpoint_falls_back(tmp_path: Path, expected: Path, db
     newest = cps[-1]["id"]
     _tamper(db, url, f"cp-{newest:012d}/{blob}", how)
     verified = _cli("verify", url, "--json")
+    assert verified.returncode == 1 and "Traceback" not in verified.stderr, verified.stderr
+    listed = _cli("list", url, "--json")
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+    assert [c["id"] for c in json.loads(listed.stdout)["checkpoints"]][-1] == newest
     data = json.loads(verified.stdout)
     judged = {c["id"]: c["verdict"] for c in data["checkpoints"]}
     assert judged[newest] == verdict
@@ -135,6 +148,54 @@ def test_corrupt_newest_checkpoint_falls_back(tmp_path: Path, expected: Path, db
         assert newest in [r["id"] for r in store.rejected()]  # type: ignore[attr-defined]
     finally:
         store.close()
+
+
+def test_a_checkpoint_row_with_a_text_id_is_no_checkpoint(tmp_path: Path,
+                                                          expected: Path) -> None:
+    """SQLite keeps 'abc' as TEXT in the INTEGER id column: such a row, written by no
+    sealstream, is ignored by list, verify and run instead of raising ValueError."""
+    spec = _sqlite_story(tmp_path)
+    url = f"sqlite:///{tmp_path / 'ckpt.db'}"
+    assert run(spec, crash_at="after_retention:3").returncode == -9
+    before = json.loads(_cli("list", url, "--json").stdout)["checkpoints"]
+    conn = sqlite3.connect(tmp_path / "ckpt.db")
+    conn.execute("INSERT INTO sealstream_checkpoints VALUES ('story', 'abc', 'x')")
+    conn.commit()
+    conn.close()
+    for cmd in ("list", "verify"):
+        res = _cli(cmd, url, "--json")
+        assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+        assert [c["id"] for c in json.loads(res.stdout)["checkpoints"]] == \
+            [c["id"] for c in before]
+    resumed = run(spec)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_output(tmp_path, expected)
+
+
+@pytest.mark.parametrize("db", ["sqlite", "postgresql"])
+def test_a_database_without_checkpoints_reads_as_an_empty_store(
+        tmp_path: Path, db: str, request: pytest.FixtureRequest) -> None:
+    """A database that exists but holds no checkpoints is an empty store, as an empty
+    directory is: list and verify print no checkpoints and exit 0 (semantics section 8:
+    "or there are none"), prune keeps nothing; only inspect, which needs one, exits 2."""
+    if db == "sqlite":
+        sqlite3.connect(tmp_path / "empty.db").close()  # a database file, no tables
+        url = f"sqlite:///{tmp_path / 'empty.db'}"
+    else:
+        url = str(request.getfixturevalue("pg_url"))
+    listed = _cli("list", url, "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout)["checkpoints"] == []
+    verified = _cli("verify", url, "--json")
+    assert verified.returncode == 0, verified.stderr
+    data = json.loads(verified.stdout)
+    assert data["checkpoints"] == [] and data["resume_from"] is None
+    pruned = _cli("prune", url, "--keep", "1", "--json")
+    assert pruned.returncode == 0, pruned.stderr
+    assert json.loads(pruned.stdout)["kept"] == []
+    shown = _cli("inspect", url, "--json")
+    assert shown.returncode == 2 and "no checkpoints in" in shown.stderr, shown.stderr
+    assert "Traceback" not in listed.stderr + verified.stderr + pruned.stderr + shown.stderr
 
 
 def test_pipelines_share_a_database_and_cli_errors(tmp_path: Path) -> None:

@@ -198,7 +198,7 @@ def judge(ev: Evidence, parent: Mapping[str, Any] | None, policy: Policy) -> Ver
     """
     try:
         return _judge(ev, parent, policy)
-    except (TypeError, ValueError, AttributeError, KeyError, IndexError,
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError,
             RecursionError) as exc:
         doc = None
         try:
@@ -289,6 +289,14 @@ def _judge(ev: Evidence, parent: Mapping[str, Any] | None, policy: Policy) -> Ve
     ok, code = signature_ok(doc, policy.key)
     if not ok:
         return _signature_verdict(ev, cid, code, doc)
+    named = doc.get("parent")
+    if named is not None and (isinstance(named, bool) or not isinstance(named, int)
+                              or not 1 <= named < cid):
+        # a checkpoint continues from an older one; itself, a newer one or a value that
+        # is no id would make itself (or nothing) the yardstick of its own coherence
+        return _verdict(ev, INCONSISTENT, "MANIFEST_MALFORMED",
+                        f"checkpoint {cid}: its parent {str(named)[:40]!r} is not the id of "
+                        "an older checkpoint", doc)
     for role, entry in sorted(files.items()):
         problem = ev.files[str(entry["path"])].problem
         if problem is not None:

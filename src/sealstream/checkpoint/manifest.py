@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import os
 import re
 from typing import Any
@@ -78,14 +79,34 @@ def part_name(index: int) -> str:
     return f"state.part-{index:04d}.arrow"
 
 
+class NonFiniteNumberError(ValueError):
+    """A JSON document holds ``NaN``, ``Infinity`` or a number beyond the float range."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise NonFiniteNumberError(f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise NonFiniteNumberError(f"number {text[:40]} is beyond the float range")
+    return value
+
+
 def load_json(data: bytes | str, what: str = "document") -> Any:
     """Parse a JSON document read from a store, within bounds: ValueError (naming
     ``what``) when it is larger than :data:`MAX_JSON_BYTES`, nested deeper than
-    :data:`MAX_JSON_DEPTH`, or not JSON."""
+    :data:`MAX_JSON_DEPTH`, or not JSON. ``NaN``, ``Infinity`` and ``-Infinity``
+    (which Python's parser accepts, but JSON does not have) and a number that
+    overflows a float (``1e999``) are not JSON either: no writer produces them, and
+    a forged one must not reach ``int()`` as an infinity."""
     if len(data) > MAX_JSON_BYTES:
         raise ValueError(f"{what} is larger than {MAX_JSON_BYTES} bytes")
     try:
-        doc = json.loads(data)
+        doc = json.loads(data, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except NonFiniteNumberError as exc:
+        raise ValueError(f"{what} is not JSON: {exc}") from None
     except RecursionError:
         raise ValueError(f"{what} is nested deeper than {MAX_JSON_DEPTH} levels") from None
     stack: list[tuple[Any, int]] = [(doc, 1)]

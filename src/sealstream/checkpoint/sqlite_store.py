@@ -290,21 +290,31 @@ class SqliteCheckpointStore(CheckpointStore):
     def exists(self) -> bool:
         return self.root.is_file()
 
+    # only integer ids: a row whose id is text ('abc', which the INTEGER column keeps
+    # as TEXT) was written by no sealstream and is no checkpoint
     def ids(self) -> list[int]:
         return [int(r[0]) for r in
-                self._query("SELECT id FROM sealstream_checkpoints WHERE pipeline = ? ORDER BY id")]
+                self._query("SELECT id FROM sealstream_checkpoints WHERE pipeline = ? "
+                            "AND typeof(id) = 'integer' ORDER BY id")]
 
     def max_id_ever(self) -> int:
         rows = self._query(
             "SELECT MAX(id) FROM (SELECT id FROM sealstream_checkpoints WHERE pipeline = ?1 "
-            "UNION ALL SELECT id FROM sealstream_rejected WHERE pipeline = ?1)"
+            "UNION ALL SELECT id FROM sealstream_rejected WHERE pipeline = ?1) "
+            "WHERE typeof(id) = 'integer'"
         )
         return int(rows[0][0]) if rows and rows[0][0] is not None else 0
 
     def _raw(self, rel: str) -> bytes | None:
+        # CAST: SQLite lets any column hold any type, so a row damaged behind the store's
+        # back (UPDATE ... SET data = 'text') may hold TEXT, a number or NULL; judge the
+        # bytes the database holds, whatever their type, as those of a damaged file
         rows = self._query(
-            "SELECT data FROM sealstream_checkpoint_files WHERE pipeline = ? AND name = ?", rel)
-        return bytes(rows[0][0]) if rows else None
+            "SELECT CAST(data AS BLOB) FROM sealstream_checkpoint_files "
+            "WHERE pipeline = ? AND name = ?", rel)
+        if not rows:
+            return None
+        return bytes(rows[0][0]) if rows[0][0] is not None else b""
 
     def _names(self, cid: int) -> list[str]:
         return [str(r[0]) for r in self._query(
@@ -315,7 +325,7 @@ class SqliteCheckpointStore(CheckpointStore):
         """The checkpoints moved aside (evidence), oldest move first."""
         rows = self._query(
             "SELECT id, reason, moved_at, COUNT(name) FROM sealstream_rejected WHERE pipeline = ? "
-            "GROUP BY id, reason, moved_at ORDER BY MIN(seq)")
+            "AND typeof(id) = 'integer' GROUP BY id, reason, moved_at ORDER BY MIN(seq)")
         return [{"id": int(r[0]), "reason": r[1], "moved_at": r[2], "files": int(r[3])}
                 for r in rows]
 

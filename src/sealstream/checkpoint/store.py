@@ -371,19 +371,25 @@ class CheckpointStore(abc.ABC):
         back): its parent's manifest when that one's signature verifies; else, when
         the parent is damaged or gone, the newest older checkpoint whose manifest
         verifies (an ancestor: recovery moves rejected checkpoints aside, so the
-        checkpoints kept form one chain). None when there is none, or ``cid`` names
-        no parent.
+        checkpoints kept form one chain); when ``cid`` names no parent, that newest
+        older checkpoint too. None when there is none.
 
         Only an authentic manifest is a yardstick: a tampered parent must not make
         an intact child look inconsistent, nor spare a child that went back.
         """
         doc = self.read_manifest(cid)
-        if doc is None or isinstance(doc.get("parent"), bool) \
-                or not isinstance(doc.get("parent"), int):
+        if doc is None:
             return None
-        named = int(doc["parent"])
-        for pid in [named, *sorted((i for i in self.ids() if i < cid and i != named),
-                                   reverse=True)]:
+        named: int | None = None
+        if doc.get("parent") is not None:
+            if isinstance(doc.get("parent"), bool) or not isinstance(doc.get("parent"), int):
+                return None  # the guard rejects such a parent itself
+            named = int(doc["parent"])
+        # no parent: only a chain's first checkpoint has none, and then no older one is
+        # kept (--start-over moves them aside); one that is kept is its yardstick still,
+        # so dropping the parent does not hide positions or a watermark that went back
+        older = sorted((i for i in self.ids() if i < cid and i != named), reverse=True)
+        for pid in ([named] if named is not None else []) + older:
             parent = self.read_manifest(pid)
             if parent is not None and signature_ok(parent, key)[0]:
                 return parent

@@ -407,9 +407,9 @@ def _url_store(url: str, pipeline: str | None, named: bool) -> Any:
         if is_postgres(url):
             from sealstream.checkpoint import pg_store
 
+            # a database without checkpoints is an empty store, as an empty directory
+            # or SQLite file is: list and verify show none, inspect says there are none
             names = pg_store.pipelines_in(url, redact(url))
-            if not names and pipeline is None:
-                raise SpecError(f"no checkpoints in {redact(url)}")
         else:
             from sealstream.checkpoint import sqlite_store
 

@@ -345,6 +345,10 @@ class KafkaPartition:
             self._position = max(self._position, max(eof))
         return self._parser.parse(values, offsets, self._position, keys, stamps)
 
+    def tell(self) -> int:
+        """The offset of the next record to read."""
+        return self._position
+
     def seek(self, position: int) -> None:
         from confluent_kafka import TopicPartition
 
@@ -541,13 +545,15 @@ class KafkaSource:
             self._initial = set(names)
         return names
 
-    def open(self, name: str, position: int | None) -> KafkaPartition:
-        """Open ``name`` at ``position`` (None: by the start mode; a partition
-        that appeared after the first :meth:`discover` starts at its beginning)."""
+    def open(self, name: str, position: int | None, from_start: bool = False
+             ) -> KafkaPartition:
+        """Open ``name`` at ``position`` (None: by the start mode; at its beginning
+        when ``from_start``, or when it appeared after the first :meth:`discover`)."""
         if self._known is None:
             self.discover()
         part = KafkaPartition(
-            self.settings, name, self._parser, position, from_start=name not in self._initial
+            self.settings, name, self._parser, position,
+            from_start=from_start or name not in self._initial,
         )
         self._parts.append(part)
         return part

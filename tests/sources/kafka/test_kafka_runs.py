@@ -302,6 +302,8 @@ def _corrupt_newest(d: Path, rng: random.Random) -> None:
     if len(cps) < 2:
         return
     files = sorted(p for p in cps[-1].iterdir() if p.is_file())
+    if not files:  # killed while it was being written: nothing to damage
+        return
     victim = rng.choice(files)
     data = bytearray(victim.read_bytes())
     if data:

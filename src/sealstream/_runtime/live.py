@@ -42,7 +42,7 @@ there and a recovery never asks the start mode again.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import polars as pl
@@ -604,8 +604,13 @@ def open_live(job: Any, positions: list[SourcePosition]) -> LiveMerger:
     from sealstream.sources.files.follow import FollowedFiles
 
     p = job.p
-    source: LiveSource = (p.source.open_live(job.plan) if p.source.kind in ("kafka", "nats")
-                          else FollowedFiles(p.source.kind, p.source, job.plan))
+    spec = p.source
+    if spec.kind == "kafka" and getattr(spec, "group", "") is None:
+        # the consumer group told the positions after each checkpoint, for lag tools:
+        # by default the pipeline's name (group = "" turns it off)
+        spec = replace(spec, group=p.name)
+    source: LiveSource = (spec.open_live(job.plan) if spec.kind in ("kafka", "nats")
+                          else FollowedFiles(spec.kind, spec, job.plan))
     return LiveMerger(
         source, job.plan, list(job.names), positions, p.batch_size,
         store=job.store, key=job.key, wm=job.wm,

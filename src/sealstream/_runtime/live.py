@@ -31,12 +31,18 @@ replay):
   fire).
 * ``stop = "end"``: the end positions seen at start bound every partition; the
   step that reaches them all ends the run (``W = +inf``).
+
+Where partitions start: the start mode (``start = "latest"``, a time) places only
+the partitions of a job's first run; one a restored checkpoint does not know is
+growth and opens at its beginning. The first step recorded after a partition opens
+lists where it starts (an empty range when it reads nothing), so a replay starts it
+there and a recovery never asks the start mode again.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import polars as pl
@@ -98,6 +104,9 @@ class _Cursor:
     after: PartitionPosition = field(default_factory=PartitionPosition)  # after all polled
     last_delivery: float = 0.0
     stop_at: int | None = None  # stop = "end": the end position seen at start
+    #: where the partition starts is known to a recovery: a checkpoint's position, or
+    #: a recorded step listing it (False until the first step recorded after its open)
+    listed: bool = True
 
     def source_position(self) -> SourcePosition:
         if self.pending is not None:
@@ -155,9 +164,13 @@ class LiveMerger:
         plan_mark: dict[str, Any] | None,
         clock: Clock | None = None,
         fresh: bool = False,
+        resumed: bool = False,
     ) -> None:
         """``fresh``: no checkpoint was restored (``names`` are the partitions listed
-        now, at their start, and ``wm`` knows nothing yet)."""
+        now, at their start, and ``wm`` knows nothing yet). ``resumed``: ``names``
+        and ``positions`` are a checkpoint's: a partition it does not know was created
+        after the job began and is read from its beginning, never per the start mode
+        (which places only the partitions of a job's very first run)."""
         self.source = source
         self.plan = plan
         self.schema = plan.event_schema()
@@ -170,6 +183,7 @@ class LiveMerger:
         self.stop_end = stop_end
         self.poll_ms = poll_ms
         self.clock = clock or SystemClock()
+        self.resumed = resumed
         self.names: list[str] = []
         self.cursors: list[_Cursor] = []
         self.step = int(plan_mark["step"]) if plan_mark else 0
@@ -204,7 +218,7 @@ class LiveMerger:
             # steps that ran without it, and the replay would not be the plan's run
             for n in listed:
                 if n not in self.names:
-                    self._open(n, None, now)
+                    self._open(n, None, now, from_start=resumed)
         #: stop = "end": the end positions seen at start of the partitions that join
         #: later (after the replay of the steps before their recorded discovery)
         self._stop_ends: dict[str, int | None] = {}
@@ -220,11 +234,18 @@ class LiveMerger:
                         probe.close()
 
     # ------------------------------------------------------------ partitions
-    def _open(self, name: str, pos: SourcePosition | None, now: float) -> None:
+    def _open(self, name: str, pos: SourcePosition | None, now: float,
+              from_start: bool = False) -> None:
+        """Open partition ``name`` at ``pos``; None: at its beginning when
+        ``from_start`` (growth), else where the start mode says. Such a partition's
+        start is recorded in the next step (an empty range when it reads nothing), so
+        a recovery replays and continues from there, never from the start mode again
+        ("latest" now would skip what was written since)."""
         open_at = getattr(self.source, "open_at", None)
         if pos is None:
-            part = self.source.open(name, None)
-            start = SourcePosition(PartitionPosition(), 0)
+            part = self.source.open(name, None, from_start)
+            at = part.tell()
+            start = SourcePosition(PartitionPosition(offset=at), at)
         elif open_at is not None and (pos.resume.byte_offset or pos.resume.identity):
             part = open_at(name, pos.resume)
             start = pos
@@ -243,7 +264,8 @@ class LiveMerger:
                 "--start-over; nothing was skipped")
         self.names.append(name)
         self.cursors.append(_Cursor(part, start.next_offset, start.resume,
-                                    after=start.resume, last_delivery=now))
+                                    after=start.resume, last_delivery=now,
+                                    listed=pos is not None))
         self.wm.grow(len(self.names))
 
     def _discover(self, now: float) -> None:
@@ -257,7 +279,7 @@ class LiveMerger:
                     # that appeared since is not read (as Flink's bounded Kafka source
                     # does not discover partitions); the next run reads it
                     continue
-                self._open(n, None, now)
+                self._open(n, None, now, from_start=True)  # growth: from its beginning
                 if self.stop_end:  # listed at start (its replay was pending): its end then
                     self.cursors[-1].stop_at = self._stop_ends.get(n)
 
@@ -331,6 +353,9 @@ class LiveMerger:
                 ranges[self.names[q]] = (c.next, t[0].position.offset)
                 if t[0].last_offset is not None:
                     c.last_delivery = now
+        for q, c in enumerate(self.cursors):
+            if not c.listed:  # where a newly opened partition starts
+                ranges.setdefault(self.names[q], (c.next, c.next))
         idle, advance = self._idleness(ranges, now)
         end = self.stop_end and all(
             c.stop_at is not None
@@ -412,7 +437,7 @@ class LiveMerger:
         for n in plan.partitions:
             if n not in self.names:
                 self.source.discover()
-                self._open(n, None, now)
+                self._open(n, None, now, from_start=self.resumed or plan.step > 1)
                 self._seek_to_recorded(len(self.names) - 1, [plan, *self.replay])
                 if self.stop_end:
                     self.cursors[-1].stop_at = self._stop_ends.get(n)
@@ -484,6 +509,8 @@ class LiveMerger:
 
     # ------------------------------------------------------------ batches
     def _apply_plan(self, plan: StepPlan, took: list[_Took | None]) -> Batch:
+        for c in self.cursors[:len(plan.partitions)]:
+            c.listed = True
         idle = set(plan.idle)
         if self.idle_ms is not None or idle or any(self.wm.idle):
             self.wm.idle = [n in idle for n in self.names]
@@ -577,8 +604,13 @@ def open_live(job: Any, positions: list[SourcePosition]) -> LiveMerger:
     from sealstream.sources.files.follow import FollowedFiles
 
     p = job.p
-    source: LiveSource = (p.source.open_live(job.plan) if p.source.kind in ("kafka", "nats")
-                          else FollowedFiles(p.source.kind, p.source, job.plan))
+    spec = p.source
+    if spec.kind == "kafka" and getattr(spec, "group", "") is None:
+        # the consumer group told the positions after each checkpoint, for lag tools:
+        # by default the pipeline's name (group = "" turns it off)
+        spec = replace(spec, group=p.name)
+    source: LiveSource = (spec.open_live(job.plan) if spec.kind in ("kafka", "nats")
+                          else FollowedFiles(spec.kind, spec, job.plan))
     return LiveMerger(
         source, job.plan, list(job.names), positions, p.batch_size,
         store=job.store, key=job.key, wm=job.wm,
@@ -586,6 +618,10 @@ def open_live(job: Any, positions: list[SourcePosition]) -> LiveMerger:
         stop_end=p.source.stop_mode == "end", poll_ms=p.source.poll_ms,
         plan_mark=job._plan_mark,
         fresh=job._plan_mark is None and job.start is None,
+        # a checkpoint restored: the run's own, or one of `replay --from ID` (a start
+        # point from explicit offsets carries no watermark)
+        resumed=job._plan_mark is not None
+        or (job.start is not None and job.start.watermark is not None),
     )
 
 

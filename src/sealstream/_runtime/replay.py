@@ -51,6 +51,7 @@ from sealstream.checkpoint import guard
 from sealstream.checkpoint.manifest import checkpoint_key
 from sealstream.errors import CheckpointError, SpecError
 from sealstream.pipeline import Checkpoints, Output, Pipeline
+from sealstream.pipeline.kafka import KafkaSourceSpec
 from sealstream.sources._base import PartitionPosition
 from sealstream.state import incremental
 from sealstream.state.codec import WATERMARK_META
@@ -139,6 +140,8 @@ def replay_pipeline(p: Pipeline, dest: Path) -> Pipeline:
     )
     # a live source is replayed as a backfill: to the end positions seen at start
     source = replace(p.source, stop="end") if p.source.live else p.source
+    if isinstance(source, KafkaSourceSpec):  # isolated: the job's group is not told
+        source = replace(source, group="")
     return replace(
         p,
         source=source,

@@ -6,7 +6,7 @@
     kind = "kafka"
     bootstrap = "127.0.0.1:9092"
     topic = "clicks"
-    group = "clicks-per-minute"   # optional: gets the positions after each checkpoint
+    group = "clicks-per-minute"   # told the positions after each checkpoint (default: name)
     start = "earliest"            # or "latest", or "time" with start_time_ms
     stop = "end"                  # or "never" (the default): run until SIGTERM/SIGINT
     key = "user"                  # a field of the JSON value, or "@key" (the message key)

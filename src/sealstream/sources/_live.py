@@ -95,6 +95,10 @@ class LivePartition(Protocol):
         """Read from ``position`` on (the next poll starts there)."""
         ...
 
+    def tell(self) -> int:
+        """The position of the next record to read (where a poll starts now)."""
+        ...
+
     def earliest(self) -> int | None:
         """The earliest position still retained (for the expiry check); None: unknown."""
         ...
@@ -117,10 +121,15 @@ class LiveSource(Protocol):
         :class:`~sealstream.errors.SourceError` naming it)."""
         ...
 
-    def open(self, name: str, position: int | None) -> LivePartition:
-        """Open partition ``name`` at ``position`` (None: per the start mode). Raises
-        :class:`~sealstream.errors.SourceExpiredError` when ``position`` is below
-        :meth:`LivePartition.earliest`."""
+    def open(self, name: str, position: int | None, from_start: bool = False
+             ) -> LivePartition:
+        """Open partition ``name`` at ``position``. Without a position: at its
+        beginning (the earliest position retained) when ``from_start``, else per the
+        start mode. The runtime asks ``from_start`` for every partition but those of a
+        job's very first run: one the job did not know when it last checkpointed was
+        created after the job began (partition growth), and starting it "latest"
+        would skip its records. Raises :class:`~sealstream.errors.SourceExpiredError`
+        when ``position`` is below :meth:`LivePartition.earliest`."""
         ...
 
     def commit_group(self, positions: dict[str, int]) -> None:

@@ -345,6 +345,10 @@ class KafkaPartition:
             self._position = max(self._position, max(eof))
         return self._parser.parse(values, offsets, self._position, keys, stamps)
 
+    def tell(self) -> int:
+        """The offset of the next record to read."""
+        return self._position
+
     def seek(self, position: int) -> None:
         from confluent_kafka import TopicPartition
 
@@ -482,6 +486,11 @@ class KafkaSource:
         self._known: list[int] | None = None
         self._initial: set[str] = set()
         self._parts: list[KafkaPartition] = []
+        self._admin: Any = None
+        #: the group's commit in flight (an admin request's future), and the newest
+        #: positions waiting for it to finish
+        self._commit_inflight: Any = None
+        self._commit_next: list[Any] | None = None
 
     @property
     def connected(self) -> bool:
@@ -541,34 +550,84 @@ class KafkaSource:
             self._initial = set(names)
         return names
 
-    def open(self, name: str, position: int | None) -> KafkaPartition:
-        """Open ``name`` at ``position`` (None: by the start mode; a partition
-        that appeared after the first :meth:`discover` starts at its beginning)."""
+    def open(self, name: str, position: int | None, from_start: bool = False
+             ) -> KafkaPartition:
+        """Open ``name`` at ``position`` (None: by the start mode; at its beginning
+        when ``from_start``, or when it appeared after the first :meth:`discover`)."""
         if self._known is None:
             self.discover()
         part = KafkaPartition(
-            self.settings, name, self._parser, position, from_start=name not in self._initial
+            self.settings, name, self._parser, position,
+            from_start=from_start or name not in self._initial,
         )
         self._parts.append(part)
         return part
 
     def commit_group(self, positions: Mapping[str, int]) -> None:
-        """Hand ``positions`` to the consumer group (for lag tools; best-effort:
-        a failure is ignored, the checkpoint holds the truth)."""
+        """Hand ``positions`` to the consumer group (for lag tools; best effort: a
+        failure is ignored, the checkpoint holds the truth).
+
+        Never blocks the run: the offsets go out as one admin request
+        (``AlterConsumerGroupOffsets``, bounded by a request timeout) whose answer is
+        not waited for; while one is in flight, newer positions wait and the newest
+        goes out when it is answered (a consumer's synchronous ``commit`` would hang
+        the run for as long as the broker is away, past ``fail_after_ms``)."""
         if not self.settings.group or not positions:
             return
-        from confluent_kafka import KafkaException, TopicPartition
+        from confluent_kafka import TopicPartition
 
         offs = []
         for name, pos in sorted(positions.items()):
             topic, num = parse_partition_name(name)
             offs.append(TopicPartition(topic, num, int(pos)))
-        try:
-            self._client().commit(offsets=offs, asynchronous=False)
-        except KafkaException:
+        self._commit_next = offs
+        self._send_commit()
+
+    def _send_commit(self) -> None:
+        if self._commit_inflight is not None and not self._commit_inflight.done():
             return
+        offs, self._commit_next = self._commit_next, None
+        group = self.settings.group
+        if offs is None or not group:
+            return
+        from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException
+
+        try:
+            if self._admin is None:
+                from confluent_kafka.admin import AdminClient
+
+                self._admin = AdminClient({**dict(self.settings.client),
+                                           "bootstrap.servers": self.settings.bootstrap})
+            futures = self._admin.alter_consumer_group_offsets(
+                [ConsumerGroupTopicPartitions(group, offs)],
+                request_timeout=_QUERY_TIMEOUT_S)
+            self._commit_inflight = next(iter(futures.values()), None)
+        except (KafkaException, ValueError, TypeError):
+            self._commit_inflight = None
+
+    def _finish_commits(self) -> None:
+        """At close, while the broker answers: the group gets the last positions
+        (waiting at most a request timeout for each of the two requests involved;
+        not at all once the broker is known to be away)."""
+        try:
+            for _ in range(2):
+                f = self._commit_inflight
+                if f is not None:
+                    if not self.connected:
+                        return
+                    try:
+                        f.result(timeout=_QUERY_TIMEOUT_S)
+                    except Exception:  # noqa: BLE001 - best effort: the broker said no
+                        return
+                if self._commit_next is None:
+                    return
+                self._send_commit()
+        finally:
+            self._commit_inflight = self._commit_next = None
 
     def close(self) -> None:
+        self._finish_commits()
+        self._admin = None
         if self._meta is not None:
             self._meta.close()
             self._meta = None

@@ -343,15 +343,17 @@ class NatsSource:
         """The configured subjects, in the order written (they never change)."""
         return list(self.settings.subjects)
 
-    def open(self, name: str, position: int | None) -> NatsPartition:
-        """Partition ``name`` at ``position`` (None: by ``start``), checked against
-        the stream's retained sequences (:class:`~sealstream.errors.SourceExpiredError`)."""
+    def open(self, name: str, position: int | None, from_start: bool = False
+             ) -> NatsPartition:
+        """Partition ``name`` at ``position`` (None: by ``start``; the stream's first
+        retained message when ``from_start``), checked against the stream's retained
+        sequences (:class:`~sealstream.errors.SourceExpiredError`)."""
         if name not in self.settings.subjects:
             raise SourceError(f"NATS source: {name!r} is not one of [source] subjects "
                               f"{list(self.settings.subjects)!r}")
         st = self._state_retrying()
         if position is None:
-            position = self._start_position(name, st)
+            position = max(1, st.first_seq) if from_start else self._start_position(name, st)
         else:
             self._check_resume(name, position, st)
         part = NatsPartition(self, name, position)
@@ -646,6 +648,10 @@ class NatsPartition:
         self._pos = before.last_seq + 1
         self._lag = 0
         self._stale = True  # the consumer starts again from the new position
+
+    def tell(self) -> int:
+        """The stream sequence of the next message to read."""
+        return self._pos
 
     def seek(self, position: int) -> None:
         """Read from stream sequence ``position`` on (checked like a resume)."""

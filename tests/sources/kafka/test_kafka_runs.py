@@ -302,6 +302,8 @@ def _corrupt_newest(d: Path, rng: random.Random) -> None:
     if len(cps) < 2:
         return
     files = sorted(p for p in cps[-1].iterdir() if p.is_file())
+    if not files:  # killed while it was being written: nothing to damage
+        return
     victim = rng.choice(files)
     data = bytearray(victim.read_bytes())
     if data:
@@ -373,3 +375,49 @@ def test_a_bad_message_without_errors_output_stops_naming_partition_and_offset(
     assert r.returncode == 1
     assert r.stderr.strip().splitlines()[-1].startswith(
         f"sealstream: error: {topic}/0: offset 1: invalid JSON"), r.stderr
+
+
+def test_a_broker_lost_mid_run_fails_it_after_fail_after_ms_even_with_a_group(
+        own_kafka: Any, tmp_path: Path) -> None:
+    """With a consumer group to tell the positions to after each checkpoint, a
+    broker that goes away still fails the run (exit 1, one line naming the address)
+    once fail_after_ms has passed: the group's commit never holds the run (a
+    synchronous commit waited for the broker for ever). What was committed stays."""
+    topic = own_kafka.new_topic(partitions=1)
+    files = generate(tmp_path / "data", events=200, keys=5, partitions=1, seed=2)
+    produce_lines(own_kafka.bootstrap, topic, files)
+    spec = write_spec(tmp_path / "run", kafka_source(
+        own_kafka.bootstrap, topic, stop="never",
+        extra=f'group = "g-{topic}"\nfail_after_ms = 3000'))
+    proc = subprocess.Popen([sys.executable, "-m", "sealstream", "run", str(spec), "--quiet"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    assert proc.stderr is not None
+    drain = threading.Thread(target=lambda: lines.extend(proc.stderr or []), daemon=True)
+    drain.start()
+    ckpt = tmp_path / "run" / "ckpt"
+    deadline = time.monotonic() + 120
+    while not list(ckpt.glob("cp-*")):
+        assert time.monotonic() < deadline and proc.poll() is None, lines
+        time.sleep(0.05)
+    time.sleep(1.0)
+    own_kafka.broker.kill()
+    try:
+        code = _finish(proc, drain)  # a run still going after 120 s fails the test
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    assert code == 1
+    errors = [ln for ln in lines if ln.startswith("sealstream: error:")]
+    assert len(errors) == 1 and own_kafka.bootstrap in errors[0], lines[-5:]
+    # the committed checkpoint is kept: a stop = "end" run against the broker back
+    # resumes from it and reads nothing twice
+    own_kafka.broker.start()
+    end = write_spec(tmp_path / "run", kafka_source(own_kafka.bootstrap, topic, stop="end"),
+                     name="end.toml")
+    r = run(end)
+    assert r.returncode == 0, r.stderr
+    ref = tmp_path / "ref"
+    assert run(write_spec(ref, file_source(files))).returncode == 0
+    assert results(tmp_path / "run") == results(ref)

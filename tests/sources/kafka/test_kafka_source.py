@@ -326,12 +326,36 @@ def test_group_gets_positions_for_lag_tools(source: tuple[Any, str]) -> None:
     group = f"g-{topic}"
     src = _open(kafka.bootstrap, topic, group=group)
     names = src.discover()
-    src.commit_group({names[0]: 7, names[1]: 3})
+    src.commit_group({names[0]: 5, names[1]: 1})
+    src.commit_group({names[0]: 7, names[1]: 3})  # the newest goes out after the first
+    src.close()  # the commits are not waited for, but close lets the last one land
     c = ck.Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": group})
     got = c.committed([ck.TopicPartition(topic, 0), ck.TopicPartition(topic, 1)], timeout=30)
     assert [tp.offset for tp in got] == [7, 3]
     c.close()
-    src.close()
+
+
+def test_the_group_commit_never_waits_for_a_broker_that_is_gone(own_kafka: Any) -> None:
+    """The group only serves lag tools: telling it the positions must not hold the
+    run while the broker is away (fail_after_ms decides when the run fails)."""
+    import threading
+
+    topic = own_kafka.new_topic(partitions=1)
+    src = _open(own_kafka.bootstrap, topic, group=f"g-{topic}")
+    name = src.discover()[0]
+    src.commit_group({name: 0})
+    own_kafka.broker.kill()
+    done = threading.Event()
+
+    def tell_and_close() -> None:
+        src.commit_group({name: 0})
+        src.commit_group({name: 0})
+        src.close()
+        done.set()
+
+    threading.Thread(target=tell_and_close, daemon=True).start()
+    # a hang detector, not a speed target: a synchronous commit never returned
+    assert done.wait(120), "commit_group or close waited for the broker"
 
 
 def test_metrics_show_the_broker_link_and_lag() -> None:

@@ -118,6 +118,10 @@ class FollowedFile:
         self._skip_below = position
         self._reader = _open_reader(self._kind, self.name, self._path, self._plan, None)
 
+    def tell(self) -> int:
+        """The line offset of the next record to read."""
+        return max(self._pos.offset, self._skip_below)
+
     def earliest(self) -> int | None:
         return 0
 
@@ -169,7 +173,10 @@ class FollowedFiles:
             self._order.append(n)
         return list(self._order)
 
-    def open(self, name: str, position: int | None) -> FollowedFile:
+    def open(self, name: str, position: int | None, from_start: bool = False
+             ) -> FollowedFile:
+        """``name`` at line ``position`` (None: its first line; a file has no other
+        start mode, so ``from_start`` changes nothing)."""
         part = FollowedFile(self._kind, name, self._paths[name], self._plan)
         if position:
             part.seek(position)

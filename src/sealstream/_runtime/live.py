@@ -337,21 +337,30 @@ class LiveMerger:
         now = self.clock.monotonic()
         self._discover(now)
         took: list[_Took | None] = []
-        for c in self.cursors:
-            took.append(self._take_live(c, 0))
-        if not any(t is not None for t in took) and self.poll_ms > 0 \
-                and not self.stop_requested:
-            # nothing anywhere: wait on the first partition that can still deliver
-            for q, c in enumerate(self.cursors):
-                if not c.reached_stop():
-                    took[q] = self._take_live(c, self.poll_ms)
-                    break
+        if self.stop_end:
+            limit = self._aligned_limit()
+            for c in self.cursors:
+                took.append(self._take_live(c, 0, limit))
+        else:
+            for c in self.cursors:
+                took.append(self._take_live(c, 0))
+            if not any(t is not None for t in took) and self.poll_ms > 0 \
+                    and not self.stop_requested:
+                # nothing anywhere: wait on the first partition that can still deliver
+                for q, c in enumerate(self.cursors):
+                    if not c.reached_stop():
+                        took[q] = self._take_live(c, self.poll_ms)
+                        break
         now = self.clock.monotonic()
         ranges: dict[str, tuple[int, int]] = {}
         for q, (c, t) in enumerate(zip(self.cursors, took, strict=True)):
             if t is not None:
                 ranges[self.names[q]] = (c.next, t[0].position.offset)
                 if t[0].last_offset is not None:
+                    c.last_delivery = now
+        if self.stop_end:  # records at hand, held back for a partition behind: not quiet
+            for c in self.cursors:
+                if c.pending is not None and (c.pending.events.height or c.pending.bad.height):
                     c.last_delivery = now
         for q, c in enumerate(self.cursors):
             if not c.listed:  # where a newly opened partition starts
@@ -370,9 +379,11 @@ class LiveMerger:
         self._record(plan)
         return self._apply_plan(plan, took)
 
-    def _take_live(self, c: _Cursor, timeout_ms: int) -> _Took | None:
-        """What the cursor hands out in a live step (None: nothing)."""
-        if c.reached_stop():
+    def _take_live(self, c: _Cursor, timeout_ms: int, limit: int | None = None
+                   ) -> _Took | None:
+        """What the cursor hands out in a live step (None: nothing): records below
+        its stop position and below ``limit`` (the rest stays pending)."""
+        if c.reached_stop() or (limit is not None and c.next >= limit):
             return None
         if c.pending is not None:
             chunk, c.pending = c.pending, None
@@ -386,13 +397,54 @@ class LiveMerger:
             chunk = self._skip_below(c, got)
             c.resume = c.after
             c.after = got.position
-        if c.stop_at is not None and chunk.position.offset > c.stop_at:
-            taken, rest = _cut(chunk, c.stop_at)
+        bound = min((b for b in (c.stop_at, limit) if b is not None), default=None)
+        if bound is not None and chunk.position.offset > bound:
+            taken, rest = _cut(chunk, bound)
             c.pending = rest
             chunk = taken
         if c.pending is None:
             c.resume = c.after
         return chunk, [chunk.raw] if chunk.raw is not None else []
+
+    def _fill(self, c: _Cursor, timeout_ms: int) -> None:
+        """Poll a cursor with nothing pending and keep what it delivers pending."""
+        if c.reached_stop() or c.pending is not None:
+            return
+        got = c.part.poll(self.batch_size, timeout_ms)
+        if got is None or (got.position.offset == c.next and got.last_offset is None):
+            return
+        chunk = self._skip_below(c, got)
+        c.resume = c.after
+        c.after = got.position
+        if chunk.events.height or chunk.bad.height or chunk.position.offset > c.next:
+            c.pending = chunk
+        else:
+            c.resume = c.after
+
+    def _aligned_limit(self) -> int | None:
+        """stop = "end" (a backfill): the position below which every partition that
+        has not reached its end has its records at hand, so that a step hands out one
+        slab of positions from all of them and the records are read in
+        ``(position, partition)`` order across the whole run, as a bounded run reads
+        its files, however the partitions' deliveries were timed. A partition that is
+        behind is waited for (up to ``poll_ms``); one at its end no longer counts."""
+        def at_hand(c: _Cursor) -> int:
+            return c.pending.position.offset if c.pending is not None else c.next
+
+        def behind() -> list[_Cursor]:
+            return [c for c in self.cursors if c.stop_at is not None
+                    and not c.reached_stop() and at_hand(c) < c.stop_at]
+
+        for c in behind():
+            self._fill(c, 0)
+        lagging = behind()
+        if not lagging:
+            return None
+        laggard = min(lagging, key=at_hand)
+        if laggard.pending is None and self.poll_ms > 0 and not self.stop_requested:
+            self._fill(laggard, self.poll_ms)
+            lagging = behind()
+        return min((at_hand(c) for c in lagging), default=None)
 
     @staticmethod
     def _skip_below(c: _Cursor, chunk: Chunk) -> Chunk:

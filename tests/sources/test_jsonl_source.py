@@ -57,6 +57,27 @@ def test_offsets_count_blank_lines_and_crlf(tmp_path: Path) -> None:
     assert chunks[-1].position.offset == 6
 
 
+@pytest.mark.parametrize("chunk", [1, 2, 10])
+def test_a_byte_order_mark_opening_the_file_is_skipped(tmp_path: Path, chunk: int) -> None:
+    """Some Windows tools open every text file with a UTF-8 BOM: line 1 is its record
+    (as a CSV header is), offsets and resuming are unchanged; a BOM anywhere else stays
+    part of its line (a bad record there)."""
+    body = '{"user":"a","ts":1}\n{"user":"b","ts":2}\n\ufeff{"user":"c","ts":3}\n'
+    path = write(tmp_path, b"\xef\xbb\xbf" + body.encode())
+    events, bad, chunks = read_all(path, chunk=chunk)
+    assert events["__off"].to_list() == [0, 1]
+    assert events["__raw"].to_list() == ['{"user":"a","ts":1}', '{"user":"b","ts":2}']
+    assert bad["_offset"].to_list() == [2]
+    assert chunks[-1].position.byte_offset == len(body.encode()) + 3
+    # resuming after the first record, and from the very start, reads the same
+    first = next(c for c in chunks if c.last_offset is not None and c.last_offset >= 0)
+    if first.last_offset == 0:
+        rest, _, _ = read_all(path, chunk=chunk, position=first.position)
+        assert rest["__off"].to_list() == [1]
+    again, _, _ = read_all(path, chunk=chunk, position=PartitionPosition())
+    assert again["__off"].to_list() == [0, 1]
+
+
 def test_eof_on_last_record_with_trailing_blank_lines(tmp_path: Path) -> None:
     text = '{"user":"a","ts":1}\n{"user":"b","ts":2}\n\n  \n\n'
     _, _, chunks = read_all(write(tmp_path, text), chunk=2)

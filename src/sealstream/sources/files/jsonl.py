@@ -39,7 +39,7 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-from .._base import OFFSET, FieldPlan, RawTexts
+from .._base import OFFSET, FieldPlan, PartitionPosition, RawTexts
 from .._parse import (
     BOOL,
     FLOAT,
@@ -220,12 +220,24 @@ def _classify_column(v: pl.Series, take: Take, name: str, need_text: bool) -> Co
     return cols
 
 
+#: a UTF-8 byte order mark (some Windows tools open every text file with one)
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
 class JsonlReader(LineFileReader):
     """A JSONL file as a partition. See the module docstring."""
 
     line_delta = 1
     _dtypes: dict[str, pl.DataType] | None = None
     """The types blocks are decoded with (see :meth:`_prepare`), once learned."""
+
+    def _start(self, position: PartitionPosition | None) -> tuple[int, int]:
+        """As a line file, skipping a UTF-8 byte order mark that opens the file (as
+        the CSV reader does): line 1 is the record after it, not a bad record."""
+        line, byte = super()._start(position)
+        if byte == 0 and self._pread(0, 3) == UTF8_BOM:
+            return line, len(UTF8_BOM)
+        return line, byte
 
     @classmethod
     def for_values(cls, plan: FieldPlan) -> JsonlReader:

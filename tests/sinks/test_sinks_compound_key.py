@@ -101,6 +101,24 @@ def test_parquet_writes_a_column_per_key_field_and_reads_back_the_identity(
     assert engine_ids(got) == engine_ids(frame)
 
 
+def test_a_null_in_a_boolean_key_column_is_refused_not_read_as_false(tmp_path: Path) -> None:
+    """A committed file whose boolean key column holds a null (the engine never writes
+    one: a null key field makes its record bad) is refused on read-back; reading it
+    as ``false`` would suppress another key's result."""
+    sink = ParquetDirSink(tmp_path, run_token="r")
+    sink.key_fields = FIELDS
+    sink.write(1, compound_frame([({"tenant": "t", "user": True}, 0, 1, 1),
+                                  ({"tenant": "t", "user": False}, 0, 1, 1)]))
+    (token,) = sink.prepare(1)
+    sink.commit(1, [token])
+    df = pl.read_parquet(tmp_path / token)
+    assert df.schema["user"] == pl.Boolean
+    df.with_columns(pl.when(pl.col("user")).then(None).otherwise(pl.col("user"))
+                    .alias("user")).write_parquet(tmp_path / token)
+    with pytest.raises(SinkError, match="a key column holds a null"):
+        sink.read_ids([CommittedFile(1, token)])
+
+
 @pytest.mark.parametrize("values,dtype", [
     ([7, -3, 2**62], pl.Int64), (["u1", "7"], pl.String), ([1.5, 7.0, 1e20], pl.Float64),
     ([True, False], pl.Boolean)])

@@ -49,7 +49,6 @@ __all__ = [
     "check_epoch",
     "check_role",
     "check_run_token",
-    "compound_key_text",
     "ensure_dir",
     "fsync_dir",
     "fsync_file",
@@ -210,17 +209,6 @@ def split_json_fields(blob: bytes, fields: tuple[str, ...]) -> list[pl.DataFrame
             pl.when(~is_b & ~is_i & ~is_f).then(pl.col("s")).alias("s"),
             "i", pl.when(is_f).then(pl.col("f")).alias("f"), "b"))
     return out
-
-
-def compound_key_text(fields: tuple[str, ...], values: list[pl.Expr]) -> pl.Expr:
-    """The compound key text from each field's value as JSON text (``values``, in
-    field order): ``"tenant":"acme","user":7``."""
-    import json
-
-    parts: list[pl.Expr] = []
-    for n, (f, value) in enumerate(zip(fields, values, strict=True)):
-        parts += [pl.lit(("," if n else "") + json.dumps(f) + ":"), value]
-    return pl.concat_str(parts)
 
 
 def json_value_text(kind: pl.Expr, text: pl.Expr) -> pl.Expr:

@@ -42,7 +42,6 @@ from sealstream.sinks._base import JSON_LINE, CommittedFile, SinkRole
 from sealstream.sinks._files import (
     StagedDirSink,
     check_epoch,
-    compound_key_text,
     fsync_dir,
     fsync_file,
     id_schema,
@@ -50,6 +49,7 @@ from sealstream.sinks._files import (
     read_own_file,
     split_json_fields,
 )
+from sealstream.sources._parse import compound_key_text
 
 __all__ = ["JsonlDirSink", "json_lines_bytes", "read_json_ids"]
 

@@ -64,15 +64,15 @@ from sealstream.sinks._base import JSON_LINE, RESULT_ID_COLUMNS, CommittedFile, 
 from sealstream.sinks._files import (
     StagedDirSink,
     check_epoch,
-    compound_key_text,
     fsync_dir,
     fsync_file,
     id_schema,
+    json_value_text,
     os_reason,
     read_own_file,
     split_compound_key,
 )
-from sealstream.sources._parse import json_str
+from sealstream.sources._parse import compound_key_text, json_text
 
 __all__ = ["KEY_IS_INT_METADATA", "KEY_JSON_FIELDS_METADATA", "ParquetDirSink"]
 
@@ -128,14 +128,12 @@ def _typed_compound(df: pl.DataFrame,
     as_json: list[str] = []
     for f, part in zip(fields, parts, strict=True):
         kinds = set(part.get_column("kind").unique().to_list())
-        if len(kinds) == 1:
-            col = {"s": "s", "i": "i", "f": "f", "b": "b"}[kinds.pop()]
-            columns.append(part.get_column(col).alias(f))
+        if len(kinds) == 1:  # the typed column of that kind ("s", "i", "f" or "b")
+            columns.append(part.get_column(kinds.pop()).alias(f))
         else:  # mixed kinds: each value's JSON text
             as_json.append(f)
             columns.append(part.select(
-                pl.when(pl.col("kind") == "s").then(json_str(pl.col("text")))
-                .otherwise(pl.col("text")).alias(f)).to_series())
+                json_value_text(pl.col("kind"), pl.col("text")).alias(f)).to_series())
     rest = df.drop(["key", _KINT])
     out = pl.DataFrame(columns).hstack(rest) if columns else rest
     meta = {KEY_JSON_FIELDS_METADATA: json.dumps(as_json)} if as_json else {}
@@ -155,19 +153,11 @@ def _compound_ids(df: pl.DataFrame, meta: dict[str, str], fields: tuple[str, ...
     values: list[pl.Expr] = []
     for f in fields:
         c, dtype = pl.col(f), df.schema[f]
-        if f in as_json and dtype == pl.String:
-            values.append(c)
-        elif dtype.is_integer():
-            values.append(c.cast(pl.Int64).cast(pl.String))
-        elif dtype.is_float():
-            values.append(c.cast(pl.Float64).cast(pl.String))
-        elif dtype == pl.Boolean:
-            values.append(pl.when(c).then(pl.lit("true")).otherwise(pl.lit("false")))
-        elif dtype == pl.String:
-            values.append(json_str(c))
-        else:
+        value = c if f in as_json and dtype == pl.String else json_text(c, dtype)
+        if value is None:
             raise SinkError(f"cannot read results from {where}: its key column {f!r} has a "
                             "type sealstream does not write")
+        values.append(value)
     ids = df.select(compound_key_text(fields, values).alias("key"),
                     pl.lit(False).alias(_KINT), "window_start", "window_end")
     if ids.get_column("key").null_count():

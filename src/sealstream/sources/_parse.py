@@ -122,6 +122,32 @@ def json_str(expr: pl.Expr) -> pl.Expr:
     return pl.when(expr.is_not_null()).then(encoded)
 
 
+def json_text(expr: pl.Expr, dtype: pl.DataType) -> pl.Expr | None:
+    """The JSON text of a key value of type ``dtype`` (``7``, ``7.5``, ``true``,
+    ``"u1"``); null where the value is null or a float is not finite. None for a
+    type a key cannot have."""
+    if dtype.is_integer():
+        return expr.cast(pl.Int64, strict=False).cast(pl.String)
+    if dtype.is_float():
+        return pl.when(expr.is_finite()).then(expr.cast(pl.String))
+    if dtype == pl.Boolean:
+        return pl.when(expr).then(pl.lit("true")).when(~expr).then(pl.lit("false"))
+    if dtype == pl.String:
+        return json_str(expr)
+    return None
+
+
+def compound_key_text(fields: tuple[str, ...], values: list[pl.Expr]) -> pl.Expr:
+    """The text of a compound key from each field's JSON text (``values``, in field
+    order): ``"tenant":"acme","user":7``, the members of a JSON object without its
+    braces (a result line is ``{`` + it + the window and aggregates). Null when a
+    value is null."""
+    parts: list[pl.Expr] = []
+    for n, (f, value) in enumerate(zip(fields, values, strict=True)):
+        parts += [pl.lit(("," if n else "") + json.dumps(f) + ":"), value]
+    return pl.concat_str(parts)
+
+
 def iso_ms(text: pl.Series) -> pl.Series:
     """ISO-8601 date-times -> Int64 ms since the epoch; null where not ISO-8601.
 

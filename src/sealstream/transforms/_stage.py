@@ -312,28 +312,13 @@ class TransformStage:
 
 
 def _compound_key(natural: pl.DataFrame, fields: tuple[str, ...]) -> pl.Expr:
-    """The text of a compound key: ``"tenant":"acme","user":7`` (each field's JSON
-    after its quoted name; a result line is ``{`` + it + the window and aggregates).
-    Null when a field is null."""
-    import json
+    """The text of a compound key: ``"tenant":"acme","user":7`` (see
+    :func:`~sealstream.sources._parse.compound_key_text`). Null when a field is null."""
+    from sealstream.sources._parse import compound_key_text, json_text
 
-    from sealstream.sources._parse import json_str
-
-    parts: list[pl.Expr] = []
-    for n, f in enumerate(fields):
-        c, dtype = pl.col(f), natural.schema[f]
-        if dtype.is_integer():
-            value = c.cast(pl.Int64, strict=False).cast(pl.String)
-        elif dtype.is_float():
-            value = pl.when(c.is_finite()).then(c.cast(pl.String))
-        elif dtype == pl.Boolean:
-            value = pl.when(c).then(pl.lit("true")).when(~c).then(pl.lit("false"))
-        elif dtype == pl.String:
-            value = json_str(c)
-        else:
-            value = pl.lit(None, dtype=pl.String)
-        parts += [pl.lit(("," if n else "") + json.dumps(f) + ":"), value]
-    return pl.concat_str(parts)
+    values = [json_text(pl.col(f), natural.schema[f]) for f in fields]
+    return compound_key_text(fields, [pl.lit(None, dtype=pl.String) if v is None else v
+                                      for v in values])
 
 
 def _result_problem(step: Step, dtype: pl.DataType) -> str | None:

@@ -87,6 +87,8 @@ class RunSummary:
     run_counters: Counters | None = None  # None: the same as ``counters``
     not_repeated: dict[str, int] = field(default_factory=dict)
     fields_never_seen: list[str] = field(default_factory=list)
+    #: a run with ``--workers``: worker count, Ray and worker start and engine seconds
+    distributed: dict[str, Any] | None = None
 
     @property
     def this_run(self) -> Counters:
@@ -127,4 +129,5 @@ class RunSummary:
             "fields_never_seen": self.fields_never_seen,
             **({"replay": self.replay} if self.replay is not None else {}),
             **({"stopped_early": True} if self.stopped_early else {}),
+            **({"distributed": self.distributed} if self.distributed is not None else {}),
         }

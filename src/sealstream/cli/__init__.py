@@ -189,7 +189,7 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
             from sealstream.distributed import DistributedJob
 
             job = DistributedJob(pipeline, address=ray_address, start_over=start_over,
-                                 progress=on_step)
+                                 progress=on_step, quiet=quiet)
         else:
             job = Job(pipeline, start_over=start_over, progress=on_step)
         if want_metrics:

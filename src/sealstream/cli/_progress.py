@@ -406,6 +406,11 @@ def print_summary(summary: RunSummary, stream: TextIO | None = None) -> None:
         rows.append(("moved aside",
                      f"checkpoint {rej['id']}: {rej['verdict']} ({rej['reason']})"))
     rows.append(("time", f"{data['seconds']:.2f} s"))
+    dist = data.get("distributed")
+    if dist is not None:
+        rows.append(("workers", f"{dist['workers']} (Ray start {dist['ray_start_s']:.2f} s, "
+                     f"worker start {dist['worker_start_s']:.2f} s, "
+                     f"engine {dist['engine_s']:.2f} s)"))
     if not out.isatty():
         w0 = max(len(r[0]) for r in rows)
         w1 = max((len(r[1]) for r in rows if len(r) > 2), default=0)

@@ -1,5 +1,9 @@
 """The worker actor: one shard of the keyed window state, on one Ray worker process.
 
+It also reads and parses source partitions step by step (the data plane, see
+:mod:`._steps`): each step it puts each worker's rows and its partition's watermark
+breakpoints in Ray's object store for the key workers, and returns a few numbers.
+
 A worker runs the single-process :class:`~sealstream.windows.operator.WindowOperator`
 on the keys that hash to it. Batches arrive as Arrow IPC buffers through Ray's
 object store (never a Python object per event) and leave the same way. A worker
@@ -24,13 +28,27 @@ from typing import Any
 
 import polars as pl
 
+from sealstream._runtime.engine import _transform_stage
+from sealstream._runtime.merge import SourcePosition
 from sealstream.checkpoint.manifest import part_name
 from sealstream.checkpoint.store import CheckpointStore
+from sealstream.distributed._plane import (
+    Breaks,
+    SlabReader,
+    advance,
+    breakpoints,
+    grid_of,
+    prepare,
+    raw_texts,
+    row_watermarks,
+)
 from sealstream.pipeline import Pipeline
 from sealstream.sources import open_partition
-from sealstream.sources._base import Chunk, FieldPlan, PartitionPosition, PartitionReader
+from sealstream.sources._base import OFFSET, PARTITION
 from sealstream.state import incremental
 from sealstream.state.codec import encode_table, sha256_hex
+from sealstream.watermark import WatermarkState
+from sealstream.windows.aggregates import SEQ
 from sealstream.windows.operator import WindowOperator
 
 
@@ -51,33 +69,115 @@ class ShardWorker:
     def __init__(self) -> None:
         self.index = -1
         self.op: WindowOperator | None = None
-        self.readers: dict[str, PartitionReader] = {}
         self.pipeline: Pipeline | None = None
         self.staged: bytes | None = None
         self.store: CheckpointStore | None = None
+        #: the data plane: partition index -> its slab reader, its last step's raw spans
+        self.slabs: dict[int, SlabReader] = {}
+        self.spans: dict[int, list[Any]] = {}
 
-    # ---------------------------------------------------------------- reading
-    def open_reader(self, kind: str, name: str, path: str, plan: FieldPlan,
-                    position: PartitionPosition) -> None:
-        """Open source partition ``name`` here (its file must be reachable from this
-        node): reading and parsing happen on the workers."""
-        old = self.readers.pop(name, None)
+    # ------------------------------------------------------------- data plane
+    def open_slab(self, pipeline: Pipeline, q: int, name: str, path: str,
+                  start: dict[str, Any]) -> int:
+        """Read partition ``q`` (``name`` at ``path``, reachable from this node) from
+        ``start`` (a :class:`SourcePosition` as JSON), step by step. Returns the first
+        offset the run processes there."""
+        old = self.slabs.pop(q, None)
         if old is not None:
             old.close()
-        self.readers[name] = open_partition(kind, name, Path(path), plan, position)
+        pos = SourcePosition.from_json(start)
+        plan = pipeline.field_plan()
+        reader = open_partition(pipeline.source.kind, name, Path(path), plan, pos.resume)
+        self.slabs[q] = SlabReader(reader, pos)
+        self.spans[q] = []
+        return self.slabs[q].start_offset()
 
-    def next_chunk(self, name: str, max_records: int
-                   ) -> tuple[Chunk | None, tuple[int, int] | None]:
-        """The partition's next chunk (parsed columns, sent as Arrow) and its
-        progress hint."""
-        reader = self.readers[name]
-        chunk = reader.next_chunk(max_records)
-        return chunk, reader.size_hint()
+    def read_step(self, pipeline: Pipeline, q: int, n_parts: int, bound: int,
+                  chunk_records: int, workers: int, unseen: list[str]
+                  ) -> tuple[dict[str, Any], Any, list[Any]]:
+        """Partition ``q``'s records with offset below ``bound``: parsed (and
+        transformed) here, their watermark breakpoints and each worker's rows put in
+        Ray's object store by this worker. Returns a summary of a few numbers per
+        partition (bad records' rows when there are any), the breakpoints' reference
+        and one reference per worker: no event row goes back to the coordinator."""
+        import ray
 
-    def close_reader(self, name: str) -> None:
-        reader = self.readers.pop(name, None)
-        if reader is not None:
-            reader.close()
+        from sealstream.distributed._shard import split
+
+        plan = pipeline.field_plan()
+        slab = self.slabs[q].take(bound, chunk_records)
+        self.spans[q] = slab.raw
+        schema = dict(plan.event_schema())
+        schema[PARTITION] = pl.Int32()
+        events = (slab.events.with_columns(pl.lit(q, dtype=pl.Int32).alias(PARTITION))
+                  if slab.events.height else pl.DataFrame(schema=schema))
+        events = events.select(list(schema))
+        bad, failed_rows = slab.bad, None
+        transform = _transform_stage(pipeline, plan)
+        if transform is not None:
+            events, failed = transform.apply(events)
+            if failed.height:
+                failed_rows = _failed(pipeline, failed, slab.raw)
+        read = events.height
+        events = events.with_columns((pl.col(OFFSET) * n_parts + q).alias(SEQ))
+        op = self._grid_op(pipeline)
+        breaks = breakpoints(q, events, pipeline.watermark.max_delay_ms, grid_of(op),
+                             slab.last_offset, slab.empty_done, slab.drained)
+        if transform is not None:
+            events = transform.keep(events)
+        seen = _seen(events, unseen) if unseen and events.height else []
+        shards = [ray.put(to_ipc(part)) for part in split(events, workers)]
+        summary = {
+            "read": read,
+            "max_time": breaks.max_time,
+            "last_offset": slab.last_offset,
+            "empty_done": slab.empty_done,
+            "drained": slab.drained,
+            "next_first": slab.next_first,
+            "emitted": slab.emitted.to_json(),
+            "bad": to_ipc(bad) if bad is not None and bad.height else None,
+            "failed": to_ipc(failed_rows) if failed_rows is not None else None,
+            "seen": seen,
+            "hint": self.slabs[q].size_hint(),
+        }
+        return summary, ray.put(breaks), shards
+
+    def _grid_op(self, pipeline: Pipeline) -> WindowOperator:
+        if self.op is None or self.pipeline is None:
+            return WindowOperator(pipeline)
+        return self.op
+
+    def raw_texts(self, q: int, offsets: list[int]) -> bytes:
+        """The raw text of partition ``q``'s records at ``offsets`` in the last step."""
+        import numpy as np
+
+        texts = raw_texts(self.spans[q], np.asarray(offsets, dtype=np.int64))
+        return to_ipc(texts.to_frame())
+
+    def process_step(self, wm: dict[str, Any], last_offsets: list[int | None], bound: int,
+                     breaks: list[Any], shards: list[Any]
+                     ) -> tuple[bytes | None, bytes | None, int]:
+        """Apply this shard's rows of a step: ``breaks`` (one reference per partition
+        read in the step) and ``shards`` (this worker's rows from each partition, in
+        partition order) come from the partitions' workers through the
+        object store; ``wm`` is the watermark state before the step (a few numbers
+        per partition). Fires the windows the step's end closes."""
+        import ray
+
+        got: list[Breaks] = list(ray.get(breaks))
+        frames = [from_ipc(f) for f in ray.get(shards)]
+        state = WatermarkState.from_json(wm)
+        state.last_offset = list(last_offsets)
+        prepare(state, got)
+        op = self._op()
+        grid = grid_of(op)
+        events = pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
+        events = row_watermarks(events, state, got, grid)
+        advance(state, got, bound)
+        out = op.process(events, state.current())
+        # nothing fired or late (most steps): nothing but None goes back
+        return (to_ipc(out.fired) if out.fired.height else None,
+                to_ipc(out.late) if out.late.height else None, events.height)
 
     # ---------------------------------------------------------------- windows
 
@@ -142,3 +242,34 @@ class ShardWorker:
 
     def open_windows(self) -> int:
         return self._op().open_windows
+
+
+def _failed(pipeline: Pipeline, failed: pl.DataFrame, spans: list[Any]) -> pl.DataFrame:
+    """Records a transform failed on, as bad records (as the single-process engine
+    makes them, without the partition column: the coordinator adds it)."""
+    import numpy as np
+
+    delta = 2 if pipeline.source.kind == "csv" else 1  # CSV: the header is line 1
+    offs = failed.get_column("_offset").to_numpy().astype(np.int64, copy=False)
+    return failed.select(
+        pl.col("_offset"),
+        (pl.col("_offset") + delta).alias("_line"),
+        pl.col("_reason"),
+        raw_texts(spans, offs).alias("_raw"),
+    )
+
+
+def _seen(events: pl.DataFrame, unseen: list[str]) -> list[str]:
+    """The fields of ``unseen`` that some event of ``events`` carries."""
+    from sealstream.sources._base import float_col, int_col, json_col
+
+    have = set(events.columns)
+    checks = {}
+    for f in unseen:
+        cols = [c for c in (int_col(f), float_col(f), json_col(f)) if c in have]
+        if cols:
+            checks[f] = pl.any_horizontal([pl.col(c).is_not_null() for c in cols]).any()
+    if not checks:
+        return []
+    row = events.select(**checks).row(0, named=True)
+    return [f for f in unseen if row.get(f, False)]

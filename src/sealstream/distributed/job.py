@@ -34,13 +34,15 @@ from __future__ import annotations
 
 import copy
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
 import polars as pl
 
 from sealstream._runtime.engine import Job
-from sealstream._runtime.merge import PartitionMerger, SourcePosition
+from sealstream._runtime.merge import Batch, SourcePosition
+from sealstream._runtime.summary import RunSummary
 from sealstream.checkpoint import receipts as trees
 from sealstream.checkpoint.manifest import (
     RECEIPT_IDS_NAME,
@@ -52,7 +54,7 @@ from sealstream.checkpoint.manifest import (
 )
 from sealstream.checkpoint.store import CheckpointStore, checkpoint_dirname
 from sealstream.distributed._cluster import connect
-from sealstream.distributed._reader import RemoteReader
+from sealstream.distributed._plane import advance, prepare
 from sealstream.distributed._shard import (
     ROUTING,
     ShardedOperator,
@@ -60,11 +62,14 @@ from sealstream.distributed._shard import (
     acquire,
     release,
 )
+from sealstream.distributed._steps import StepBatch, StepPlanner
+from sealstream.distributed._worker import from_ipc
 from sealstream.errors import CheckpointError
 from sealstream.pipeline import Pipeline
-from sealstream.sources._base import PartitionReader
+from sealstream.sources._base import KEY, KEY_IS_INT, OFFSET, PARTITION
 from sealstream.state import incremental
 from sealstream.state.codec import WATERMARK_META, encode_table, sha256_hex
+from sealstream.windows.aggregates import WEND, WSTART
 
 #: restarts after a lost worker before the run fails (Flink's fixed-delay default is
 #: unbounded; a bounded default keeps a broken cluster from looping for ever)
@@ -84,8 +89,10 @@ class DistributedJob(Job):
         workers: int | None = None,
         address: str | None = None,
         max_restarts: int = DEFAULT_MAX_RESTARTS,
+        quiet: bool = False,
         **kwargs: Any,
     ) -> None:
+        """``quiet``: Ray's start-up lines are not printed."""
         n = workers if workers is not None else pipeline.workers
         if n is None or n < 1:
             raise ValueError(f"workers must be a positive integer, got {n!r}")
@@ -93,6 +100,10 @@ class DistributedJob(Job):
         self.address = address
         self.max_restarts = max_restarts
         self.restarts = 0
+        self.quiet = quiet
+        #: seconds to start (or reach) Ray, and to start and load the workers
+        self.ray_start_s = 0.0
+        self.worker_start_s = 0.0
         self._job_args = (pipeline, kwargs)
         self._init_job()
 
@@ -120,7 +131,9 @@ class DistributedJob(Job):
         assert self.operator is not None
         if isinstance(self.operator, ShardedOperator):
             return
+        started = time.monotonic()
         self.operator = ShardedOperator(self.p, self.operator.snapshot(), self._workers())
+        self.worker_start_s += time.monotonic() - started
 
     def _workers(self) -> list[Any]:
         if not self._actors:
@@ -128,27 +141,63 @@ class DistributedJob(Job):
         return self._actors
 
     def _start_sources(self, positions: list[SourcePosition]) -> None:
-        """The single-process reader set-up, with partition ``i`` read and parsed by
-        worker ``i mod N`` (:class:`RemoteReader`). A live source (a broker, or files
-        followed as they grow) is read by the coordinator through the live runtime's
-        recorded steps (its order and plans are the single-process ones); only the
-        window state is sharded."""
+        """Bounded sources: the data plane (:class:`StepPlanner`), partition ``i``
+        read and parsed by worker ``i mod N``, rows sent worker to worker. A live
+        source (a broker, or files followed as they grow) is read by the coordinator
+        through the live runtime's recorded steps (its order and plans are the
+        single-process ones); only the window state is sharded."""
         actors = self._workers()
         if self.live:
             super()._start_sources(positions)
             return
-        readers: list[PartitionReader] = [
-            RemoteReader(actors[i % len(actors)], self.p.source.kind, name, path, self.plan,
-                         pos.resume)
-            for i, ((name, path), pos) in enumerate(zip(self.partitions, positions,
-                                                        strict=True))
-        ]
         batch = self.p.batch_size
         if self.p.checkpoint and self.p.checkpoint.every_events:
             per_partition = -(-self.p.checkpoint.every_events // max(1, len(self.partitions)))
             batch = max(1, min(batch, per_partition))
         self._batch_cap = batch
-        self.merger = PartitionMerger(readers, positions, self.plan, batch)
+        self.merger = StepPlanner(  # type: ignore[assignment]
+            self, self.p, list(self.partitions), positions, actors, batch)
+
+    def _apply(self, batch: Batch) -> int:
+        """A data-plane step (:class:`StepBatch`): the workers read, watermark and
+        aggregate; the coordinator advances its watermark state from the per-partition
+        summaries (the same arithmetic as every worker) and stages the output."""
+        if not isinstance(batch, StepBatch):
+            return super()._apply(batch)
+        assert batch.planner is not None
+        self._handle_bad(batch.bad)
+        prepare(self.wm, batch.infos)
+        if batch.failed is not None and batch.failed.height:
+            self._handle_bad(batch.failed)
+        advance(self.wm, batch.infos, batch.bound)
+        got = batch.planner.gather_outputs(batch)
+        fires = [from_ipc(f) for f, _, _ in got if f is not None]
+        lates = [from_ipc(lt) for _, lt, _ in got if lt is not None]
+        fired = pl.concat(fires, how="vertical") if fires else pl.DataFrame()
+        late = pl.concat(lates, how="vertical") if lates else pl.DataFrame()
+        if self.workers > 1:
+            if fired.height:
+                fired = fired.sort([KEY, KEY_IS_INT, WSTART, WEND])
+            if late.height:
+                late = late.sort([OFFSET, PARTITION])
+        read = batch.read
+        self.counters.events += read
+        if self.unseen_fields and batch.seen:
+            self.unseen_fields = [f for f in self.unseen_fields if f not in batch.seen]
+        if fired.height:
+            epoch = self.epoch
+            self.output.submit(lambda: self._emit_results(fired, epoch))
+        if late.height:
+            self.counters.late_events += late.height
+            frame = self._late_frame(late, batch)
+            frame = self._suppressed("late", frame, ["_partition", "_offset"])
+            if "late" in self.sinks and frame.height:
+                self.sinks["late"].write(self.epoch, frame)
+                self._receipt("late", frame)
+        if self.crash.targets:
+            self.output.drain()
+        self.crash("after_stage")
+        return read
 
     def _close_shards(self, healthy: bool = False) -> None:
         """Let the workers go: back to this driver's pool when ``healthy`` (the job
@@ -252,8 +301,21 @@ class DistributedJob(Job):
         op = self.operator
         return list(op.pids) if isinstance(op, ShardedOperator) else []
 
+    def summary(self) -> RunSummary:
+        out = super().summary()
+        out.distributed = {
+            "workers": self.workers,
+            "ray_start_s": round(self.ray_start_s, 6),
+            "worker_start_s": round(self.worker_start_s, 6),
+            "engine_s": round(max(0.0, out.seconds - self.worker_start_s), 6),
+            "restarts": self.restarts,
+        }
+        return out
+
     def run(self) -> Any:
-        leave = connect(self.address, self.workers)
+        started = time.monotonic()
+        leave = connect(self.address, self.workers, quiet=self.quiet)
+        self.ray_start_s = time.monotonic() - started
         try:
             while True:
                 try:

@@ -1,0 +1,186 @@
+"""The coordinator's side of the data plane (bounded sources): plan steps, pass
+object references, gather a few numbers per partition and per worker.
+
+A step is a read-order bound: every partition's records with offset below it. The
+coordinator asks each partition's worker to read its slab (:meth:`ShardWorker.read_step`),
+which puts the breakpoints of its partition watermark and each worker's rows in
+Ray's object store and returns a summary (counts, max time, end of input, the
+position to resume from) with the references; then it asks each key's worker to
+apply its rows (:meth:`ShardWorker.process_step`), passing the references on
+without resolving them. Every worker runs the same watermark arithmetic
+(:func:`._plane.prepare`, :func:`._plane.advance`) on the same numbers, so the
+coordinator's watermark state, recorded in checkpoints, is the workers'.
+
+What the coordinator receives per step: one summary per partition, one triple per
+worker (fired windows, late events, a count) and, when there are late events, their
+raw text. No event row: :attr:`StepPlanner.step_bytes` measures it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+
+from sealstream._runtime.merge import Batch, SourcePosition
+from sealstream.distributed._plane import Breaks
+from sealstream.distributed._shard import gather
+from sealstream.distributed._worker import from_ipc
+from sealstream.pipeline import Pipeline
+from sealstream.sources._base import BAD_SCHEMA, RAW
+
+#: what one object reference is counted as in :attr:`StepPlanner.step_bytes`: its id
+REF_BYTES = 28
+
+
+@dataclass
+class StepBatch(Batch):
+    """A step of the data plane: the coordinator holds no event (``events`` is
+    empty); ``pending`` are the key workers' results to gather."""
+
+    pending: list[Any] = field(default_factory=list)
+    bound: int = 0
+    read: int = 0
+    seen: set[str] = field(default_factory=set)
+    failed: pl.DataFrame | None = None
+    infos: list[Breaks] = field(default_factory=list)
+    planner: StepPlanner | None = None
+
+    def raw_texts(
+        self, partitions: npt.NDArray[np.int32], offsets: npt.NDArray[np.int64]
+    ) -> pl.Series:
+        """The raw text of some records of the step (late events), from the workers
+        that read them."""
+        assert self.planner is not None
+        return self.planner.raw_texts(partitions, offsets)
+
+
+def _bytes(value: Any) -> int:
+    """The size of a value the coordinator received (Arrow buffers as they are,
+    numbers and lists as JSON, a reference as its id)."""
+    if value is None:
+        return 0
+    if isinstance(value, bytes):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(len(k) + _bytes(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return sum(_bytes(v) for v in value)
+    if isinstance(value, int | float | str | bool):
+        return len(json.dumps(value))
+    return REF_BYTES
+
+
+class StepPlanner:
+    """Plans the steps of a bounded run over the workers; the engine's loop sees it
+    as its merger (``next_batch``, ``batch_size``, ``size_hint``, ``close``)."""
+
+    def __init__(self, job: Any, pipeline: Pipeline, partitions: list[tuple[str, Path]],
+                 positions: list[SourcePosition], actors: list[Any], batch_size: int) -> None:
+        self.job = job
+        self.p = pipeline
+        self.actors = actors
+        self.n = len(partitions)
+        self.owner = [actors[q % len(actors)] for q in range(self.n)]
+        self.batch_size = batch_size
+        firsts = gather([self.owner[q].open_slab.remote(pipeline, q, name, str(path),
+                                                         pos.to_json())
+                         for q, ((name, path), pos) in enumerate(zip(partitions, positions,
+                                                                     strict=True))],
+                        "open partitions")
+        self.bound = min(firsts) if firsts else 0
+        self.low: int | None = self.bound
+        self.done = False
+        self._hints: list[tuple[int, int] | None] = [None] * self.n
+        #: bytes the coordinator received, per step (summaries, outputs, references)
+        self.step_bytes: list[int] = []
+
+    def next_batch(self) -> Batch | None:
+        if self.done:
+            return None
+        start = self.bound if self.low is None else max(self.bound, self.low)
+        bound = start + max(1, self.batch_size)
+        unseen = list(self.job.unseen_fields)
+        got = gather([self.owner[q].read_step.remote(self.p, q, self.n, bound,
+                                                     max(1, self.batch_size),
+                                                     len(self.actors), unseen)
+                      for q in range(self.n)], "read")
+        received = _bytes(got)
+        breaks = [ref for _, ref, _ in got]
+        wm = self.job.wm.to_json()
+        last = list(self.job.wm.last_offset)
+        pending = [a.process_step.remote(wm, last, bound, breaks,
+                                         [shards[i] for _, _, shards in got])
+                   for i, a in enumerate(self.actors)]
+        sums = [s for s, _, _ in got]
+        self._hints = [s["hint"] for s in sums]
+        bad = [from_ipc(s["bad"]).with_columns(pl.lit(q, dtype=pl.Int32).alias("_p"))
+               for q, s in enumerate(sums) if s["bad"] is not None]
+        failed = [from_ipc(s["failed"]).with_columns(pl.lit(q, dtype=pl.Int32).alias("_p"))
+                  for q, s in enumerate(sums) if s["failed"] is not None]
+        bad_schema = dict(BAD_SCHEMA)
+        bad_schema["_p"] = pl.Int32()
+        infos = [Breaks(q, np.zeros(0, np.int64), np.zeros(0, np.int64), s["max_time"],
+                        s["last_offset"], s["empty_done"], s["drained"])
+                 for q, s in enumerate(sums)]
+        finished = all(s["drained"] for s in sums)
+        lows = [s["next_first"] for s in sums if s["next_first"] is not None]
+        self.low = min(lows) if lows else None
+        self.bound = bound
+        self.done = finished
+        batch = StepBatch(
+            events=pl.DataFrame(),
+            bad=(pl.concat(bad, how="vertical").sort(["_offset", "_p"]) if bad
+                 else pl.DataFrame(schema=bad_schema)),
+            end=(bound - 1, self.n - 1),
+            positions=[SourcePosition.from_json(s["emitted"]) for s in sums],
+            last_offsets=[s["last_offset"] for s in sums],
+            finished=finished,
+            empty_and_done=[bool(s["empty_done"]) for s in sums],
+            pending=pending,
+            bound=bound,
+            read=sum(int(s["read"]) for s in sums),
+            seen={f for s in sums for f in s["seen"]},
+            failed=pl.concat(failed, how="vertical") if failed else None,
+            infos=infos,
+            planner=self,
+        )
+        self.step_bytes.append(received)
+        return batch
+
+    def gather_outputs(self, batch: StepBatch
+                       ) -> list[tuple[bytes | None, bytes | None, int]]:
+        got = gather(batch.pending, "process")
+        if self.step_bytes:
+            self.step_bytes[-1] += _bytes(got)
+        return [tuple(g) for g in got]
+
+    def raw_texts(self, partitions: npt.NDArray[np.int32],
+                  offsets: npt.NDArray[np.int64]) -> pl.Series:
+        n = len(offsets)
+        if n == 0:
+            return pl.Series(RAW, [], dtype=pl.String)
+        qs = sorted({int(q) for q in np.unique(partitions)})
+        sel = {q: np.flatnonzero(partitions == q) for q in qs}
+        got = gather([self.owner[q].raw_texts.remote(q, offsets[sel[q]].tolist())
+                      for q in qs], "raw text")
+        if self.step_bytes:
+            self.step_bytes[-1] += _bytes(got)
+        idx = np.concatenate([sel[q] for q in qs])
+        texts = pl.concat([from_ipc(g).to_series() for g in got], how="vertical").rename(RAW)
+        return texts.gather(pl.Series(np.argsort(idx, kind="stable"), dtype=pl.Int64))
+
+    def size_hint(self) -> tuple[int, int] | None:
+        if any(h is None for h in self._hints):
+            return None
+        return (sum(h[0] for h in self._hints if h is not None),
+                sum(h[1] for h in self._hints if h is not None))
+
+    def close(self) -> None:
+        """Nothing to close here: the workers' readers go with the workers (and are
+        replaced when a worker opens a partition again)."""

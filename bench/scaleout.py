@@ -6,10 +6,12 @@ single-process engine, and what one worker costs in memory.
 One driver process starts a local Ray once (its start-up time is reported apart:
 a real deployment joins a running cluster) and runs the same checkpointed job
 (tumbling 60 s, count + sum) with the single-process engine and with 1, 2 and 3
-workers, each from an empty checkpoint directory. Reported per run: wall time,
-events/s, checkpoints (count, mean time, mean bytes) and each worker's peak RSS
-(VmHWM of its process). Every distributed output is checked against the
-single-process one. Written to ``bench/results/scaleout.md``.
+workers, each from an empty checkpoint directory. Reported per run: engine and
+wall time, events/s, the coordinator's CPU seconds per million events and its
+share of the job's CPU (coordinator + workers), the bytes the coordinator received
+per event (the data plane's per-step accounting), checkpoints (count, mean time,
+mean bytes) and each worker's peak RSS (VmHWM of its process). Every distributed
+output is checked against the single-process one. Written to ``bench/results/scaleout.md``.
 """
 
 from __future__ import annotations
@@ -78,6 +80,8 @@ def _run(files: list[Path], every: int, workers: int | None, label: str) -> dict
                               every_events=every))
     pipeline = load_spec(spec)
     start_s = 0.0
+    warm: list[Any] = []
+    cpu0: list[float] = []
     if workers is not None:  # workers started (and idle in the pool) before the clock
         import ray
 
@@ -85,17 +89,31 @@ def _run(files: list[Path], every: int, workers: int | None, label: str) -> dict
 
         t0 = time.perf_counter()
         warm = acquire(workers)
-        ray.get([a.__ray_ready__.remote() for a in warm])
+        cpu0 = ray.get([a.cpu_s.remote() for a in warm])
         release(warm, healthy=True)
         start_s = time.perf_counter() - t0
     job: Any = Job(pipeline) if workers is None else DistributedJob(pipeline, workers=workers)
     t0 = time.perf_counter()
+    c0 = time.process_time()
     summary = job.run()
+    coord_cpu = time.process_time() - c0
     wall = time.perf_counter() - t0
+    worker_cpu = 0.0
+    if warm:
+        import ray
+
+        worker_cpu = sum(ray.get([a.cpu_s.remote() for a in warm])) - sum(cpu0)
     rss = [_peak_rss_mb(p) for p in getattr(job.operator, "pids", [])]
+    steps = getattr(job.merger, "step_bytes", None)
     drain_pool()  # the next run measures fresh workers
     ck = summary.checkpoints.to_json()
+    dist = summary.to_json().get("distributed") or {}
+    events = summary.counters.events
     return {"label": label, "workers": workers, "wall_s": wall, "start_s": start_s,
+            "engine_s": dist.get("engine_s", wall), "coord_cpu_s": coord_cpu,
+            "worker_cpu_s": worker_cpu,
+            "coord_bytes_per_event": (sum(steps) / events if steps and events else None),
+            "steps": len(steps) if steps else None,
             "events": summary.counters.events, "ckpts": ck["count"],
             "ck_ms": ck["mean_ms"], "ck_blocking_ms": ck["mean_blocking_ms"],
             "ck_bytes": ck["mean_bytes"], "worker_rss_mb": rss, "output": _output(d)}
@@ -137,18 +155,26 @@ def main(argv: list[str] | None = None) -> int:
         "run (both apart); wall time of the job from one run. Outputs compared with "
         "the single process (floats within 1e-9 relative).",
         "",
-        "| config | worker start s | wall s | events/s | vs single | checkpoints | "
-        "mean ckpt ms (blocking) | mean ckpt bytes | worker peak RSS MB | output |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+        "| config | worker start s | engine s | wall s | events/s | vs single (engine) | "
+        "coordinator CPU s / M events | coordinator share of CPU | coordinator bytes / "
+        "event | steps | checkpoints | mean ckpt ms (blocking) | worker peak RSS MB | "
+        "output |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| --- | --- |",
     ]
     for r in runs:
-        rate = r["events"] / r["wall_s"]
+        rate = r["events"] / r["engine_s"]
         rss = ", ".join(f"{m:.0f}" for m in r["worker_rss_mb"] if m is not None) or "-"
         same = "ok" if _same(r["output"], base["output"]) else "MISMATCH"
+        per_m = r["coord_cpu_s"] / (r["events"] / 1e6)
+        total = r["coord_cpu_s"] + r["worker_cpu_s"]
+        share = f"{100 * r['coord_cpu_s'] / total:.1f}%" if r["workers"] else "-"
+        bpe = r["coord_bytes_per_event"]
         lines.append(
-            f"| {r['label']} | {r['start_s']:.2f} | {r['wall_s']:.2f} | {rate:,.0f} | "
-            f"{base['wall_s'] / r['wall_s']:.2f}x | {r['ckpts']} | {r['ck_ms']:.0f} "
-            f"({r['ck_blocking_ms']:.0f}) | {r['ck_bytes']:,.0f} | {rss} | {same} |")
+            f"| {r['label']} | {r['start_s']:.2f} | {r['engine_s']:.2f} | {r['wall_s']:.2f} "
+            f"| {rate:,.0f} | {base['engine_s'] / r['engine_s']:.2f}x | {per_m:.2f} | "
+            f"{share} | {'-' if bpe is None else f'{bpe:.4f}'} | {r['steps'] or '-'} | "
+            f"{r['ckpts']} | {r['ck_ms']:.0f} ({r['ck_blocking_ms']:.0f}) | {rss} | {same} |")
     text = "\n".join(lines) + "\n"
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "scaleout.md").write_text(text)

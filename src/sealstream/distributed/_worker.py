@@ -243,6 +243,12 @@ class ShardWorker:
     def open_windows(self) -> int:
         return self._op().open_windows
 
+    def cpu_s(self) -> float:
+        """CPU seconds this worker process used so far (for the benchmark)."""
+        import time
+
+        return time.process_time()
+
 
 def _failed(pipeline: Pipeline, failed: pl.DataFrame, spans: list[Any]) -> pl.DataFrame:
     """Records a transform failed on, as bad records (as the single-process engine

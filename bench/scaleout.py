@@ -105,6 +105,7 @@ def _run(files: list[Path], every: int, workers: int | None, label: str) -> dict
         worker_cpu = sum(ray.get([a.cpu_s.remote() for a in warm])) - sum(cpu0)
     rss = [_peak_rss_mb(p) for p in getattr(job.operator, "pids", [])]
     steps = getattr(job.merger, "step_bytes", None)
+    rows_bytes = getattr(job.merger, "output_bytes", None)
     drain_pool()  # the next run measures fresh workers
     ck = summary.checkpoints.to_json()
     dist = summary.to_json().get("distributed") or {}
@@ -113,6 +114,8 @@ def _run(files: list[Path], every: int, workers: int | None, label: str) -> dict
             "engine_s": dist.get("engine_s", wall), "coord_cpu_s": coord_cpu,
             "worker_cpu_s": worker_cpu,
             "coord_bytes_per_event": (sum(steps) / events if steps and events else None),
+            "control_bytes_per_event": ((sum(steps) - sum(rows_bytes or [])) / events
+                                        if steps and events else None),
             "steps": len(steps) if steps else None,
             "events": summary.counters.events, "ckpts": ck["count"],
             "ck_ms": ck["mean_ms"], "ck_blocking_ms": ck["mean_blocking_ms"],
@@ -134,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
 
+    load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
     ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False,
              _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False)
@@ -153,7 +157,13 @@ def main(argv: list[str] | None = None) -> int:
         f"events, on this machine ({os.cpu_count()} cores). One driver process; a local "
         f"Ray started once in {ray_start:.1f} s and the workers started before each "
         "run (both apart); wall time of the job from one run. Outputs compared with "
-        "the single process (floats within 1e-9 relative).",
+        "the single process (floats within 1e-9 relative). Load average (1 min) "
+        f"{load_before:.1f} before and {os.getloadavg()[0]:.1f} after the runs (the "
+        "machine is shared). Coordinator CPU: this process's CPU time during the "
+        "job (Ray's threads in it included); its share is of the coordinator's plus "
+        "the workers' CPU time. Bytes: what the coordinator received per event; in "
+        "brackets the control part alone (summaries, references), the rest being "
+        "output rows (fired windows, late events) for the sinks it still runs.",
         "",
         "| config | worker start s | engine s | wall s | events/s | vs single (engine) | "
         "coordinator CPU s / M events | coordinator share of CPU | coordinator bytes / "
@@ -169,11 +179,12 @@ def main(argv: list[str] | None = None) -> int:
         per_m = r["coord_cpu_s"] / (r["events"] / 1e6)
         total = r["coord_cpu_s"] + r["worker_cpu_s"]
         share = f"{100 * r['coord_cpu_s'] / total:.1f}%" if r["workers"] else "-"
-        bpe = r["coord_bytes_per_event"]
+        bpe, ctl = r["coord_bytes_per_event"], r["control_bytes_per_event"]
         lines.append(
             f"| {r['label']} | {r['start_s']:.2f} | {r['engine_s']:.2f} | {r['wall_s']:.2f} "
             f"| {rate:,.0f} | {base['engine_s'] / r['engine_s']:.2f}x | {per_m:.2f} | "
-            f"{share} | {'-' if bpe is None else f'{bpe:.4f}'} | {r['steps'] or '-'} | "
+            f"{share} | {'-' if bpe is None else f'{bpe:.4f} ({ctl:.5f})'} | "
+            f"{r['steps'] or '-'} | "
             f"{r['ckpts']} | {r['ck_ms']:.0f} ({r['ck_blocking_ms']:.0f}) | {rss} | {same} |")
     text = "\n".join(lines) + "\n"
     RESULTS.mkdir(parents=True, exist_ok=True)

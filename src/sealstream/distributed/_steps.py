@@ -95,22 +95,28 @@ class StepPlanner:
                         "open partitions")
         self.bound = min(firsts) if firsts else 0
         self.low: int | None = self.bound
+        #: the step being planned (numbers the workers' raw text of each step)
+        self.step = 0
+        #: the next step's reads, already asked for: (bound, references)
+        self._ahead: tuple[int, list[Any]] | None = None
         self.done = False
         self._hints: list[tuple[int, int] | None] = [None] * self.n
         #: bytes the coordinator received, per step (summaries, outputs, references)
         self.step_bytes: list[int] = []
+        #: of which output rows (fired windows, late events and their text, bad
+        #: records), which cross the coordinator while the sinks run there
+        self.output_bytes: list[int] = []
 
     def next_batch(self) -> Batch | None:
         if self.done:
             return None
-        start = self.bound if self.low is None else max(self.bound, self.low)
-        bound = start + max(1, self.batch_size)
-        unseen = list(self.job.unseen_fields)
-        got = gather([self.owner[q].read_step.remote(self.p, q, self.n, bound,
-                                                     max(1, self.batch_size),
-                                                     len(self.actors), unseen)
-                      for q in range(self.n)], "read")
+        if self._ahead is None:
+            self._ahead = self._read(self._next_bound())
+        bound, refs = self._ahead
+        self._ahead = None
+        got = gather(refs, "read")
         received = _bytes(got)
+        rows = sum(_bytes(s["bad"]) + _bytes(s["failed"]) for s, _, _ in got)
         breaks = [ref for _, ref, _ in got]
         wm = self.job.wm.to_json()
         last = list(self.job.wm.last_offset)
@@ -118,6 +124,7 @@ class StepPlanner:
                                          [shards[i] for _, _, shards in got])
                    for i, a in enumerate(self.actors)]
         sums = [s for s, _, _ in got]
+        self.step += 1
         self._hints = [s["hint"] for s in sums]
         bad = [from_ipc(s["bad"]).with_columns(pl.lit(q, dtype=pl.Int32).alias("_p"))
                for q, s in enumerate(sums) if s["bad"] is not None]
@@ -133,6 +140,11 @@ class StepPlanner:
         self.low = min(lows) if lows else None
         self.bound = bound
         self.done = finished
+        if not finished:
+            # the next step's reads queue behind this step's on every worker: a
+            # worker done with its share reads on while the others and the
+            # coordinator finish this step (its bound is known from the summaries)
+            self._ahead = self._read(self._next_bound())
         batch = StepBatch(
             events=pl.DataFrame(),
             bad=(pl.concat(bad, how="vertical").sort(["_offset", "_p"]) if bad
@@ -151,13 +163,27 @@ class StepPlanner:
             planner=self,
         )
         self.step_bytes.append(received)
+        self.output_bytes.append(rows)
         return batch
+
+    def _next_bound(self) -> int:
+        start = self.bound if self.low is None else max(self.bound, self.low)
+        return start + max(1, self.batch_size)
+
+    def _read(self, bound: int) -> tuple[int, list[Any]]:
+        """Ask every partition's worker for its slab below ``bound`` (not waited for)."""
+        unseen = list(self.job.unseen_fields)  # a superset of what is still unseen
+        return bound, [self.owner[q].read_step.remote(self.p, q, self.n, bound,
+                                                       max(1, self.batch_size),
+                                                       len(self.actors), unseen, self.step)
+                       for q in range(self.n)]
 
     def gather_outputs(self, batch: StepBatch
                        ) -> list[tuple[bytes | None, bytes | None, int]]:
         got = gather(batch.pending, "process")
         if self.step_bytes:
             self.step_bytes[-1] += _bytes(got)
+            self.output_bytes[-1] += sum(_bytes(f) + _bytes(lt) for f, lt, _ in got)
         return [tuple(g) for g in got]
 
     def raw_texts(self, partitions: npt.NDArray[np.int32],
@@ -167,10 +193,12 @@ class StepPlanner:
             return pl.Series(RAW, [], dtype=pl.String)
         qs = sorted({int(q) for q in np.unique(partitions)})
         sel = {q: np.flatnonzero(partitions == q) for q in qs}
-        got = gather([self.owner[q].raw_texts.remote(q, offsets[sel[q]].tolist())
+        step = self.step - 1  # the step being applied (the next one may be read)
+        got = gather([self.owner[q].raw_texts.remote(q, step, offsets[sel[q]].tolist())
                       for q in qs], "raw text")
         if self.step_bytes:
             self.step_bytes[-1] += _bytes(got)
+            self.output_bytes[-1] += _bytes(got)
         idx = np.concatenate([sel[q] for q in qs])
         texts = pl.concat([from_ipc(g).to_series() for g in got], how="vertical").rename(RAW)
         return texts.gather(pl.Series(np.argsort(idx, kind="stable"), dtype=pl.Int64))

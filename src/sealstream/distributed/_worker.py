@@ -72,9 +72,11 @@ class ShardWorker:
         self.pipeline: Pipeline | None = None
         self.staged: bytes | None = None
         self.store: CheckpointStore | None = None
-        #: the data plane: partition index -> its slab reader, its last step's raw spans
+        #: the data plane: partition index -> its slab reader; (partition, step) -> the
+        #: raw text spans of the step's slab (the last two steps: one may be read
+        #: ahead while the late events of the one before are written)
         self.slabs: dict[int, SlabReader] = {}
-        self.spans: dict[int, list[Any]] = {}
+        self.spans: dict[tuple[int, int], list[Any]] = {}
 
     # ------------------------------------------------------------- data plane
     def open_slab(self, pipeline: Pipeline, q: int, name: str, path: str,
@@ -89,11 +91,11 @@ class ShardWorker:
         plan = pipeline.field_plan()
         reader = open_partition(pipeline.source.kind, name, Path(path), plan, pos.resume)
         self.slabs[q] = SlabReader(reader, pos)
-        self.spans[q] = []
+        self.spans = {k: v for k, v in self.spans.items() if k[0] != q}
         return self.slabs[q].start_offset()
 
     def read_step(self, pipeline: Pipeline, q: int, n_parts: int, bound: int,
-                  chunk_records: int, workers: int, unseen: list[str]
+                  chunk_records: int, workers: int, unseen: list[str], step: int
                   ) -> tuple[dict[str, Any], Any, list[Any]]:
         """Partition ``q``'s records with offset below ``bound``: parsed (and
         transformed) here, their watermark breakpoints and each worker's rows put in
@@ -106,7 +108,8 @@ class ShardWorker:
 
         plan = pipeline.field_plan()
         slab = self.slabs[q].take(bound, chunk_records)
-        self.spans[q] = slab.raw
+        self.spans.pop((q, step - 2), None)
+        self.spans[(q, step)] = slab.raw
         schema = dict(plan.event_schema())
         schema[PARTITION] = pl.Int32()
         events = (slab.events.with_columns(pl.lit(q, dtype=pl.Int32).alias(PARTITION))
@@ -147,11 +150,11 @@ class ShardWorker:
             return WindowOperator(pipeline)
         return self.op
 
-    def raw_texts(self, q: int, offsets: list[int]) -> bytes:
-        """The raw text of partition ``q``'s records at ``offsets`` in the last step."""
+    def raw_texts(self, q: int, step: int, offsets: list[int]) -> bytes:
+        """The raw text of partition ``q``'s records at ``offsets`` in step ``step``."""
         import numpy as np
 
-        texts = raw_texts(self.spans[q], np.asarray(offsets, dtype=np.int64))
+        texts = raw_texts(self.spans[(q, step)], np.asarray(offsets, dtype=np.int64))
         return to_ipc(texts.to_frame())
 
     def process_step(self, wm: dict[str, Any], last_offsets: list[int | None], bound: int,

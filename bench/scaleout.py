@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "| config | worker start s | engine s | wall s | events/s | vs single (engine) | "
         "coordinator CPU s / M events | coordinator share of CPU | coordinator bytes / "
-        "event | steps | checkpoints | mean ckpt ms (blocking) | worker peak RSS MB | "
+        "event (control only) | steps | checkpoints | mean ckpt ms (blocking) | worker peak RSS MB | "
         "output |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
         "| --- | --- |",

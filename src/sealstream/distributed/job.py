@@ -1,15 +1,17 @@
 """A job run by N Ray workers: the single-process job with its keyed state sharded.
 
-The coordinator (this process) is the single-process :class:`~sealstream.Job`:
-it merges the source partitions in the documented read order, gives every event
-its watermark, stages output in the sinks and writes the checkpoints, exactly as
-on one process. Two pieces move to the worker actors: reading and parsing the
-source partitions (partition ``i`` on worker ``i mod N``, see :mod:`._reader`),
-and the window state (each key's windows on one worker, see :mod:`._shard`);
-chunks and each step's events travel as Arrow data through Ray's object store.
-Hence, for a bounded input, the output with N workers is the single-process
-output, and every guarantee of the checkpoint protocol (the guard, fallback,
-refusal, exactly-once sinks) is the single-process one.
+The coordinator (this process) is the single-process :class:`~sealstream.Job`
+as the control plane: it plans steps, keeps the watermark state, stages output
+in the sinks and writes the checkpoints, as on one process. For bounded sources
+the data plane runs on the workers (:mod:`._steps`, :mod:`._plane`): partition
+``i`` is read and parsed by worker ``i mod N``, which sends each key's worker its
+rows and its partition's watermark breakpoints through Ray's object store; each
+key's worker (see :mod:`._shard`) gives every row its exact single-process
+watermark and runs the window operator. Live sources are still read here
+(their recorded steps), their events sent to the key's worker. Hence the output
+with N workers is the single-process output, and every guarantee of the
+checkpoint protocol (the guard, fallback, refusal, exactly-once sinks) is the
+single-process one.
 
 Checkpoint at a step boundary: every worker encodes its part of the state (its
 keys' open windows, a checkpoint file of its own: ``state.part-<i>.arrow``); the

@@ -167,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "| config | worker start s | engine s | wall s | events/s | vs single (engine) | "
         "coordinator CPU s / M events | coordinator share of CPU | coordinator bytes / "
-        "event (control only) | steps | checkpoints | mean ckpt ms (blocking) | worker peak RSS MB | "
-        "output |",
+        "event (control only) | steps | checkpoints | mean ckpt ms (blocking) | "
+        "worker peak RSS MB | output |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
         "| --- | --- |",
     ]

@@ -21,9 +21,10 @@ def story(d: Path, *, url: str | None = None, env: dict[str, str] | None = None)
     return spec
 
 
-def emitted_window(d: Path) -> dict[str, Any]:
-    """A result line of the newest epoch's output file (its window was emitted there)."""
-    newest = sorted((d / "out").glob("part-*.jsonl"))[-1]
+def emitted_window(d: Path, back: int = 0) -> dict[str, Any]:
+    """A result line of the newest epoch's output file (its window was emitted there), or
+    of the epoch ``back`` epochs before it."""
+    newest = sorted((d / "out").glob("part-*.jsonl"))[-1 - back]
     return dict(json.loads(newest.read_text().splitlines()[0]))
 
 

@@ -13,14 +13,14 @@ duration comes from its metrics endpoint (``--job``).
 
 from __future__ import annotations
 
-import hashlib
+import os
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from sealstream.checkpoint import guard
 from sealstream.checkpoint.manifest import checkpoint_key, signature_ok
-from sealstream.checkpoint.store import CheckpointStore
+from sealstream.checkpoint.store import CheckpointStore, LocalCheckpointStore
 from sealstream.console._stores import READ_ERRORS, Aside, Pipeline
 from sealstream.inspect import diff_checkpoints, inspect_checkpoint, judge_checkpoint, wm_iso
 from sealstream.watermark import NEG_INF, POS_INF
@@ -31,9 +31,9 @@ PAGE_SIZE = 50
 CHART_POINTS = 500
 VERDICTS = (guard.ATOMIC, guard.PARTIAL, guard.INCONSISTENT)
 
-#: verdicts of published checkpoints, keyed by (location, id, SHA-256 of the manifest):
-#: a published checkpoint's files never change, so neither does its verdict
-_VERDICTS: dict[tuple[str, int, str], guard.Verdict] = {}
+#: verdicts of directory checkpoints, keyed by the (name, size, mtime, inode) of every
+#: file of the checkpoint: a file changed behind the console's back is judged again
+_VERDICTS: dict[tuple[Any, ...], guard.Verdict] = {}
 
 
 def _d(v: Any) -> dict[str, Any]:
@@ -58,16 +58,28 @@ def signer_text(doc: Mapping[str, Any] | None) -> str:
     return "none" if alg is None else f"unknown ({alg})"
 
 
-def verdict_of(store: CheckpointStore, cid: int, key: bytes | None) -> guard.Verdict:
-    """The guard's verdict, as ``checkpoints inspect`` gives it (cached while the
-    manifest's bytes are the same)."""
+def _fingerprint(store: CheckpointStore, cid: int) -> tuple[Any, ...] | None:
+    """What a directory checkpoint's files are now (None: not a directory store)."""
+    if not isinstance(store, LocalCheckpointStore):
+        return None
     try:
-        raw = store.read_manifest_bytes(cid)
-    except READ_ERRORS:
-        raw = None
-    if raw is None:
+        with os.scandir(store.path_of(cid)) as entries:
+            files = sorted((e.name, *((st := e.stat(follow_symlinks=False)).st_size,
+                                      st.st_mtime_ns, st.st_ino, st.st_mode))
+                           for e in entries)
+    except OSError:
+        return None
+    return (store.location, cid, tuple(files))
+
+
+def verdict_of(store: CheckpointStore, cid: int, key: bytes | None) -> guard.Verdict:
+    """The guard's verdict, as ``checkpoints inspect`` gives it. In a directory store it
+    is kept while none of the checkpoint's files changed (size, time, inode); the parent
+    it is judged against is immutable once published."""
+    tag = _fingerprint(store, cid)
+    if tag is None:
         return judge_checkpoint(store, cid, key)
-    tag = (store.location, cid, hashlib.sha256(raw).hexdigest() + (key or b"").hex())
+    tag = (*tag, key)
     cached = _VERDICTS.get(tag)
     if cached is None:
         cached = judge_checkpoint(store, cid, key)
@@ -83,13 +95,27 @@ def _size(doc: Mapping[str, Any]) -> int | None:
     return sum(known) if known else None
 
 
+class _Manifests(dict[int, "dict[str, Any] | None"]):
+    """Manifests read on first use (a history page reads its rows' and their parents')."""
+
+    def __init__(self, store: CheckpointStore, ids: list[int]) -> None:
+        super().__init__()
+        self.store = store
+        self.ids = set(ids)
+
+    def __missing__(self, cid: int) -> dict[str, Any] | None:
+        doc = self.store.read_manifest(cid)
+        self[cid] = doc
+        return doc
+
+
 def _row(store: CheckpointStore, cid: int, doc: dict[str, Any] | None,
-         verdict: guard.Verdict | None, docs: Mapping[int, dict[str, Any] | None],
+         verdict: guard.Verdict | None, docs: _Manifests,
          aside: Aside | None = None, index: int | None = None) -> dict[str, Any]:
     d = doc or {}
     created = _i(d.get("created_ms"))
     parent = _i(d.get("parent"))
-    pdoc = docs.get(parent) if parent is not None else None
+    pdoc = docs[parent] if parent is not None and parent in docs.ids else None
     pcreated = _i(pdoc.get("created_ms")) if pdoc else None
     wm = _d(d.get("watermark")).get("global_ms")
     return {
@@ -117,7 +143,7 @@ def history(pipeline: Pipeline, verdict: str | None = None, page: int = 1) -> di
     store = pipeline.open()
     try:
         ids = store.ids()
-        docs = {cid: store.read_manifest(cid) for cid in ids}
+        docs = _Manifests(store, ids)
         entries: list[tuple[int, Aside | None, int | None]] = [(c, None, None) for c in ids]
         asides = pipeline.asides()
         entries += [(a.id, a, n) for n, a in enumerate(asides)]
@@ -126,7 +152,8 @@ def history(pipeline: Pipeline, verdict: str | None = None, page: int = 1) -> di
         def judged(e: tuple[int, Aside | None, int | None]) -> tuple[guard.Verdict, Any]:
             cid, aside, _ = e
             if aside is None:
-                return verdict_of(store, cid, key), docs.get(cid)
+                v = verdict_of(store, cid, key)
+                return v, None
             view = pipeline.open_aside(aside)
             try:
                 return verdict_of(view, cid, key), view.read_manifest(cid)
@@ -149,6 +176,8 @@ def history(pipeline: Pipeline, verdict: str | None = None, page: int = 1) -> di
             v = known
             if v is None:
                 v, doc = judged(e)
+            if e[1] is None:
+                doc = docs[e[0]]
             rows.append(_row(store, e[0], doc, v, docs, e[1], e[2]))
         return {"rows": rows, "page": page, "pages": pages, "total": len(kept),
                 "verdict": verdict if verdict in VERDICTS else None,

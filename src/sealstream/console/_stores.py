@@ -18,6 +18,7 @@ judged it before it was moved.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from sealstream.checkpoint.store import (
     REJECTED,
     CheckpointStore,
     LocalCheckpointStore,
+    _parse_id,
     checkpoint_dirname,
 )
 from sealstream.checkpoint.stores import is_postgres, is_url, redact, sqlite_path
@@ -98,7 +100,7 @@ class Source:
                 root = Path(self.where)
                 if not root.is_dir():
                     raise CheckpointError(f"checkpoint directory {root} does not exist")
-                names = [_directory_pipeline(LocalCheckpointStore(root))]
+                names = [_directory_pipeline(DirectoryStore(root))]
             self.pipelines = [Pipeline(self, n, i) for i, n in enumerate(names)]
         except READ_ERRORS as exc:
             self.error = redact(str(exc)) or type(exc).__name__
@@ -126,7 +128,7 @@ class Source:
             return ReadOnlyPostgresStore(self.where, pipeline)
         if self.kind == "sqlite":
             return ReadOnlySqliteStore(self._sqlite_file(), pipeline)
-        return LocalCheckpointStore(Path(self.where))
+        return DirectoryStore(Path(self.where))
 
     def asides(self, pipeline: str) -> list[Aside]:
         """The checkpoints moved aside, oldest move first."""
@@ -211,6 +213,20 @@ class ReadOnlyPostgresStore(PostgresCheckpointStore):
 
     def __init__(self, url: str, pipeline: str) -> None:
         super().__init__(_read_only_url(url), pipeline, shown=redact(url))
+
+
+class DirectoryStore(LocalCheckpointStore):
+    """A checkpoint directory, its ids listed with one ``scandir`` (no ``stat`` per entry:
+    10,000 checkpoints list in milliseconds)."""
+
+    def ids(self) -> list[int]:
+        try:
+            with os.scandir(self.root) as entries:
+                found = [(_parse_id(e.name), e) for e in entries]
+                return sorted(cid for cid, e in found
+                              if cid is not None and e.is_dir())
+        except (FileNotFoundError, NotADirectoryError):
+            return []
 
 
 # --------------------------------------------------------------------------- evidence views

@@ -15,7 +15,6 @@ a history page under 1 s. Written to ``bench/results/console.md``.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import sys
@@ -28,36 +27,18 @@ RESULTS = ROOT / "bench" / "results"
 
 
 def build(n: int) -> Path:
-    from sealstream.checkpoint import manifest as mf
-
     sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT / "tests" / "console"))
+    from _consolekit import clone_checkpoints
+
     from scenarios._story import make_input, run, write_spec
 
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
     spec = write_spec(WORK, make_input(WORK), keep=20)
     assert run(spec).returncode == 0
-    ckpt = WORK / "ckpt"
-    first = sorted(ckpt.glob("cp-*"))[0]
-    doc = json.loads((first / "MANIFEST.json").read_text())
-    blobs = {role: (first / e["path"].split("/", 1)[1]).read_bytes()
-             for role, e in doc["files"].items()}
-    for old in sorted(ckpt.glob("cp-*")):
-        shutil.rmtree(old)
-    doc.pop("signature")
-    base_ms = int(doc["created_ms"])
-    for cid in range(1, n + 1):
-        name = f"cp-{cid:012d}"
-        (ckpt / name).mkdir(mode=0o700)
-        for role, entry in doc["files"].items():
-            entry["path"] = f"{name}/{entry['path'].rsplit('/', 1)[1]}"
-            (ckpt / entry["path"]).write_bytes(blobs[role])
-        doc.update(id=cid, parent=cid - 1 if cid > 1 else None, epoch=cid,
-                   created_ms=base_ms + cid * 1000)
-        if "receipt_roots" in doc:
-            doc["receipt_roots"]["epoch"] = cid
-        (ckpt / name / "MANIFEST.json").write_bytes(mf.seal(doc, None))
-    return ckpt
+    clone_checkpoints(WORK / "ckpt", n)
+    return WORK / "ckpt"
 
 
 def _time(client: object, path: str, rounds: int) -> tuple[float, float]:

@@ -34,3 +34,31 @@ def tree(root: Path) -> dict[str, bytes | None]:
             else None for p in sorted(root.rglob("*"))}
 
 
+
+
+def clone_checkpoints(ckpt: Path, n: int) -> None:
+    """Replace the checkpoints in ``ckpt`` with ``n`` copies of its first one under ids
+    1..n, each manifest rewritten (id, parent, time, file paths) and sealed again
+    without a key: ``n`` ATOMIC checkpoints in seconds, for pagination and scale."""
+    import shutil
+
+    from sealstream.checkpoint import manifest as mf
+
+    first = sorted(ckpt.glob("cp-*"))[0]
+    doc = json.loads((first / "MANIFEST.json").read_text())
+    blobs = {role: (first / e["path"].split("/", 1)[1]).read_bytes()
+             for role, e in doc["files"].items()}
+    for old in sorted(ckpt.glob("cp-*")):
+        shutil.rmtree(old)
+    doc.pop("signature")
+    base_ms = int(doc["created_ms"])
+    for cid in range(1, n + 1):
+        name = f"cp-{cid:012d}"
+        (ckpt / name).mkdir(mode=0o700)
+        for role, entry in doc["files"].items():
+            entry["path"] = f"{name}/{entry['path'].rsplit('/', 1)[1]}"
+            (ckpt / entry["path"]).write_bytes(blobs[role])
+        # the epoch stays the first one's: its receipts file names it
+        doc.update(id=cid, parent=cid - 1 if cid > 1 else None,
+                   created_ms=base_ms + cid * 1000)
+        (ckpt / name / "MANIFEST.json").write_bytes(mf.seal(doc, None))

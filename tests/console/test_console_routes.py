@@ -359,3 +359,36 @@ def test_checkpoints_moved_aside_in_a_sqlite_store_stay_in_the_history(
     page = _ok(c.get(f"/s/0/0/aside/0/{cid}"))
     assert "HASH_MISMATCH" in page and "moved aside" in page
     shutil.rmtree(tmp_path / "in")
+
+
+# --------------------------------------------------------------------------- pages and cache
+def test_a_long_history_is_paginated_and_a_filter_spans_pages(
+        job_copy: Path, make_client: Any) -> None:
+    from _consolekit import clone_checkpoints
+
+    ckpt = job_copy / "ckpt"
+    clone_checkpoints(ckpt, 120)
+    for cid in (7, 77):  # two damaged checkpoints, on different pages
+        _flip(ckpt / f"cp-{cid:012d}" / "state.arrow")
+    c = make_client(ckpt)
+    first = _ok(c.get("/s/0/0/history"))
+    assert [r["id"] for r in _rows(first)] == [str(i) for i in range(120, 70, -1)]
+    assert "page 1 of 3" in first and 'id="older"' in first
+    last = _rows(_ok(c.get("/s/0/0/history?page=3")))
+    assert [r["id"] for r in last] == [str(i) for i in range(20, 0, -1)]
+    bad = _rows(_ok(c.get("/s/0/0/history?verdict=INCONSISTENT_STATE")))
+    assert [(r["id"], r["reason"]) for r in bad] == [("77", "HASH_MISMATCH"),
+                                                     ("7", "HASH_MISMATCH")]
+    assert len(_rows(_ok(c.get("/s/0/0/history?verdict=ATOMIC_CHECKPOINT&page=3")))) == 18
+    assert "page 1 of 1" in _ok(c.get("/s/0/0/history?page=99&verdict=INCONSISTENT_STATE"))
+
+
+def test_a_checkpoint_damaged_after_it_was_shown_is_judged_again(
+        job_copy: Path, make_client: Any) -> None:
+    ckpt = job_copy / "ckpt"
+    c = make_client(ckpt)
+    assert {r["verdict"] for r in _rows(_ok(c.get("/s/0/0/history")))} == {"ATOMIC_CHECKPOINT"}
+    n = LocalCheckpointStore(ckpt).ids()[-1]
+    _flip(ckpt / f"cp-{n:012d}" / "state.arrow")  # same size, same name
+    rows = _rows(_ok(c.get("/s/0/0/history")))
+    assert (rows[0]["id"], rows[0]["reason"]) == (str(n), "HASH_MISMATCH")

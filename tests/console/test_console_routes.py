@@ -392,3 +392,19 @@ def test_a_checkpoint_damaged_after_it_was_shown_is_judged_again(
     _flip(ckpt / f"cp-{n:012d}" / "state.arrow")  # same size, same name
     rows = _rows(_ok(c.get("/s/0/0/history")))
     assert (rows[0]["id"], rows[0]["reason"]) == (str(n), "HASH_MISMATCH")
+
+
+def test_an_encrypted_store_without_its_key_says_so_and_with_it_reads(
+        tmp_path: Path, make_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    key = "ab" * 32
+    story(tmp_path, env={"SEALSTREAM_ENCRYPTION_KEY": key})
+    c = make_client(tmp_path / "ckpt")
+    rows = _rows(_ok(c.get("/s/0/0/history")))
+    assert rows and {(r["verdict"], r["reason"]) for r in rows} == {
+        ("INCONSISTENT_STATE", "ENCRYPTED_WITHOUT_KEY")}
+    assert "ENCRYPTED_WITHOUT_KEY" in _ok(c.get(f"/s/0/0/cp/{rows[0]['id']}"))
+    monkeypatch.setenv("SEALSTREAM_ENCRYPTION_KEY", key)
+    c = make_client(tmp_path / "ckpt")  # the key is read when a store is opened
+    page = _ok(c.get("/s/0/0/history"))
+    assert {r["verdict"] for r in _rows(page)} == {"ATOMIC_CHECKPOINT"}
+    assert key not in page and key not in _ok(c.get(f"/s/0/0/cp/{rows[0]['id']}"))

@@ -13,6 +13,7 @@ duration comes from its metrics endpoint (``--job``).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Mapping
@@ -79,7 +80,9 @@ def verdict_of(store: CheckpointStore, cid: int, key: bytes | None) -> guard.Ver
     tag = _fingerprint(store, cid)
     if tag is None:
         return judge_checkpoint(store, cid, key)
-    tag = (*tag, key)
+    # the keys in the tag, hashed: a verdict read with other keys is another verdict
+    keys = hashlib.sha256((key or b"") + b"|" + (store.encryption_key or b"")).hexdigest()
+    tag = (*tag, keys)
     cached = _VERDICTS.get(tag)
     if cached is None:
         cached = judge_checkpoint(store, cid, key)

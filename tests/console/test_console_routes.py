@@ -148,7 +148,9 @@ def test_every_route_on_a_postgresql_store_with_its_password_redacted(
 
 
 # --------------------------------------------------------------------------- stores it cannot read
-def test_unreadable_stores_are_pages_that_say_so(tmp_path: Path, make_client: Any) -> None:
+def test_unreadable_stores_are_pages_that_say_so(tmp_path: Path, make_client: Any,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEALSTREAM_PG_RETRY_S", "1")  # as `sealstream console` sets 3
     garbage = tmp_path / "garbage.db"
     garbage.write_bytes(b"this is not a database" * 100)
     c = make_client(tmp_path / "nowhere", f"sqlite:///{garbage}",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import secrets
 import socket
 import sys
@@ -11,6 +12,8 @@ from typing import Any
 from sealstream.errors import SpecError
 
 LOOPBACK_NAMES = ("localhost",)
+#: how long a page waits for an unreachable PostgreSQL (``SEALSTREAM_PG_RETRY_S`` wins)
+PG_RETRY_S = 3.0
 
 
 def is_loopback(host: str) -> bool:
@@ -53,6 +56,8 @@ def serve(stores: list[str], *, host: str = "127.0.0.1", port: int = 8080,
     except ImportError:
         raise SpecError("the console needs its extra: pip install 'sealstream[console]'"
                         ) from None
+    # a page waits for a store: an unreachable PostgreSQL is retried for 3 s, not 30
+    os.environ.setdefault("SEALSTREAM_PG_RETRY_S", str(PG_RETRY_S))
     token = None if is_loopback(host) else secrets.token_urlsafe(24)
     app = create_app(stores, job=job, token=token)
     sock = _bind(host, port)

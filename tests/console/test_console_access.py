@@ -81,36 +81,49 @@ def test_a_job_that_does_not_answer_is_said_so(make_client: Any) -> None:
     assert page.status_code == 200 and "cannot read" in page.text and ":pw@" not in page.text
 
 
-def test_agent_threads_show_verdicts_approvals_ledger_and_repairs(
+def test_agent_threads_show_verdicts_approvals_nodes_forks_and_repairs(
         tmp_path: Path, make_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("langgraph.checkpoint.conformance")
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "agents"))
+    from langgraph.checkpoint.conformance.test_utils import (
+        generate_checkpoint,
+        generate_config,
+        generate_metadata,
+    )
     from test_agent_tamper import T, _alter_json, _set, _thread
 
-    from sealstream.agents import EffectLedger
+    from sealstream.agents import AgentCheckpoint, EffectLedger
     from sealstream.agents.langgraph import SealstreamSaver
 
     monkeypatch.setenv("SEALSTREAM_CHECKPOINT_KEY", "console-agent-key")
     url = f"sqlite:///{tmp_path / 'agents.db'}"
     saver = SealstreamSaver(url)
     ids = _thread(saver)
+    cfg = generate_config(T)
+    cfg["configurable"]["checkpoint_id"] = ids[0]  # time travel: a fork from the first
+    fork = saver.put(cfg, generate_checkpoint(), generate_metadata(step=9), {})
+    fork_id = fork["configurable"]["checkpoint_id"]
+    saver.store.save(AgentCheckpoint("order-17", node="charge-card"))
     ledger = EffectLedger(saver.store, T)
     ledger.request_approval("refund-1", {"amount": 5})
     ledger.close()
     raw = saver.store.rows.get("cp", T, "", ids[-1])
     assert raw is not None
-    _set(saver, "cp", ids[-1], _alter_json(raw))  # the newest is damaged
+    _set(saver, "cp", ids[-1], _alter_json(raw))  # a damaged checkpoint
     saver.close()
     c = make_client(url)
     index = c.get("/").text
     assert 'href="/agents/0"' in index
     page = c.get("/agents/0").text
     assert T in page and "refund-1" in page and "SIGNATURE_MISMATCH" in page
-    assert all(i in page for i in ids)
+    assert all(i in page for i in [*ids, fork_id])
+    assert page.count('class="fork"') == 1  # the fork, and only it
+    row = next(r for r in page.split("<tr>") if r.startswith(f"<td><code>{fork_id}</code>"))
+    assert f"<code>{ids[0]}</code>" in row and 'class="fork"' in row
+    assert "charge-card" in page  # the agent thread's current node
     assert main(["agents", "repair", url]) == 0
     page = c.get("/agents/0").text
     assert "moved aside by a repair" in page and ids[-1] in page
-    assert f"head (current checkpoint): <code>{ids[-2]}</code>" in page
 
 
 def test_console_cli_errors_are_one_line(

@@ -410,3 +410,27 @@ def test_an_encrypted_store_without_its_key_says_so_and_with_it_reads(
     page = _ok(c.get("/s/0/0/history"))
     assert {r["verdict"] for r in _rows(page)} == {"ATOMIC_CHECKPOINT"}
     assert key not in page and key not in _ok(c.get(f"/s/0/0/cp/{rows[0]['id']}"))
+
+
+def test_step_plans_of_a_live_run_show_on_the_checkpoint_page(
+        tmp_path: Path, make_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sealstream._runtime.engine import Job
+    from sealstream.pipeline import load_spec
+    from test_live_plans import inputs, spec
+
+    monkeypatch.setenv("SEALSTREAM_KEEP_PLANS", "1")
+    inputs(tmp_path)
+    Job(load_spec(spec(tmp_path))).run()
+    store = LocalCheckpointStore(tmp_path / "ckpt", encryption_key=None)
+    steps, newest = store.plan_steps(), store.ids()[-1]
+    assert len(steps) >= 3
+    c = make_client(tmp_path / "ckpt")
+    page = _ok(c.get(f"/s/0/0/cp/{newest}"))
+    table = page.split("<h2>Step plans</h2>", 1)[1].split("</table>", 1)[0]
+    assert table.count("<td>OK</td>") == len(steps)
+    damaged = sorted((tmp_path / "ckpt" / "plans").glob("step-*"))[1]
+    _flip(damaged)
+    page = _ok(c.get(f"/s/0/0/cp/{newest}"))
+    table = page.split("<h2>Step plans</h2>", 1)[1].split("</table>", 1)[0]
+    assert table.count("<td>OK</td>") < len(steps)
+    assert f"<tr><td>{steps[1]}</td><td>OK</td>" not in table

@@ -52,6 +52,8 @@ def serve(stores: list[str], *, host: str = "127.0.0.1", port: int = 8080,
     """Serve the console until SIGINT/SIGTERM. Off loopback a token is generated and
     printed once (in the URL to open); every request must then carry it."""
     try:
+        import jinja2  # noqa: F401
+        import starlette  # noqa: F401
         import uvicorn
     except ImportError:
         raise SpecError("the console needs its extra: pip install 'sealstream[console]'"

@@ -137,3 +137,19 @@ def test_console_cli_errors_are_one_line(
     assert err.count("\n") == 1 and f"--port {port}: cannot listen there" in err
     assert main(["console"]) == 2  # a STORE is required
     assert "Missing argument" in capsys.readouterr().err
+
+
+def test_a_loopback_console_serves_only_loopback_host_names(
+        finished_job: Path, make_client: Any) -> None:
+    """DNS rebinding: a web page whose name resolves to 127.0.0.1 sends its own Host."""
+    from starlette.testclient import TestClient
+
+    from sealstream.console import create_app
+
+    app = create_app([str(finished_job / "ckpt")], allowed_hosts=["127.0.0.1", "localhost"])
+    with TestClient(app, base_url="http://evil.example:8080") as c:
+        assert c.get("/").status_code == 400
+    with TestClient(app, base_url="http://127.0.0.1:8080") as c:
+        assert c.get("/").status_code == 200
+    with TestClient(app, base_url="http://localhost:8080") as c:
+        assert c.get("/s/0/0/history").status_code == 200

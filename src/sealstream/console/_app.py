@@ -314,9 +314,11 @@ def agents_page(c: Console, request: Request) -> Response:
     return c.render("agents.html", src=c.sources[s], data=threads(c.sources[s].where))
 
 
-def create_app(stores: list[str], *, job: str | None = None,
-               token: str | None = None) -> ASGIApp:
-    """The console as an ASGI application; ``token``: required on every request."""
+def create_app(stores: list[str], *, job: str | None = None, token: str | None = None,
+               allowed_hosts: list[str] | None = None) -> ASGIApp:
+    """The console as an ASGI application; ``token``: required on every request;
+    ``allowed_hosts``: the only ``Host`` headers served (a loopback console refuses
+    others, so a web page cannot reach it by DNS rebinding)."""
     console = Console(stores, job)
     base = "/s/{s:int}/{p:int}"
     app = Starlette(routes=[
@@ -333,7 +335,12 @@ def create_app(stores: list[str], *, job: str | None = None,
         Mount("/static", StaticFiles(directory=str(_HERE / "static")), name="static"),
     ])
     app.state.console = console
-    return TokenGate(app, token) if token else app
+    gated: ASGIApp = TokenGate(app, token) if token else app
+    if allowed_hosts:
+        from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+        gated = TrustedHostMiddleware(gated, allowed_hosts=allowed_hosts)
+    return gated
 
 
 __all__ = ["create_app", "redact", "redact_text"]

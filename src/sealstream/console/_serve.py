@@ -26,11 +26,12 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def create_app(stores: list[str], *, job: str | None = None, token: str | None = None) -> Any:
+def create_app(stores: list[str], *, job: str | None = None, token: str | None = None,
+               allowed_hosts: list[str] | None = None) -> Any:
     """See :func:`sealstream.console._app.create_app`."""
     from sealstream.console._app import create_app as make
 
-    return make(stores, job=job, token=token)
+    return make(stores, job=job, token=token, allowed_hosts=allowed_hosts)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -61,7 +62,10 @@ def serve(stores: list[str], *, host: str = "127.0.0.1", port: int = 8080,
     # a page waits for a store: an unreachable PostgreSQL is retried for 3 s, not 30
     os.environ.setdefault("SEALSTREAM_PG_RETRY_S", str(PG_RETRY_S))
     token = None if is_loopback(host) else secrets.token_urlsafe(24)
-    app = create_app(stores, job=job, token=token)
+    # on loopback, only loopback names: a page elsewhere cannot reach it by DNS rebinding
+    hosts = None if token is not None else ["127.0.0.1", "localhost", "[::1]", "::1",
+                                             host.strip("[]")]
+    app = create_app(stores, job=job, token=token, allowed_hosts=hosts)
     sock = _bind(host, port)
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host and not host.startswith("[") else host

@@ -21,6 +21,7 @@ demo: $(STAMP)
 # The PostgreSQL tests use the server scripts/pg-test-server starts (best effort:
 # without PostgreSQL they skip, unless SEALSTREAM_REQUIRE_PG=1 as in CI).
 test: $(STAMP)
+	-@scripts/install-chromium >/dev/null  # the console's browser tests (tests/console)
 	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/mypy
 	SEALSTREAM_TEST_PG="$${SEALSTREAM_TEST_PG:-$$(scripts/pg-test-server)}" \

@@ -730,6 +730,15 @@ def _add_agents() -> None:
 _add_agents()
 
 
+def _add_console() -> None:
+    from sealstream.cli._console import console_cmd
+
+    cli.add_command(console_cmd)
+
+
+_add_console()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv``; return the exit code (never raises SystemExit)."""
     args = list(sys.argv[1:] if argv is None else argv)

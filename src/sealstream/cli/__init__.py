@@ -730,6 +730,15 @@ def _add_agents() -> None:
 _add_agents()
 
 
+def _add_compare() -> None:
+    from sealstream.cli._compare import compare_cmd
+
+    cli.add_command(compare_cmd)
+
+
+_add_compare()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv``; return the exit code (never raises SystemExit)."""
     args = list(sys.argv[1:] if argv is None else argv)

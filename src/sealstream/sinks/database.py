@@ -712,6 +712,36 @@ class DatabaseSink(Sink):
                               self._retried(exc, self._conn)) from None
         return [CommittedFile(int(e), str(t)) for e, t in rows]
 
+    def read_table(self) -> tuple[tuple[str, ...], pl.DataFrame] | None:
+        """The table's primary key columns and every row, each column as text (an exact
+        number as the database prints it, a PostgreSQL double with its shortest exact
+        digits, a SQLite real with 17 significant digits, a JSON value as its text), in
+        table column order; None when the table does not exist. Read only: nothing is
+        created or claimed (for ``sealstream compare``)."""
+        self._ready = True  # never set tables up: this sink only reads
+
+        def text(name: str, sql_type: str) -> str:
+            if self.dialect == "postgresql":
+                return f"{_col(name)}::text"
+            if sql_type in ("real", "numeric", "double", "float", ""):
+                return (f"CASE typeof({_col(name)}) WHEN 'real' THEN printf('%!.17g', "
+                        f"{_col(name)}) ELSE CAST({_col(name)} AS TEXT) END")
+            return f"CAST({_col(name)} AS TEXT)"
+
+        def read(conn: Any, _attempt: int) -> tuple[tuple[str, ...], pl.DataFrame] | None:
+            existing = self._existing_columns(conn)
+            if existing is None:
+                return None
+            select = ", ".join(text(c, t) for c, t in existing.items())
+            rows = conn.execute(f"SELECT {select} FROM {self._q(self.table)}").fetchall()
+            frame = pl.DataFrame(rows, schema={c: pl.String for c in existing}, orient="row")
+            return self._primary_key(conn), frame
+
+        try:
+            return self._retrying(read)
+        except self._db_errors() as exc:
+            raise self._error("read", exc, self._retried(exc, self._conn)) from None
+
     def read_ids(self, files: list[CommittedFile]) -> pl.DataFrame:
         schema = id_schema(self.role)
         if not files:

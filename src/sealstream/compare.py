@@ -333,8 +333,13 @@ def _number(text: pl.Expr) -> pl.Expr:
     return unquoted.cast(pl.Float64, strict=False)
 
 
+def _plain(text: pl.Expr) -> pl.Expr:
+    """A decimal number written as a JSON string (``"12.50"``) as the number's text."""
+    return pl.when(text.str.contains(_DECIMAL)).then(text.str.strip_chars('"')).otherwise(text)
+
+
 def _equal(a: pl.Expr, b: pl.Expr, rel_tol: float, abs_tol: float) -> pl.Expr:
-    same = (a == b).fill_null(False) | (a.is_null() & b.is_null())
+    same = (_plain(a) == _plain(b)).fill_null(False) | (a.is_null() & b.is_null())
     both_int = a.str.contains(_INT).fill_null(False) & b.str.contains(_INT).fill_null(False)
     x, y = _number(a), _number(b)
     bound = pl.max_horizontal(pl.lit(abs_tol), rel_tol * pl.max_horizontal(x.abs(), y.abs()))

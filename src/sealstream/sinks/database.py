@@ -16,7 +16,9 @@ The table (created if absent) has one row per result, identified by
     window_end    BIGINT
     <aggregate>   count: BIGINT; mean: DOUBLE PRECISION; sum, min, max: NUMERIC
                   (exact integers of any size, and floats); first, last: JSONB in
-                  PostgreSQL, JSON text in SQLite (the value as in the JSON output)
+                  PostgreSQL, JSON text in SQLite (the value as in the JSON output);
+                  sum, min, max, mean of a decimal field: NUMERIC in PostgreSQL,
+                  TEXT in SQLite, the exact decimal text ("12.50")
 
 **A compound key** (``key = ["tenant", "user"]``, :attr:`DatabaseSink.key_fields`)
 replaces ``key`` and ``key_is_int`` by one column per field, under the field's
@@ -108,6 +110,9 @@ _TYPES: dict[str, tuple[str, str]] = {
     "max": ("NUMERIC", "NUMERIC"),
     "first": ("JSONB", "TEXT"),
     "last": ("JSONB", "TEXT"),
+    # sum, min, max, mean of a decimal field: its exact text ("12.50"); SQLite's
+    # NUMERIC affinity would turn it into a binary float, so TEXT there
+    "decimal": ("NUMERIC", "TEXT"),
 }
 #: types an existing column may have for each declared type (lower case, as the
 #: databases report them)
@@ -529,7 +534,7 @@ class DatabaseSink(Sink):
         lines = [json.loads(t) for t in frame.get_column(JSON_LINE).to_list()]
         for name, func in self.aggregates.items():
             values = [line.get(name) for line in lines]
-            if func in ("count", "mean"):
+            if func in ("count", "mean", "decimal"):  # a decimal: its exact text
                 cols.append(values)
             elif func in ("first", "last"):
                 cols.append([None if v is None else json.dumps(v) for v in values])

@@ -54,10 +54,12 @@ from ._base import (
     PartitionPosition,
     RawSpan,
     RawTexts,
+    dec_col,
     float_col,
     int_col,
     json_col,
 )
+from ._decimal import decimal_parts
 
 I64Array = npt.NDArray[np.int64]
 
@@ -269,8 +271,18 @@ class Typer:
             bad_mask = bad_mask | (kk == MISSING)
         if not plan.derived_time:
             bad_mask = bad_mask | pl.col(TIME).is_null()
+        decimals: dict[str, tuple[pl.Expr, pl.Expr, pl.Expr, pl.Expr]] = {}
+        for name, (precision, scale) in plan.decimals.items():
+            j = value_j[name]
+            text: pl.Expr = pl.when(pl.col(f"k{j}") == INT).then(
+                pl.coalesce(pl.col(f"t{j}"), pl.col(f"i{j}").cast(pl.String))
+            ).when(pl.col(f"k{j}").is_in([FLOAT, STRING])).then(pl.col(f"t{j}"))
+            value, not_number, too_big = decimal_parts(text, precision, scale)
+            decimals[name] = (value, not_number | (pl.col(f"k{j}") >= BOOL), too_big, text)
         for name in sorted(plan.fields):
-            if plan.fields[name] == "numeric":
+            if name in decimals:
+                bad_mask = bad_mask | decimals[name][1] | decimals[name][2]
+            elif plan.fields[name] == "numeric":
                 bad_mask = bad_mask | (pl.col(f"k{value_j[name]}") >= STRING)
         self._bad_mask = bad_mask
         self._events: list[pl.Expr] = [
@@ -283,6 +295,9 @@ class Typer:
         for name in sorted(plan.fields):
             j = value_j[name]
             k = pl.col(f"k{j}")
+            if name in decimals:
+                self._events.append(decimals[name][0].alias(dec_col(name)))
+                continue
             self._events.append(pl.when(k == INT).then(pl.col(f"i{j}")).alias(int_col(name)))
             self._events.append(pl.when(k == FLOAT).then(pl.col(f"x{j}")).alias(float_col(name)))
             if plan.fields[name] == "any":
@@ -319,7 +334,15 @@ class Typer:
             )
         )
         for name in sorted(plan.fields):
-            if plan.fields[name] == "numeric":
+            if name in decimals:
+                precision, scale = plan.decimals[name]
+                _, not_number, too_big, written = decimals[name]
+                reason = reason.when(not_number).then(pl.concat_str(
+                    pl.lit(f"field {name!r} is not a decimal number: "),
+                    _json_repr(value_j[name]))).when(too_big).then(pl.concat_str(
+                        pl.lit(f"field {name!r} does not fit decimal({precision}, {scale}) "
+                               "(never rounded): "), written))
+            elif plan.fields[name] == "numeric":
                 j = value_j[name]
                 reason = reason.when(pl.col(f"k{j}") >= STRING).then(
                     pl.concat_str(pl.lit(f"non-numeric value in field {name!r}: "), _json_repr(j))

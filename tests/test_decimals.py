@@ -261,3 +261,16 @@ def test_unsupported_declarations_are_one_line_and_exit_2(
     assert main(["run", str(spec)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and words in err, err
+
+
+def test_open_decimal_windows_export_exactly(tmp_path: Path) -> None:
+    names = _input(tmp_path, events=600)
+    write_spec(tmp_path, names, checkpoint='path = "ckpt"', every_events=300,
+               max_delay_ms=10**9)
+    assert run(tmp_path / "spec.toml", crash_at="after_manifest_publish:1").returncode == -9
+    assert main(["checkpoints", "export", str(tmp_path / "ckpt"), "--to",
+                 str(tmp_path / "open.jsonl")]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "open.jsonl").read_text().splitlines()]
+    assert rows and all(isinstance(r["total"], str) for r in rows)
+    assert all(len(r["total"].split(".")[1]) == 2 and len(r["avg"].split(".")[1]) == 6
+               for r in rows)

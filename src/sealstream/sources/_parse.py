@@ -59,7 +59,7 @@ from ._base import (
     int_col,
     json_col,
 )
-from ._decimal import decimal_parts
+from ._decimal import decimal_columns
 
 I64Array = npt.NDArray[np.int64]
 
@@ -271,14 +271,19 @@ class Typer:
             bad_mask = bad_mask | (kk == MISSING)
         if not plan.derived_time:
             bad_mask = bad_mask | pl.col(TIME).is_null()
+        # a decimal field's text (the number as written), then its exact value and
+        # what is wrong with it: columns added to the block by __call__
+        self._decimal_texts: list[tuple[int, int, int, pl.Expr]] = []
         decimals: dict[str, tuple[pl.Expr, pl.Expr, pl.Expr, pl.Expr]] = {}
         for name, (precision, scale) in plan.decimals.items():
             j = value_j[name]
             text: pl.Expr = pl.when(pl.col(f"k{j}") == INT).then(
                 pl.coalesce(pl.col(f"t{j}"), pl.col(f"i{j}").cast(pl.String))
             ).when(pl.col(f"k{j}").is_in([FLOAT, STRING])).then(pl.col(f"t{j}"))
-            value, not_number, too_big = decimal_parts(text, precision, scale)
-            decimals[name] = (value, not_number | (pl.col(f"k{j}") >= BOOL), too_big, text)
+            self._decimal_texts.append((j, precision, scale, text))
+            decimals[name] = (pl.col(f"__dv{j}"),
+                              pl.col(f"__dn{j}") | (pl.col(f"k{j}") >= BOOL),
+                              pl.col(f"__db{j}"), pl.col(f"__dt{j}"))
         for name in sorted(plan.fields):
             if name in decimals:
                 bad_mask = bad_mask | decimals[name][1] | decimals[name][2]
@@ -367,6 +372,13 @@ class Typer:
             cls = cls.with_columns(self._time_iso)
         else:
             cls = cls.with_columns(self._time)
+        for j, precision, scale, text in self._decimal_texts:
+            texts_j = cls.select(text).to_series()
+            parts = decimal_columns(texts_j, precision, scale)
+            cls = cls.with_columns(parts.get_column("value").alias(f"__dv{j}"),
+                                   parts.get_column("not_number").alias(f"__dn{j}"),
+                                   parts.get_column("too_big").alias(f"__db{j}"),
+                                   texts_j.alias(f"__dt{j}"))
         bad_mask = cls.select(self._bad_mask).to_series()
         if bad_mask.any():
             good, bad_rows = cls.filter(~bad_mask), cls.filter(bad_mask)

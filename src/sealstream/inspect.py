@@ -721,8 +721,19 @@ def _accumulators(definition: Mapping[str, Any], order: Any = None) -> Accumulat
         raise CheckpointError(f"the manifest's aggregates cannot be read: {exc}") from None
     plan = FieldPlan(key=",".join(key) if isinstance(key, list) else str(key),
                      time=source["time"],
-                     fields=field_kinds(aggs))
+                     fields=field_kinds(aggs), decimals=_decimals(definition))
     return Accumulators(tuple(aggs), plan, named_key=named)
+
+
+def _decimals(definition: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+    """The decimal fields of a manifest's definition (``types``: field -> [P, S])."""
+    out: dict[str, tuple[int, int]] = {}
+    for f, ps in _dict(definition.get("types")).items():
+        if not (isinstance(ps, list) and len(ps) == 2
+                and all(type(x) is int and 0 <= x <= 38 for x in ps)):
+            raise CheckpointError(f"the manifest's type of field {f!r} cannot be read")
+        out[str(f)] = (ps[0], ps[1])
+    return out
 
 
 def open_windows_table(

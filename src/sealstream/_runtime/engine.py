@@ -108,6 +108,7 @@ from sealstream.sources._base import (
     PARTITION,
     RAW,
     FieldPlan,
+    dec_col,
     float_col,
     int_col,
     json_col,
@@ -305,7 +306,7 @@ class Job(Checkpointing):
 
     # ================================================================ setup
     def _open_sinks(self) -> None:
-        funcs = {a.name: a.result_kind for a in self.p.parsed_aggregates}
+        funcs = self.p.result_kinds()
         self.sinks["results"] = open_sink(self.p.sink, "results", self.run_token, funcs)
         if self.p.late is not None:
             self.sinks["late"] = open_sink(self.p.late, "records", self.run_token)
@@ -713,7 +714,7 @@ class Job(Checkpointing):
         have = set(events.columns)
         checks = {}
         for f in self.unseen_fields:
-            cols = [c for c in (int_col(f), float_col(f), json_col(f)) if c in have]
+            cols = [c for c in (int_col(f), float_col(f), json_col(f), dec_col(f)) if c in have]
             if cols:
                 checks[f] = pl.any_horizontal([pl.col(c).is_not_null() for c in cols]).any()
         if not checks:

@@ -737,6 +737,13 @@ def _add_console() -> None:
 
 
 _add_console()
+def _add_compare() -> None:
+    from sealstream.cli._compare import compare_cmd
+
+    cli.add_command(compare_cmd)
+
+
+_add_compare()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

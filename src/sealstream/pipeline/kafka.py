@@ -102,7 +102,7 @@ class KafkaSourceSpec(LiveSourceSpec):
 def kafka_source_from_dict(src: dict[str, Any]) -> KafkaSourceSpec:
     """``[source]`` of ``kind = "kafka"`` -> :class:`KafkaSourceSpec` (SpecError naming
     the first bad setting)."""
-    allowed = KAFKA_SETTINGS | {"kind", "key", "time"}
+    allowed = KAFKA_SETTINGS | {"kind", "key", "time", "types"}
     for name in src:
         if name not in allowed:
             raise SpecError(f"source.{name}: unknown setting for kind = \"kafka\"; it takes "

@@ -205,6 +205,9 @@ class Pipeline:
     #: a batch function (:class:`sealstream.transforms.MapBatches`) after the derived
     #: fields, for what an expression cannot say; fingerprinted by its version
     map_batches: MapBatches | None = None
+    #: declared field types (``[source] types``): field -> ``"decimal(P, S)"``; see
+    #: docs/types.md
+    types: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         from sealstream.pipeline.validate import validate
@@ -224,7 +227,8 @@ class Pipeline:
         if tf is None:
             assert isinstance(self.source.key, str)  # a compound key is a transform's
             return FieldPlan(key=self.source.key, time=self.source.time,
-                             fields=field_kinds(self.parsed_aggregates))
+                             fields=field_kinds(self.parsed_aggregates),
+                             decimals=self.decimals())
         return tf.source_plan(self.source.key, self.source.time, self.parsed_aggregates)
 
     def event_plan(self) -> FieldPlan:
@@ -232,7 +236,22 @@ class Pipeline:
         field an aggregate reads, derived or not."""
         key = self.source.key if isinstance(self.source.key, str) else ",".join(self.source.key)
         return FieldPlan(key=key, time=self.source.time,
-                         fields=field_kinds(self.parsed_aggregates))
+                         fields=field_kinds(self.parsed_aggregates), decimals=self.decimals())
+
+    def decimals(self) -> dict[str, tuple[int, int]]:
+        """The aggregated fields declared ``decimal(P, S)``: field -> (P, S)."""
+        from sealstream.pipeline.types import decimal_types
+
+        read = {a.field for a in self.parsed_aggregates}
+        return {f: ps for f, ps in decimal_types(self.types).items() if f in read}
+
+    def result_kinds(self) -> dict[str, str]:
+        """Output name -> the kind of its typed value for typed outputs (database
+        columns): the function's (:attr:`Aggregate.result_kind`), or ``decimal`` for
+        sum, min, max and mean of a decimal field."""
+        decimals = self.decimals()
+        return {a.name: "decimal" if a.field in decimals else a.result_kind
+                for a in self.parsed_aggregates}
 
     def fingerprint_fields(self) -> dict[str, Any]:
         """What the saved state depends on; changing any of these changes the fingerprint."""
@@ -255,6 +274,9 @@ class Pipeline:
             "window": _window_dict(self.window),
             "aggregates": {a.name: a.expr for a in self.parsed_aggregates},
             **self._transform_fingerprint(),
+            # declared types, only when some (older fingerprints stay what they were)
+            **({"types": {f: list(ps) for f, ps in sorted(self.decimals().items())}}
+               if self.decimals() else {}),
         }
 
     def _transform_fingerprint(self) -> dict[str, Any]:

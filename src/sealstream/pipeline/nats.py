@@ -93,7 +93,7 @@ class NatsSourceSpec(LiveSourceSpec):
 def nats_source_from_dict(src: dict[str, Any]) -> NatsSourceSpec:
     """``[source]`` of ``kind = "nats"`` -> :class:`NatsSourceSpec` (SpecError naming
     the first bad setting)."""
-    allowed = NATS_SETTINGS | {"kind", "key", "time"}
+    allowed = NATS_SETTINGS | {"kind", "key", "time", "types"}
     for name in src:
         if name not in allowed:
             raise SpecError(f"source.{name}: unknown setting for kind = \"nats\"; it takes "

@@ -28,7 +28,7 @@ from sealstream.pipeline.validate import check_bad_ratio, check_max_age
 _SECTIONS: dict[str, set[str]] = {
     "pipeline": {"name", "batch_size", "max_bad_ratio", "workers"},
     "source": {"kind", "paths", "path", "key", "time", "follow", "stop", "fail_after_ms",
-               "poll_ms", *KAFKA_SETTINGS, *NATS_SETTINGS},
+               "poll_ms", "types", *KAFKA_SETTINGS, *NATS_SETTINGS},
     "watermark": {"max_delay_ms", "idle_ms"},
     "window": {"kind", "size_ms", "slide_ms", "gap_ms", "allowed_lateness_ms"},
     "transform": {"where", "fields"},
@@ -213,6 +213,8 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
         workers=workers,
         where=where,
         fields=fields,
+        types=dict(src.get("types", {})) if isinstance(src.get("types", {}), dict)
+        else src["types"],
     )
 
 

@@ -22,6 +22,7 @@ from sealstream.pipeline.model import (
 )
 from sealstream.pipeline.nats import NatsSourceSpec
 from sealstream.pipeline.source import FileSource
+from sealstream.pipeline.types import check_types as check_declared_types
 
 
 def _check_kafka_output(section: str, out: Output,
@@ -119,6 +120,7 @@ def _check_types(p: Pipeline) -> None:
 def validate(p: Pipeline) -> None:
     """Check a pipeline's settings; raise SpecError naming the first bad one."""
     _check_types(p)
+    check_declared_types(p)
     for i, path in enumerate(p.source.paths):
         _check_path(f"source.paths[{i}]", path)
     for section, out in (("sink", p.sink), ("late", p.late), ("errors", p.errors)):

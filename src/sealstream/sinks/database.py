@@ -16,7 +16,9 @@ The table (created if absent) has one row per result, identified by
     window_end    BIGINT
     <aggregate>   count: BIGINT; mean: DOUBLE PRECISION; sum, min, max: NUMERIC
                   (exact integers of any size, and floats); first, last: JSONB in
-                  PostgreSQL, JSON text in SQLite (the value as in the JSON output)
+                  PostgreSQL, JSON text in SQLite (the value as in the JSON output);
+                  sum, min, max, mean of a decimal field: NUMERIC in PostgreSQL,
+                  TEXT in SQLite, the exact decimal text ("12.50")
 
 **A compound key** (``key = ["tenant", "user"]``, :attr:`DatabaseSink.key_fields`)
 replaces ``key`` and ``key_is_int`` by one column per field, under the field's
@@ -108,6 +110,9 @@ _TYPES: dict[str, tuple[str, str]] = {
     "max": ("NUMERIC", "NUMERIC"),
     "first": ("JSONB", "TEXT"),
     "last": ("JSONB", "TEXT"),
+    # sum, min, max, mean of a decimal field: its exact text ("12.50"); SQLite's
+    # NUMERIC affinity would turn it into a binary float, so TEXT there
+    "decimal": ("NUMERIC", "TEXT"),
 }
 #: types an existing column may have for each declared type (lower case, as the
 #: databases report them)
@@ -529,7 +534,7 @@ class DatabaseSink(Sink):
         lines = [json.loads(t) for t in frame.get_column(JSON_LINE).to_list()]
         for name, func in self.aggregates.items():
             values = [line.get(name) for line in lines]
-            if func in ("count", "mean"):
+            if func in ("count", "mean", "decimal"):  # a decimal: its exact text
                 cols.append(values)
             elif func in ("first", "last"):
                 cols.append([None if v is None else json.dumps(v) for v in values])
@@ -711,6 +716,36 @@ class DatabaseSink(Sink):
             raise self._error("read the commits of", exc,
                               self._retried(exc, self._conn)) from None
         return [CommittedFile(int(e), str(t)) for e, t in rows]
+
+    def read_table(self) -> tuple[tuple[str, ...], pl.DataFrame] | None:
+        """The table's primary key columns and every row, each column as text (an exact
+        number as the database prints it, a PostgreSQL double with its shortest exact
+        digits, a SQLite real with 17 significant digits, a JSON value as its text), in
+        table column order; None when the table does not exist. Read only: nothing is
+        created or claimed (for ``sealstream compare``)."""
+        self._ready = True  # never set tables up: this sink only reads
+
+        def text(name: str, sql_type: str) -> str:
+            if self.dialect == "postgresql":
+                return f"{_col(name)}::text"
+            if sql_type in ("real", "numeric", "double", "float", ""):
+                return (f"CASE typeof({_col(name)}) WHEN 'real' THEN printf('%!.17g', "
+                        f"{_col(name)}) ELSE CAST({_col(name)} AS TEXT) END")
+            return f"CAST({_col(name)} AS TEXT)"
+
+        def read(conn: Any, _attempt: int) -> tuple[tuple[str, ...], pl.DataFrame] | None:
+            existing = self._existing_columns(conn)
+            if existing is None:
+                return None
+            select = ", ".join(text(c, t) for c, t in existing.items())
+            rows = conn.execute(f"SELECT {select} FROM {self._q(self.table)}").fetchall()
+            frame = pl.DataFrame(rows, schema={c: pl.String for c in existing}, orient="row")
+            return self._primary_key(conn), frame
+
+        try:
+            return self._retrying(read)
+        except self._db_errors() as exc:
+            raise self._error("read", exc, self._retried(exc, self._conn)) from None
 
     def read_ids(self, files: list[CommittedFile]) -> pl.DataFrame:
         schema = id_schema(self.role)

@@ -51,7 +51,7 @@ from sealstream.sinks._files import (
 )
 from sealstream.sources._parse import compound_key_text
 
-__all__ = ["JsonlDirSink", "json_lines_bytes", "read_json_ids"]
+__all__ = ["JsonlDirSink", "json_lines_bytes", "read_json_ids", "result_ids"]
 
 
 def json_lines_bytes(frame: pl.DataFrame) -> bytes:
@@ -96,6 +96,12 @@ def read_json_ids(paths: list[Path], role: SinkRole,
         if data.strip():
             parts.append(_parse_ids(data, path, role, key_fields))
     return pl.concat(parts, how="vertical")
+
+
+def result_ids(data: bytes, where: Path, key_fields: tuple[str, ...] | None) -> pl.DataFrame:
+    """The identity columns of the result lines ``data`` (read from ``where``, which
+    messages name), one row per line in order; see :func:`read_json_ids`."""
+    return _parse_ids(data, where, "results", key_fields)
 
 
 def _compound_ids(data: bytes, fields: tuple[str, ...]) -> pl.DataFrame:

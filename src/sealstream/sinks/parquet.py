@@ -273,45 +273,48 @@ class ParquetDirSink(StagedDirSink):
         schema = id_schema("results")
         parts = [pl.DataFrame(schema=schema)]
         for path in self._files_of(files):
-            data = read_own_file(path, "results")
-            key_columns = list(self.key_fields) if self.key_fields is not None else ["key"]
-            try:
-                df = pl.read_parquet(data, columns=[*key_columns, "window_start", "window_end"])
-                meta = pl.read_parquet_metadata(io.BytesIO(data))
-            except pl.exceptions.PolarsError:
-                other = _other_key(data, key_columns)
-                if other is not None:
-                    raise SinkError(
-                        f"cannot read results from {path}: it holds the results of another "
-                        f"key (its columns are {other}), this pipeline's key is written as "
-                        f"{', '.join(key_columns)}; move the file out of the directory or "
-                        "give this pipeline its own sink.path") from None
-                # never quote what the reader met: the file may hold anything
-                raise SinkError(
-                    f"cannot read results from {path}: it is not a Parquet file of results "
-                    "as sealstream writes them; move the file out of the directory"
-                ) from None
-            if self.key_fields is not None:
-                df = _compound_ids(df, meta, self.key_fields, path)
-            key = df.get_column("key")
-            if self.key_fields is not None:
-                kint = df.get_column(_KINT)
-            elif key.dtype.is_integer():
-                kint = pl.Series("__kint", np.ones(df.height, dtype=np.bool_))
-            else:
-                kint = _kint_from(meta, df.height, path)
-            try:
-                parts.append(
-                    df.with_columns(kint).select(
-                        pl.col(name).cast(dtype, strict=True) for name, dtype in schema.items()
-                    )
-                )
-            except pl.exceptions.PolarsError:
-                raise SinkError(
-                    f"cannot read results from {path}: its key, window_start or window_end "
-                    "column has a type sealstream does not write"
-                ) from None
+            parts.append(self.file_ids(path, read_own_file(path, "results")))
         return pl.concat(parts, how="vertical")
+
+    def file_ids(self, path: Path, data: bytes) -> pl.DataFrame:
+        """The identity columns of one Parquet file of results (``data``, read from
+        ``path``, which messages name); see :meth:`read_ids`."""
+        schema = id_schema("results")
+        key_columns = list(self.key_fields) if self.key_fields is not None else ["key"]
+        try:
+            df = pl.read_parquet(data, columns=[*key_columns, "window_start", "window_end"])
+            meta = pl.read_parquet_metadata(io.BytesIO(data))
+        except pl.exceptions.PolarsError:
+            other = _other_key(data, key_columns)
+            if other is not None:
+                raise SinkError(
+                    f"cannot read results from {path}: it holds the results of another "
+                    f"key (its columns are {other}), this pipeline's key is written as "
+                    f"{', '.join(key_columns)}; move the file out of the directory or "
+                    "give this pipeline its own sink.path") from None
+            # never quote what the reader met: the file may hold anything
+            raise SinkError(
+                f"cannot read results from {path}: it is not a Parquet file of results "
+                "as sealstream writes them; move the file out of the directory"
+            ) from None
+        if self.key_fields is not None:
+            df = _compound_ids(df, meta, self.key_fields, path)
+        key = df.get_column("key")
+        if self.key_fields is not None:
+            kint = df.get_column(_KINT)
+        elif key.dtype.is_integer():
+            kint = pl.Series("__kint", np.ones(df.height, dtype=np.bool_))
+        else:
+            kint = _kint_from(meta, df.height, path)
+        try:
+            return df.with_columns(kint).select(
+                pl.col(name).cast(dtype, strict=True) for name, dtype in schema.items()
+            )
+        except pl.exceptions.PolarsError:
+            raise SinkError(
+                f"cannot read results from {path}: its key, window_start or window_end "
+                "column has a type sealstream does not write"
+            ) from None
 
     def _discard_pending(self) -> None:
         self._frames.clear()

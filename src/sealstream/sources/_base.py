@@ -26,6 +26,10 @@ Event columns (``Chunk.events``), in this order:
 ``__s:<f>``        String     only for fields of kind ``"any"``: the value as
                               JSON text when it is not a number (``"abc"`` with
                               its quotes, ``true``, ``{"a":1}``), else null
+``__d:<f>``        Int128     instead of ``__i``/``__f``, for a field declared
+                              ``decimal(P, S)`` (``FieldPlan.decimals``): the
+                              exact value in units of ``10**-S`` (``12.50`` with
+                              S = 2 is 1250), null when missing or null
 =================  =========  ==================================================
 
 The record as one JSON object text (JSONL: the line as written, no newline;
@@ -41,7 +45,10 @@ as JSON).
 A record is bad when it cannot be parsed, is not an object, lacks the key or
 time field (missing or null), has a time that is neither an integer nor an
 ISO-8601 string, or has a non-numeric, non-null value in a field of kind
-``"numeric"``.
+``"numeric"``, or a value of a decimal field that is not a decimal number
+(a JSON number or string, or CSV text, ``-?digits[.digits]``) or does not fit
+its ``decimal(P, S)`` (more than ``P - S`` integer digits, or more than ``S``
+fraction digits other than trailing zeros: never rounded).
 """
 
 from __future__ import annotations
@@ -83,6 +90,11 @@ def json_col(field_name: str) -> str:
     return f"__s:{field_name}"
 
 
+def dec_col(field_name: str) -> str:
+    """The column of a decimal field's exact value (Int128, units of 10**-scale)."""
+    return f"__d:{field_name}"
+
+
 BAD_SCHEMA: dict[str, pl.DataType] = {
     "_offset": pl.Int64(),
     "_line": pl.Int64(),
@@ -102,6 +114,9 @@ class FieldPlan:
     #: ``__key`` (``__t``) null and a record lacking that field is not bad for it
     derived_key: bool = False
     derived_time: bool = False
+    #: value fields declared ``decimal(P, S)``: field -> (P, S); their events carry
+    #: ``__d:<f>`` instead of ``__i:<f>``/``__f:<f>``
+    decimals: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def event_schema(self) -> dict[str, pl.DataType]:
         schema: dict[str, pl.DataType] = {
@@ -111,6 +126,9 @@ class FieldPlan:
             TIME: pl.Int64(),
         }
         for name in sorted(self.fields):
+            if name in self.decimals:
+                schema[dec_col(name)] = pl.Int128()
+                continue
             schema[int_col(name)] = pl.Int64()
             schema[float_col(name)] = pl.Float64()
             if self.fields[name] == "any":

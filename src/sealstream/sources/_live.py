@@ -189,6 +189,7 @@ class ValueParser:
             key=plan.key,
             time=plan.time,
             fields=dict(plan.fields),
+            decimals=dict(plan.decimals),
             derived_key=plan.derived_key or self.key_from_message,
             derived_time=plan.derived_time or self.time_from_message,
         )

@@ -54,10 +54,12 @@ from ._base import (
     PartitionPosition,
     RawSpan,
     RawTexts,
+    dec_col,
     float_col,
     int_col,
     json_col,
 )
+from ._decimal import decimal_columns
 
 I64Array = npt.NDArray[np.int64]
 
@@ -269,8 +271,23 @@ class Typer:
             bad_mask = bad_mask | (kk == MISSING)
         if not plan.derived_time:
             bad_mask = bad_mask | pl.col(TIME).is_null()
+        # a decimal field's text (the number as written), then its exact value and
+        # what is wrong with it: columns added to the block by __call__
+        self._decimal_texts: list[tuple[int, int, int, pl.Expr]] = []
+        decimals: dict[str, tuple[pl.Expr, pl.Expr, pl.Expr, pl.Expr]] = {}
+        for name, (precision, scale) in plan.decimals.items():
+            j = value_j[name]
+            text: pl.Expr = pl.when(pl.col(f"k{j}") == INT).then(
+                pl.coalesce(pl.col(f"t{j}"), pl.col(f"i{j}").cast(pl.String))
+            ).when(pl.col(f"k{j}").is_in([FLOAT, STRING])).then(pl.col(f"t{j}"))
+            self._decimal_texts.append((j, precision, scale, text))
+            decimals[name] = (pl.col(f"__dv{j}"),
+                              pl.col(f"__dn{j}") | (pl.col(f"k{j}") >= BOOL),
+                              pl.col(f"__db{j}"), pl.col(f"__dt{j}"))
         for name in sorted(plan.fields):
-            if plan.fields[name] == "numeric":
+            if name in decimals:
+                bad_mask = bad_mask | decimals[name][1] | decimals[name][2]
+            elif plan.fields[name] == "numeric":
                 bad_mask = bad_mask | (pl.col(f"k{value_j[name]}") >= STRING)
         self._bad_mask = bad_mask
         self._events: list[pl.Expr] = [
@@ -283,6 +300,9 @@ class Typer:
         for name in sorted(plan.fields):
             j = value_j[name]
             k = pl.col(f"k{j}")
+            if name in decimals:
+                self._events.append(decimals[name][0].alias(dec_col(name)))
+                continue
             self._events.append(pl.when(k == INT).then(pl.col(f"i{j}")).alias(int_col(name)))
             self._events.append(pl.when(k == FLOAT).then(pl.col(f"x{j}")).alias(float_col(name)))
             if plan.fields[name] == "any":
@@ -319,7 +339,15 @@ class Typer:
             )
         )
         for name in sorted(plan.fields):
-            if plan.fields[name] == "numeric":
+            if name in decimals:
+                precision, scale = plan.decimals[name]
+                _, not_number, too_big, written = decimals[name]
+                reason = reason.when(not_number).then(pl.concat_str(
+                    pl.lit(f"field {name!r} is not a decimal number: "),
+                    _json_repr(value_j[name]))).when(too_big).then(pl.concat_str(
+                        pl.lit(f"field {name!r} does not fit decimal({precision}, {scale}) "
+                               "(never rounded): "), written))
+            elif plan.fields[name] == "numeric":
                 j = value_j[name]
                 reason = reason.when(pl.col(f"k{j}") >= STRING).then(
                     pl.concat_str(pl.lit(f"non-numeric value in field {name!r}: "), _json_repr(j))
@@ -344,6 +372,13 @@ class Typer:
             cls = cls.with_columns(self._time_iso)
         else:
             cls = cls.with_columns(self._time)
+        for j, precision, scale, text in self._decimal_texts:
+            texts_j = cls.select(text).to_series()
+            parts = decimal_columns(texts_j, precision, scale)
+            cls = cls.with_columns(parts.get_column("value").alias(f"__dv{j}"),
+                                   parts.get_column("not_number").alias(f"__dn{j}"),
+                                   parts.get_column("too_big").alias(f"__db{j}"),
+                                   texts_j.alias(f"__dt{j}"))
         bad_mask = cls.select(self._bad_mask).to_series()
         if bad_mask.any():
             good, bad_rows = cls.filter(~bad_mask), cls.filter(bad_mask)

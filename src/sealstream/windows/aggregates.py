@@ -16,7 +16,13 @@ Typing rules (per value, so per window, never per batch):
 * first/last pick the non-null value with the smallest/largest
   ``(event time, arrival sequence)``; the arrival sequence is the position in
   the global read order, so ties go to the record read first/last;
-* nulls (and missing fields) are ignored; an aggregate over only nulls is null.
+* nulls (and missing fields) are ignored; an aggregate over only nulls is null;
+* a field declared ``decimal(P, S)`` (``plan.decimals``) is exact: its sum, min and
+  max are kept as Int128 counts of ``10**-S`` units (``#sd:``, ``#nd:``,
+  ``#mind:``, ``#maxd:``), a sum has scale S, a mean scale ``max(S, 6)`` rounded
+  half away from zero (HALF_UP, as Flink's AVG over DECIMAL); the result line
+  writes them as JSON strings with exactly that many fraction digits (``"12.50"``)
+  and the typed column is a Polars Decimal.
 
 Accumulator columns start with ``#``; window identity columns are
 ``__key``, ``__kint``, ``window_start``, ``window_end``.
@@ -30,15 +36,19 @@ import numpy as np
 import polars as pl
 
 from sealstream.pipeline import Aggregate
+from sealstream.pipeline.types import mean_scale
 from sealstream.sources._base import (
     KEY,
     KEY_IS_INT,
     TIME,
     FieldPlan,
+    dec_col,
     float_col,
     int_col,
     json_col,
 )
+from sealstream.sources._decimal import unscaled_text
+from sealstream.sources._parse import json_str
 from sealstream.windows import sketches
 
 SEQ = "__seq"
@@ -192,7 +202,14 @@ class Accumulators:
         return any(a.func == func and a.field == fld for a in self.aggregates)
 
     def _fields(self, *funcs: str) -> list[str]:
-        return sorted({a.field for a in self.aggregates if a.func in funcs and a.field})
+        """The non-decimal fields ``funcs`` read."""
+        return sorted({a.field for a in self.aggregates if a.func in funcs and a.field
+                       and a.field not in self.plan.decimals})
+
+    def _decimals(self, *funcs: str) -> list[str]:
+        """The decimal fields ``funcs`` read."""
+        return sorted({a.field for a in self.aggregates if a.func in funcs and a.field
+                       and a.field in self.plan.decimals})
 
     def needs_order(self) -> bool:
         """True when first/last need events sorted by (time, sequence)."""
@@ -242,9 +259,18 @@ class Accumulators:
             s[f"#vq:{f}"] = pl.Float64()
         for c in self._conditions():
             s[f"#ci:{c}"] = pl.Int64()
+        for f in self._decimals("sum", "mean"):
+            s[f"#sd:{f}"] = pl.Int128()
+            s[f"#nd:{f}"] = pl.Int64()
+        for f in self._decimals("min"):
+            s[f"#mind:{f}"] = pl.Int128()
+        for f in self._decimals("max"):
+            s[f"#maxd:{f}"] = pl.Int128()
         return s
 
     def _value_cols(self, f: str) -> list[str]:
+        if f in self.plan.decimals:
+            return [dec_col(f)]
         cols = [int_col(f), float_col(f)]
         if self.plan.fields.get(f) == "any":
             cols.append(json_col(f))
@@ -298,6 +324,14 @@ class Accumulators:
             out += [n.alias(f"#vn:{f}"), mean.alias(f"#vm:{f}"), m2.alias(f"#vq:{f}")]
         for c in self._conditions():
             out.append(pl.col(int_col(c)).sum().cast(pl.Int64).alias(f"#ci:{c}"))
+        for f in self._decimals("sum", "mean"):
+            d = pl.col(dec_col(f))
+            out += [d.sum().cast(pl.Int128).alias(f"#sd:{f}"),
+                    d.count().cast(pl.Int64).alias(f"#nd:{f}")]
+        for f in self._decimals("min"):
+            out.append(pl.col(dec_col(f)).min().alias(f"#mind:{f}"))
+        for f in self._decimals("max"):
+            out.append(pl.col(dec_col(f)).max().alias(f"#maxd:{f}"))
         return out
 
     # ---------------------------------------------------------------- combine
@@ -339,6 +373,12 @@ class Accumulators:
                 out.append(expr.alias(name))
         for c in self._conditions():
             out.append(pl.col(f"#ci:{c}").sum())
+        for f in self._decimals("sum", "mean"):
+            out += [pl.col(f"#sd:{f}").sum(), pl.col(f"#nd:{f}").sum()]
+        for f in self._decimals("min"):
+            out.append(pl.col(f"#mind:{f}").min())
+        for f in self._decimals("max"):
+            out.append(pl.col(f"#maxd:{f}").max())
         return out
 
     def combine_pair(self, suffix: str) -> list[pl.Expr]:
@@ -349,9 +389,9 @@ class Accumulators:
         out: list[pl.Expr] = []
         for name in self.schema():
             early, late = pl.col(name + suffix), pl.col(name)
-            if name.startswith(("#mini:", "#minf:")):
+            if name.startswith(("#mini:", "#minf:", "#mind:")):
                 out.append(pl.min_horizontal(early, late).alias(name))
-            elif name.startswith(("#maxi:", "#maxf:")):
+            elif name.startswith(("#maxi:", "#maxf:", "#maxd:")):
                 out.append(pl.max_horizontal(early, late).alias(name))
             elif name.startswith(LIST_STATES):
                 empty = pl.lit([], dtype=self.schema()[name])
@@ -360,7 +400,8 @@ class Accumulators:
                     out.append(both.alias(name))
                 else:
                     out.append(both.list.unique().list.sort().alias(name))
-            elif name == COUNT or name.startswith(("#si:", "#sf:", "#ni:", "#nf:", "#ci:")):
+            elif name == COUNT or name.startswith(("#si:", "#sf:", "#ni:", "#nf:", "#ci:",
+                                                   "#sd:", "#nd:")):
                 out.append(
                     pl.when(early.is_null())
                     .then(late)
@@ -402,9 +443,10 @@ class Accumulators:
         a range one by one in row order (starting from 0.0, as Polars' sum does);
         min/max take the smallest/largest non-null value.
         """
-        if self.needs_order() or any(name.startswith(("#vn:", *LIST_STATES))
+        if self.needs_order() or any(name.startswith(("#vn:", "#sd:", "#mind:", "#maxd:",
+                                                      *LIST_STATES))
                                      for name in self.schema()):
-            return None
+            return None  # decimals: the general path (their exact sums are Int128)
         n = order.size
         width = int((r1 - r0).max())
         # row j - 1 of slots: the index of each range's j-th row, or the pad row n past it
@@ -535,6 +577,8 @@ class Accumulators:
             var = sketches.welford_variance(f"#vn:{f}", f"#vq:{f}")
             value = var.sqrt() if a.func == "stddev" else var
             return value, _float_json(value)
+        if f in self.plan.decimals:
+            return self._decimal_final(a, f)
         if a.func in ("sum", "mean"):
             si, sf = pl.col(f"#si:{f}"), pl.col(f"#sf:{f}")
             ni, nf = pl.col(f"#ni:{f}"), pl.col(f"#nf:{f}")
@@ -567,6 +611,29 @@ class Accumulators:
             if fired.select(vs.is_not_null().any()).item():
                 return frag, frag
         return self._mixed(fired, is_int, is_float, vi, vf)
+
+    def _decimal_final(self, a: Aggregate, f: str) -> tuple[pl.Expr, pl.Expr]:
+        """(typed Decimal value, JSON string fragment) of sum/min/max/mean over decimal
+        field ``f``: exact, from the Int128 unit counts."""
+        precision, scale = self.plan.decimals[f]
+        if a.func == "mean":
+            out_scale = mean_scale(scale)
+            total, n = pl.col(f"#sd:{f}"), pl.col(f"#nd:{f}").cast(pl.Int128)
+            num = total * (10 ** (out_scale - scale))
+            # half away from zero: floor((2|num| + n) / 2n), with num's sign
+            units = (num.abs() * 2 + n) // (n * 2)
+            units = pl.when(num < 0).then(pl.lit(0, dtype=pl.Int128) - units).otherwise(units)
+            units = pl.when(n > 0).then(units)
+            width = 38
+        elif a.func == "sum":
+            out_scale, width = scale, 38
+            units = pl.when(pl.col(f"#nd:{f}") > 0).then(pl.col(f"#sd:{f}"))
+        else:
+            out_scale, width = scale, precision
+            units = pl.col(f"#{a.func}d:{f}")
+        text = unscaled_text(units, out_scale)
+        value = text.str.to_decimal(scale=out_scale).cast(pl.Decimal(width, out_scale))
+        return value, json_str(text)
 
     @staticmethod
     def _mixed(

@@ -317,7 +317,9 @@ class JsonlReader(LineFileReader):
         all_null: list[pl.Expr] = []
         learned: dict[str, set[int]] = {}
         for j, name in enumerate(self._roles):
-            c = _classify_column(df[name], take, name, need_text=j == 0)
+            # the key's text, and a decimal field's number as written (never a float)
+            exact = j == 0 or (j >= 2 and name in self._plan.decimals)
+            c = _classify_column(df[name], take, name, need_text=exact)
             for part in "kixt":
                 series = c.get(part)
                 if series is None:

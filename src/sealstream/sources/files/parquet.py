@@ -81,7 +81,9 @@ def _classify(col: pl.Expr, dtype: pl.DataType, is_time: bool) -> tuple[pl.Expr,
         return k, i, col.cast(pl.Float64), col.cast(pl.String)
     if dtype.is_float() or dtype.is_decimal():
         x = col.cast(pl.Float64)
-        return pl.when(present).then(FLOAT).otherwise(MISSING), null_i, x, x.cast(pl.String)
+        # a decimal column's text is its exact value (a declared decimal field reads it)
+        t = col.cast(pl.String) if dtype.is_decimal() else x.cast(pl.String)
+        return pl.when(present).then(FLOAT).otherwise(MISSING), null_i, x, t
     if is_time and dtype.is_temporal() and isinstance(dtype, (pl.Datetime, pl.Date)):
         i = col.dt.epoch("ms")
         return pl.when(present).then(INT).otherwise(MISSING), i, null_x, i.cast(pl.String)

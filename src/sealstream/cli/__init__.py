@@ -737,6 +737,8 @@ def _add_console() -> None:
 
 
 _add_console()
+
+
 def _add_compare() -> None:
     from sealstream.cli._compare import compare_cmd
 

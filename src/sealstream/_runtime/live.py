@@ -662,7 +662,8 @@ def open_live(job: Any, positions: list[SourcePosition]) -> LiveMerger:
         # by default the pipeline's name (group = "" turns it off)
         spec = replace(spec, group=p.name)
     source: LiveSource = (spec.open_live(job.plan) if spec.kind in ("kafka", "nats")
-                          else FollowedFiles(spec.kind, spec, job.plan))
+                          else FollowedFiles(spec.kind, spec, job.plan, known={
+                              n: sp.resume for n, sp in zip(job.names, positions, strict=True)}))
     return LiveMerger(
         source, job.plan, list(job.names), positions, p.batch_size,
         store=job.store, key=job.key, wm=job.wm,

@@ -48,8 +48,8 @@ def lines(first: int, last: int, bad_at: int | None = None) -> str:
 
 
 def spec(d: Path, paths: list[str], stop: str, follow: bool = True,
-         name: str = "spec.toml") -> str:
-    source = files_source(paths)
+         name: str = "spec.toml", kind: str = "jsonl") -> str:
+    source = files_source(paths, kind)
     if follow:
         source += f'\nfollow = true\npoll_ms = 20\nstop = "{stop}"'
     (d / name).write_text(spec_text(
@@ -58,19 +58,21 @@ def spec(d: Path, paths: list[str], stop: str, follow: bool = True,
     return name
 
 
-def setup(d: Path, paths: list[str], first: str) -> None:
+def setup(d: Path, paths: list[str], first: str, app: str = APP,
+          kind: str = "jsonl") -> None:
     (d / "in").mkdir(parents=True)
-    (d / APP).write_text(first)
-    spec(d, paths, "never")
-    spec(d, paths, "end", name="end.toml")
+    (d / app).write_text(first)
+    spec(d, paths, "never", kind=kind)
+    spec(d, paths, "end", name="end.toml", kind=kind)
 
 
-def bounded(d: Path, content: str) -> dict[str, list[str]]:
-    """The committed output of a bounded run over ``content`` as in/app.jsonl."""
+def bounded(d: Path, content: str, app: str = APP, kind: str = "jsonl"
+            ) -> dict[str, list[str]]:
+    """The committed output of a bounded run over ``content`` as ``app``."""
     d.mkdir()
     (d / "in").mkdir()
-    (d / APP).write_text(content)
-    spec(d, [APP], "end", follow=False)
+    (d / app).write_text(content)
+    spec(d, [app], "end", follow=False, kind=kind)
     run_quiet(d, timeout=PATIENCE_S)
     return committed(d)
 
@@ -146,28 +148,40 @@ def test_a_followed_file_truncated_stops_the_run_at_once(tmp_path: Path, cut: st
     assert rc == 1 and "in/app.jsonl" in err and "changed since its checkpoint" in err, err
 
 
-@pytest.mark.parametrize("written_again", [False, True])
+@pytest.mark.parametrize("how", ["truncated", "written-again", "copy-in-glob"])
 def test_copy_truncate_rotation_is_refused_naming_both_paths(tmp_path: Path,
-                                                             written_again: bool) -> None:
+                                                             how: str) -> None:
+    """``cp app.jsonl app.jsonl.1; truncate -s0 app.jsonl``: refused when the truncation
+    is seen (the writer may already have written past the old read position), or, when
+    the copy matches the glob, as soon as discovery sees it (never read as a new
+    partition, which would count its lines twice)."""
     d = tmp_path / "job"
     d.mkdir()
-    setup(d, [APP], lines(0, 200))
+    setup(d, ["in/*.jsonl*"] if how == "copy-in-glob" else [APP], lines(0, 200))
     proc = start(d)
     log = Log(proc)
     wait_window(d, proc, 19_000)
+    before = committed(d)
     shutil.copyfile(d / APP, d / "in" / "app.jsonl.1")
-    with open(d / APP, "r+b") as f:
-        f.truncate(0)
-        if written_again:  # the writer goes on past the old read position at once
-            f.write(lines(200, 500).encode())
+    if how != "copy-in-glob":
+        with open(d / APP, "r+b") as f:
+            f.truncate(0)
+            if how == "written-again":  # the writer goes on past the read position at once
+                f.write(lines(200, 500).encode())
     rc, errors = exit_of(proc, log)
     assert rc == 1
     assert len(errors) == 1, errors
     line = errors[0]
-    assert "copy-truncate rotation" in line
-    assert "in/app.jsonl' copied to" in line and "in/app.jsonl.1'" in line
+    if how == "copy-in-glob":
+        assert "in/app.jsonl.1' appeared as a copy of its file" in line
+        assert "in/app.jsonl' (it starts with" in line
+    else:
+        assert "copy-truncate rotation" in line and "line offset 200" in line
+        assert "in/app.jsonl' copied to" in line and "in/app.jsonl.1'" in line
     assert "may be lost to everyone" in line and "create-mode rotation" in line
-    assert "line offset 200" in line
+    after = committed(d)
+    assert set(before["out"]) <= set(after["out"])
+    assert sums(after) <= 200  # nothing read twice
 
 
 # ----------------------------------------------------------------- rotation
@@ -263,3 +277,51 @@ def test_a_rotation_while_stopped(tmp_path: Path, deleted: bool) -> None:
     got = committed(d)
     assert got == bounded(tmp_path / "ref", a + b + new)
     assert sums(got) == 170
+
+
+def test_the_renamed_file_growing_after_the_switch_is_refused(tmp_path: Path) -> None:
+    """A writer that goes on writing to the renamed file after the new one began:
+    those lines could not be read in order; the run stops naming the renamed file."""
+    d = tmp_path / "job"
+    d.mkdir()
+    setup(d, ["in/*.jsonl*"], lines(0, 100))
+    proc = start(d)
+    log = Log(proc)
+    wait_window(d, proc, 9_000)
+    os.rename(d / APP, d / "in" / "app.jsonl.1")
+    (d / APP).write_text(lines(100, 150))
+    wait_window(d, proc, 14_000)  # the partition has moved on to the new file
+    with open(d / "in" / "app.jsonl.1", "a") as f:
+        f.write(lines(150, 160))
+    rc, errors = exit_of(proc, log)
+    assert rc == 1 and len(errors) == 1, errors
+    assert "in/app.jsonl.1', the file rotated away from" in errors[0]
+    assert "grew after the partition moved on to the new file at position 100" in errors[0]
+    assert sums(committed(d)) <= 150
+
+
+def test_a_csv_rotation_is_followed_exactly_once(tmp_path: Path) -> None:
+    """CSV: the new file's header is its own; its rows go on after the renamed
+    file's, as the rows of one file holding both (one header) would."""
+    d = tmp_path / "job"
+    d.mkdir()
+
+    def rows(first: int, last: int) -> str:
+        return "".join(f"u{i % 3},{i * 100}\n" for i in range(first, last))
+
+    app = "in/app.csv"
+    header = "user,ts\n"
+    setup(d, ["in/*.csv*"], header + rows(0, 100), app=app, kind="csv")
+    proc = start(d)
+    log = Log(proc)
+    wait_window(d, proc, 9_000)
+    with open(d / app, "a") as f:
+        f.write(rows(100, 120))
+    os.rename(d / app, d / "in" / "app.csv.1")
+    (d / app).write_text(header + rows(120, 150))
+    wait_window(d, proc, 14_000)
+    stop(proc, log)
+    run_quiet(d, "end.toml", timeout=PATIENCE_S)
+    got = committed(d)
+    assert got == bounded(tmp_path / "ref", header + rows(0, 150), app=app, kind="csv")
+    assert sums(got) == 150

@@ -101,6 +101,9 @@ class FileRegistry:
 
     reading: dict[FileId, str] = field(default_factory=dict)
     retired: dict[FileId, Retired] = field(default_factory=dict)
+    #: partition -> (its file's path, n, digest of the first n bytes it has read),
+    #: once it has read a line of that file: a new file starting so is a copy
+    heads: dict[str, tuple[Path, int, str]] = field(default_factory=dict)
 
     def read_by(self, fid: FileId, name: str) -> None:
         for k in [k for k, v in self.reading.items() if v == name]:
@@ -119,6 +122,25 @@ class FileRegistry:
         if r is not None and st.st_size >= r.n and head_digest_at(path, r.n) == r.sha256:
             return "(rotated)"
         return None
+
+
+    def copy_of(self, path: Path, st: os.stat_result) -> tuple[str, Path] | None:
+        """The partition (and its file) whose read bytes the new file ``path`` starts
+        with: a copy of it (``copytruncate``, or a backup inside the glob)."""
+        for name, (at, n, sha) in self.heads.items():
+            if st.st_size >= n and head_digest_at(path, n) == sha:
+                return name, at
+        return None
+
+
+def copy_error(name: str, at: Path, copy: Path) -> SourceChangedError:
+    return SourceChangedError(
+        f"partition {name!r}: {str(copy)!r} appeared as a copy of its file {str(at)!r} (it "
+        "starts with the bytes the run read first); reading it would count those lines "
+        "twice. A copy-truncate rotation cannot be followed exactly: lines written "
+        "between the copy and the truncation may be lost to everyone - use create-mode "
+        "rotation (logrotate 'create', not 'copytruncate'); otherwise keep copies out of "
+        "the source's paths. What was committed stays committed")
 
 
 def locate(directory: Path, fid: FileId) -> Path | None:
@@ -184,5 +206,5 @@ def _find_copy(path: Path, fid: FileId, head: tuple[int, str] | None) -> Path | 
     return None
 
 
-__all__ = ["FileId", "FileRegistry", "Retired", "file_id", "locate", "own_identity",
-           "truncated_error"]
+__all__ = ["FileId", "FileRegistry", "Retired", "copy_error", "file_id", "locate",
+           "own_identity", "truncated_error"]

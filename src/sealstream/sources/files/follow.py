@@ -40,6 +40,7 @@ from ._rotation import (
     FileId,
     FileRegistry,
     Retired,
+    copy_error,
     file_id,
     head_digest,
     locate,
@@ -194,8 +195,13 @@ class FollowedFile:
         self._at = found
 
     def _head(self) -> tuple[int, str] | None:
-        sha = self._local.identity.get("head_sha256")
-        n = min(HEAD_BYTES, self._local.byte_offset)
+        return self._head_of(self._local)
+
+    @staticmethod
+    def _head_of(local: PartitionPosition) -> tuple[int, str] | None:
+        """(n, digest of the file's first n bytes), n = the bytes read, at most 4 KiB."""
+        sha = local.identity.get("head_sha256")
+        n = min(HEAD_BYTES, local.byte_offset)
         return (n, sha) if isinstance(sha, str) and n > 0 else None
 
     def _changed_in_place(self, size: int) -> bool:
@@ -261,6 +267,9 @@ class FollowedFile:
         self._pos = self._exposed(self._local)
 
     def _exposed(self, local: PartitionPosition) -> PartitionPosition:
+        head = self._head_of(local)
+        if head is not None and local.offset > 0:
+            self._files.heads[self.name] = (self._at, *head)
         identity = dict(local.identity)
         identity.update(dev=self._fid[0], ino=self._fid[1], base=self._base,
                         retired=[r.to_json() for r in self._retired])
@@ -292,6 +301,8 @@ class FollowedFile:
     def _read(self, max_records: int) -> Chunk | None:
         """A chunk with records or a moved position, else None (nothing new)."""
         while True:
+            if self._reader is None:
+                self._check_old()
             try:
                 chunk = self._next(max_records)
             except SourceChangedError:
@@ -309,7 +320,6 @@ class FollowedFile:
 
     def _next(self, max_records: int) -> Chunk | None:
         if self._reader is None:
-            self._check_old()
             size = self._size()
             if self._changed_in_place(size):
                 raise self._truncated(size)
@@ -467,6 +477,9 @@ class FollowedFiles:
             owner = self._files.owner(p, st)
             if owner is not None and owner != n:
                 continue
+            copy = self._files.copy_of(p, st) if owner is None else None
+            if copy is not None:
+                raise copy_error(copy[0], copy[1], p)
             self._paths[n] = p
             self._order.append(n)
         return list(self._order)

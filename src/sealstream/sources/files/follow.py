@@ -100,6 +100,8 @@ class FollowedFile:
         self._final = False
         #: the file rotated away last (fd, size when left, path): it must not grow
         self._old: tuple[int, int, Path] | None = None
+        #: (size, mtime, n) when the first n bytes read were last found unchanged
+        self._looked: tuple[int, int, int] | None = None
         self._fd, self._fid, self._at = self._open_file(fid, pos)
         self._files.read_by(self._fid, name)
         self._pos = self._exposed(self._local)
@@ -205,11 +207,21 @@ class FollowedFile:
         return (n, sha) if isinstance(sha, str) and n > 0 else None
 
     def _changed_in_place(self, size: int) -> bool:
-        """Cut below the read position, or its consumed first bytes rewritten."""
+        """Cut below the read position, or its consumed first bytes rewritten (looked
+        at only when the file was written since the last look: size or mtime)."""
         if size < self._local.byte_offset:
             return True
         head = self._head()
-        return head is not None and head_digest(self._fd, head[0]) != head[1]
+        if head is None:
+            return False
+        st = os.fstat(self._fd)
+        seen = (st.st_size, st.st_mtime_ns, head[0])
+        if seen == self._looked:
+            return False
+        if head_digest(self._fd, head[0]) != head[1]:
+            return True
+        self._looked = seen
+        return False
 
     def _truncated(self, size: int) -> SourceChangedError:
         return truncated_error(self.name, self._at, self._fid, self._pos.offset,
@@ -264,6 +276,7 @@ class FollowedFile:
         self._base = self._pos.offset
         self._local = PartitionPosition()
         self._final = False
+        self._looked = None
         self._pos = self._exposed(self._local)
 
     def _exposed(self, local: PartitionPosition) -> PartitionPosition:
@@ -308,8 +321,10 @@ class FollowedFile:
             except SourceChangedError:
                 self.close_reader()
                 size = self._size()
-                if self._changed_in_place(size) or self._names(self._at, self._fid):
+                if self._changed_in_place(size):
                     raise self._truncated(size) from None
+                if self._names(self._at, self._fid):
+                    raise  # another change, in the reader's own words
                 self._relocate()  # renamed while read: read on under its new name
                 continue
             if chunk is None:

@@ -48,13 +48,13 @@ def lines(first: int, last: int, bad_at: int | None = None) -> str:
 
 
 def spec(d: Path, paths: list[str], stop: str, follow: bool = True,
-         name: str = "spec.toml", kind: str = "jsonl") -> str:
+         name: str = "spec.toml", kind: str = "jsonl", every_ms: int | None = 50) -> str:
     source = files_source(paths, kind)
     if follow:
         source += f'\nfollow = true\npoll_ms = 20\nstop = "{stop}"'
     (d / name).write_text(spec_text(
         "rotation", source, batch_size=50, max_delay_ms=500, window=tumbling(1000),
-        aggregates={"n": "count"}, late=True, errors=True, every_ms=50, keep=2))
+        aggregates={"n": "count"}, late=True, errors=True, every_ms=every_ms, keep=2))
     return name
 
 
@@ -324,4 +324,47 @@ def test_a_csv_rotation_is_followed_exactly_once(tmp_path: Path) -> None:
     run_quiet(d, "end.toml", timeout=PATIENCE_S)
     got = committed(d)
     assert got == bounded(tmp_path / "ref", header + rows(0, 150), app=app, kind="csv")
+    assert sums(got) == 150
+
+
+def read_to(d: Path, proc: subprocess.Popen[str], position: int) -> None:
+    """Until a recorded step plan (``SEALSTREAM_KEEP_PLANS``) reads in/app.jsonl up to
+    ``position``: plans are durable before their step's output, checkpoints or not."""
+    deadline = time.monotonic() + PATIENCE_S
+    while True:
+        for f in sorted((d / "ckpt" / "plans").glob("step-*.json")):
+            rng = json.loads(f.read_text())["ranges"].get(APP)
+            if rng is not None and rng[1] >= position:
+                return
+        assert proc.poll() is None, f"the job ended (rc={proc.returncode})"
+        assert time.monotonic() < deadline, f"{APP} never read up to {position}"
+        time.sleep(0.1)
+
+
+def test_a_rotation_before_the_first_checkpoint_replays_the_recorded_file(
+        tmp_path: Path) -> None:
+    """No checkpoint yet (no cadence): a crash after a rotation replays the recorded
+    steps from the beginning. The step plan that first lists the partition records its
+    file's identity, so the replay reads the renamed file, not the new file now at the
+    path, and the renamed file is not taken as a new partition."""
+    d = tmp_path / "job"
+    d.mkdir()
+    a, b, new = lines(0, 100), lines(100, 130), lines(130, 150)
+    (d / "in").mkdir()
+    (d / APP).write_text(a)
+    spec(d, ["in/*.jsonl*"], "never", every_ms=None)
+    spec(d, ["in/*.jsonl*"], "end", name="end.toml", every_ms=None)
+    proc = start(d)
+    Log(proc)
+    read_to(d, proc, 100)
+    os.rename(d / APP, d / "in" / "app.jsonl.1")
+    with open(d / "in" / "app.jsonl.1", "a") as f:
+        f.write(b)
+    (d / APP).write_text(new)
+    read_to(d, proc, 150)
+    kill(proc)
+    assert not list((d / "ckpt").glob("cp-*"))  # nothing but plans to recover from
+    run_quiet(d, "end.toml", timeout=PATIENCE_S)
+    got = committed(d)
+    assert got == bounded(tmp_path / "ref", a + b + new)
     assert sums(got) == 150

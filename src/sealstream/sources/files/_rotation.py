@@ -26,7 +26,7 @@ FileId = tuple[int, int]
 """``(st_dev, st_ino)``."""
 
 #: the identity keys a followed partition adds to its reader's position identity
-OWN_KEYS = ("dev", "ino", "base", "retired")
+OWN_KEYS = ("dev", "ino", "base", "retired", "plan")
 #: at most this many files read to their end are remembered per partition
 MAX_RETIRED = 256
 #: the first bytes compared to recognise a file read before (inode numbers are reused)

@@ -104,6 +104,8 @@ class FollowedFile:
         self._looked: tuple[int, int, int] | None = None
         self._fd, self._fid, self._at = self._open_file(fid, pos)
         self._files.read_by(self._fid, name)
+        #: the file it started in (recorded in the step plan that first lists it)
+        self.first_file: tuple[int, int] = self._fid
         self._pos = self._exposed(self._local)
         self._reader: PartitionReader | None = None
         try:  # a first open checks the position against the file now (identity)
@@ -143,6 +145,12 @@ class FollowedFile:
             if got == fid:
                 return fd, fid, found
             os.close(fd)
+        if pos.identity.get("plan") is True:
+            # a step plan's record of the file a partition starts in, not found: the
+            # plan is re-run over copies of its inputs (an audit), or the file was
+            # rotated away and deleted; the file at the path is what there is
+            fd, at_path = self._open_fd(self._path)
+            return fd, at_path, self._path
         raise SourceExpiredError(
             f"partition {self.name!r}: the saved position {pos.offset} (byte "
             f"{pos.byte_offset}) belongs to a file (device {fid[0]}, inode {fid[1]}) that "
@@ -460,6 +468,10 @@ class FollowedFiles:
         self._plan = plan
         self._paths: dict[str, Path] = {}
         self._order: list[str] = []
+        #: partitions opened by their identity (a checkpoint's, a step plan's): the
+        #: others may still turn out to be a rotated file, once a replay opens the
+        #: partition that reads it by its recorded identity
+        self._opened: set[str] = set()
         self._files = FileRegistry()
         base = Path(getattr(listing, "base_dir", "."))
         for name, pos in (known or {}).items():
@@ -470,6 +482,7 @@ class FollowedFiles:
                 # its path is missing (renamed by a rotation, the new file not yet made)
                 self._paths[name] = base / name
                 self._order.append(name)
+                self._opened.add(name)
             for r in retired:
                 self._files.retire(r)
 
@@ -482,6 +495,14 @@ class FollowedFiles:
             if not self._order:
                 raise
             return list(self._order)  # a path named as such, renamed by a rotation
+        for n in [n for n in self._order if n not in self._opened]:
+            try:
+                owner = self._files.owner(self._paths[n], os.stat(self._paths[n]))
+            except OSError:
+                continue
+            if owner is not None and owner != n:  # found to be a rotated file since
+                self._order.remove(n)
+                del self._paths[n]
         for n, p in found:
             if n in self._paths:
                 continue
@@ -516,8 +537,10 @@ class FollowedFiles:
             self.discover()
         if name not in self._paths:
             raise SourceError(f"{name}: the followed file disappeared")
-        return FollowedFile(self._kind, name, self._paths[name], self._plan, position,
+        part = FollowedFile(self._kind, name, self._paths[name], self._plan, position,
                             files=self._files)
+        self._opened.add(name)
+        return part
 
     def commit_group(self, positions: dict[str, int]) -> None:
         """Files have no consumer group."""

@@ -235,7 +235,7 @@ class LiveMerger:
 
     # ------------------------------------------------------------ partitions
     def _open(self, name: str, pos: SourcePosition | None, now: float,
-              from_start: bool = False) -> None:
+              from_start: bool = False, file: tuple[int, int] | None = None) -> None:
         """Open partition ``name`` at ``pos``; None: at its beginning when
         ``from_start`` (growth), else where the start mode says. Such a partition's
         start is recorded in the next step (an empty range when it reads nothing), so
@@ -243,9 +243,16 @@ class LiveMerger:
         ("latest" now would skip what was written since)."""
         open_at = getattr(self.source, "open_at", None)
         if pos is None:
-            part = self.source.open(name, None, from_start)
+            if file is not None and open_at is not None:
+                # a followed file's first recorded file (it may have been rotated since)
+                part = open_at(name, PartitionPosition(identity={
+                    "dev": file[0], "ino": file[1], "plan": True}))
+            else:
+                part = self.source.open(name, None, from_start)
             at = part.tell()
-            start = SourcePosition(PartitionPosition(offset=at), at)
+            full = getattr(part, "position", None)  # a followed file's, with its identity
+            start = SourcePosition(full if isinstance(full, PartitionPosition)
+                                   and full.offset == at else PartitionPosition(offset=at), at)
         elif open_at is not None and (pos.resume.byte_offset or pos.resume.identity):
             part = open_at(name, pos.resume)
             start = pos
@@ -362,9 +369,13 @@ class LiveMerger:
             for c in self.cursors:
                 if c.pending is not None and (c.pending.events.height or c.pending.bad.height):
                     c.last_delivery = now
+        files: dict[str, tuple[int, int]] = {}
         for q, c in enumerate(self.cursors):
             if not c.listed:  # where a newly opened partition starts
                 ranges.setdefault(self.names[q], (c.next, c.next))
+            first = getattr(c.part, "first_file", None)
+            if first is not None and (not c.listed or self.step == 0):
+                files[self.names[q]] = first  # a followed file: which file it starts in
         idle, advance = self._idleness(ranges, now)
         end = self.stop_end and all(
             c.stop_at is not None
@@ -375,7 +386,7 @@ class LiveMerger:
             return self._batch([], None, False)  # nothing happened: no step
         plan = StepPlan(step=self.step + 1, prev=self.prev, partitions=tuple(self.names),
                         ranges=ranges, idle=tuple(idle), advance_ms=advance,
-                        now_ms=self.clock.wall_ms(), end=end)
+                        now_ms=self.clock.wall_ms(), end=end, files=files)
         self._record(plan)
         return self._apply_plan(plan, took)
 
@@ -489,7 +500,8 @@ class LiveMerger:
         for n in plan.partitions:
             if n not in self.names:
                 self.source.discover()
-                self._open(n, None, now, from_start=self.resumed or plan.step > 1)
+                self._open(n, None, now, from_start=self.resumed or plan.step > 1,
+                           file=plan.files.get(n))
                 self._seek_to_recorded(len(self.names) - 1, [plan, *self.replay])
                 if self.stop_end:
                     self.cursors[-1].stop_at = self._stop_ends.get(n)
@@ -662,7 +674,8 @@ def open_live(job: Any, positions: list[SourcePosition]) -> LiveMerger:
         # by default the pipeline's name (group = "" turns it off)
         spec = replace(spec, group=p.name)
     source: LiveSource = (spec.open_live(job.plan) if spec.kind in ("kafka", "nats")
-                          else FollowedFiles(spec.kind, spec, job.plan))
+                          else FollowedFiles(spec.kind, spec, job.plan, known={
+                              n: sp.resume for n, sp in zip(job.names, positions, strict=True)}))
     return LiveMerger(
         source, job.plan, list(job.names), positions, p.batch_size,
         store=job.store, key=job.key, wm=job.wm,

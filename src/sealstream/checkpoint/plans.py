@@ -73,6 +73,10 @@ class StepPlan:
     now_ms: int = 0
     end: bool = False
     """The step after which the run ends (``stop = "end"``: every window fires)."""
+    files: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Followed files: the identity (device, inode) of the file a partition listed for
+    the first time starts in, so a replay reads that file even when it was rotated
+    away since (docs/live.md, "Rotation and truncation"). Absent when empty."""
 
     def body(self) -> dict[str, Any]:
         return {
@@ -85,7 +89,8 @@ class StepPlan:
             "advance_ms": self.advance_ms,
             "now_ms": self.now_ms,
             "end": self.end,
-        }
+        } | ({"files": {k: [d, i] for k, (d, i) in sorted(self.files.items())}}
+             if self.files else {})
 
     def digest(self) -> str:
         return hashlib.sha256(canonical(self.body())).hexdigest()
@@ -106,6 +111,7 @@ class StepPlan:
             advance_ms=None if doc.get("advance_ms") is None else int(doc["advance_ms"]),
             now_ms=int(doc.get("now_ms", 0)),
             end=bool(doc.get("end", False)),
+            files={str(k): (int(v[0]), int(v[1])) for k, v in doc.get("files", {}).items()},
         )
 
 

@@ -161,7 +161,8 @@ class KafkaSink(Sink):
 
     def __init__(self, bootstrap: str, topic: str, role: SinkRole, run_token: str,
                  staging: str | os.PathLike[str], settings: Mapping[str, str] | None = None,
-                 *, transactional_id: str | None = None, retry_s: float = 60.0) -> None:
+                 *, transactional_id: str | None = None, retry_s: float = 60.0,
+                 shared_staging: bool = False) -> None:
         if not _TOPIC_RE.fullmatch(topic) or topic in (".", ".."):
             raise SinkError(f"topic: {topic!r} is not a valid Kafka topic name "
                             "(letters, digits, '.', '_', '-')")
@@ -170,6 +171,10 @@ class KafkaSink(Sink):
         self.bootstrap = bootstrap
         self.topic = topic
         self.path = Path(staging)
+        #: ``staging`` is the default one every job writing ``topic`` from this folder
+        #: would use: :meth:`set_job` moves it into a folder of the job's own
+        self._shared_staging = shared_staging
+        self._legacy: Path | None = None  # where an older version staged (read only)
         self.settings = {str(k): str(v) for k, v in (settings or {}).items()}
         self.retry_s = retry_s
         self._tid = self.settings.pop("transactional.id", "") or transactional_id \
@@ -194,11 +199,30 @@ class KafkaSink(Sink):
         self.key_fields: tuple[str, ...] | None = None
 
     # ------------------------------------------------------------ naming
-    def set_job(self, pipeline: str, output: str) -> None:
+    def set_job(self, pipeline: str, output: str, owner: str | None = None) -> None:
         """Name the transactional id after the job and its output (unless the
-        settings name one). Call before anything is produced."""
+        settings name one). Call before anything is produced.
+
+        ``owner``: where the job keeps its checkpoints. The default staging folder
+        (``.sealstream-staging/kafka-<topic>``, shared by every instance started from
+        that folder) then gets a sub-folder of the job's own, named by the pipeline
+        and its checkpoint store, so that an instance with another store (a copy of
+        the job) never removes this one's staged epochs at its start; instances of
+        one store cannot run at once (the store's lock)."""
         if "transactional.id" not in self.settings and self._producer is None:
             self._tid = f"sealstream-{pipeline}-{output}"
+        if self._shared_staging and self._producer is None and self._known is None:
+            import hashlib
+
+            tag = hashlib.sha256(f"{pipeline}\0{owner or ''}".encode()).hexdigest()[:12]
+            safe = re.sub(r"[^A-Za-z0-9._-]", "_", pipeline)[:64] or "job"
+            self._legacy, self.path = self.path, self.path / f"{safe}-{tag}"
+            self._shared_staging = False
+            try:
+                ensure_dir(self.path)
+            except OSError as exc:
+                raise SinkError(f"cannot create the Kafka staging directory {self.path}: "
+                                f"{os_reason(exc)}") from None
 
     @property
     def transactional_id(self) -> str:
@@ -511,12 +535,15 @@ class KafkaSink(Sink):
 
     def _read_staged(self, token: str) -> pa.Table:
         path = self._staged(token)
+        if not path.exists() and self._legacy is not None:
+            older = self._legacy / path.name  # staged by a version without job folders
+            if older.exists():
+                path = older
         try:
             with pa.memory_map(str(path)) as f:
                 return ipc.open_file(f).read_all()
         except FileNotFoundError:
-            raise SinkError(f"cannot commit {self.role} {token} to Kafka topic "
-                            f"{self.topic!r}: the staged rows are gone ({path})") from None
+            raise _StagedGone(path) from None
         except (OSError, pa.ArrowInvalid) as exc:
             raise SinkError(f"cannot read the staged {self.role} {path}: {exc}") from None
 
@@ -598,19 +625,65 @@ class KafkaSink(Sink):
                 raise SinkError(f"Kafka topic {self.topic!r}: token {token!r} does not belong "
                                 f"to epoch {epoch}")
             if token not in self._ensure_loaded():
-                self._produce(token, self._read_staged(token))
+                try:
+                    table = self._read_staged(token)
+                except _StagedGone as gone:
+                    raise SinkError(f"cannot commit {self.role} {token} to Kafka topic "
+                                    f"{self.topic!r}: the staged rows are gone "
+                                    f"({gone.path})") from None
+                self._produce(token, table)
             self._remove_staged(token)
         self._prepared.pop(epoch, None)
 
+    def _finish_prepared(self, token: str) -> None:
+        """At recovery: produce the prepared epoch ``token`` that the topic does not
+        hold, except the rows whose identity it holds already (under another token:
+        another instance of the job committed them after the checkpoint; identities
+        are unique in a job's output). Staged rows that are gone: when other epochs
+        were committed after the checkpoint (by another instance, which produced the
+        same results), the run goes on with their rows standing in; otherwise the
+        rows are lost and the run refuses with the way forward."""
+        known = self._ensure_loaded()
+        try:
+            table = self._read_staged(token)
+        except _StagedGone as gone:
+            others = sorted(set(known) - {token})
+            if others:
+                _warn(f"kafka sink: the staged {self.role} of epoch {token} are gone "
+                      f"({gone.path}); epochs {', '.join(others[:3])} were committed to "
+                      f"{self.topic!r} after this checkpoint by another instance of the "
+                      "job: its rows stand in, the run goes on")
+                return
+            raise SinkError(
+                f"cannot commit {self.role} {token} to Kafka topic {self.topic!r}: the "
+                f"staged rows are gone ({gone.path}) and the topic does not hold them; "
+                "run again with --start-over (the topic is read back and what it holds "
+                "is not produced again), or restore the staging folder") from None
+        if self._ids is not None and self._ids.height and table.num_rows:
+            held = self._ids.get_column("id")
+            ids = pl.from_arrow(table.column("id"))
+            assert isinstance(ids, pl.Series)
+            fresh = ~ids.cast(pl.Binary).is_in(held)
+            if not fresh.all():
+                table = table.filter(fresh.to_arrow())
+                if not table.num_rows:
+                    known[token] = _token_epoch(token) or 0
+                    return
+        self._produce(token, table)
+
     def _remove_staged(self, token: str) -> None:
         path = self._staged(token)
-        try:
-            os.unlink(path)
-            fsync_dir(self.path)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise SinkError(f"cannot remove the staged {path}: {os_reason(exc)}") from None
+        for folder in (self.path, self._legacy):
+            if folder is None:
+                continue
+            path = folder / path.name
+            try:
+                os.unlink(path)
+                fsync_dir(folder)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise SinkError(f"cannot remove the staged {path}: {os_reason(exc)}") from None
 
     def recover(self, prepared: dict[int, list[str]]) -> None:
         self._recover(None, prepared)
@@ -626,7 +699,14 @@ class KafkaSink(Sink):
         self._load(floor)
         keep: set[str] = set()
         for epoch, tokens in sorted(prepared.items()):
-            self.commit(epoch, tokens)
+            check_epoch(epoch)
+            for token in tokens:
+                if _token_epoch(token) != epoch:
+                    raise SinkError(f"Kafka topic {self.topic!r}: token {token!r} does not "
+                                    f"belong to epoch {epoch}")
+                if token not in self._ensure_loaded():
+                    self._finish_prepared(token)
+                self._remove_staged(token)
             keep.update(tokens)
         try:
             names = os.listdir(self.path)
@@ -680,6 +760,21 @@ class KafkaSink(Sink):
 
 def _nothing() -> None:
     return None
+
+
+class _StagedGone(SinkError):
+    """The staged rows of a prepared epoch are not in the staging folder."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(f"the staged rows are gone ({path})")
+        self.path = path
+
+
+def _warn(line: str) -> None:
+    """One line on stderr, in our words (the run goes on)."""
+    import sys
+
+    print(f"sealstream: warning: {line}", file=sys.stderr, flush=True)
 
 
 _points: Any = None

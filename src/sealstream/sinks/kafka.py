@@ -301,7 +301,17 @@ class KafkaSink(Sink):
         delay = 0.1
         while True:
             try:
-                return fn()
+                try:
+                    return fn()
+                except SystemError as sys_exc:
+                    # a client call that failed inside a callback (a fence met during
+                    # flush()) surfaces as "SystemError: <built-in function ...>
+                    # returned a result with an exception set", caused by the
+                    # KafkaException: handle that one
+                    inner = _kafka_cause(sys_exc)
+                    if inner is None:
+                        raise
+                    raise inner from None
             except KafkaException as exc:
                 err = exc.args[0] if exc.args else None
                 if isinstance(err, KafkaError) and err.code() in (
@@ -759,6 +769,20 @@ class KafkaSink(Sink):
 
 
 def _nothing() -> None:
+    return None
+
+
+def _kafka_cause(exc: BaseException) -> BaseException | None:
+    """The KafkaException a SystemError of the client was raised from, if any."""
+    from confluent_kafka import KafkaException
+
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, KafkaException):
+            return cur
+        cur = cur.__cause__ or cur.__context__
     return None
 
 

@@ -1,8 +1,11 @@
 """KafkaSink under faults on a real broker: a fence that surfaces from inside a client
-call as a SystemError is the one-line fenced error."""
+call as a SystemError is the one-line fenced error; an unreachable broker and a
+missing topic, as a user of ``sealstream run`` sees them on stderr."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -68,3 +71,61 @@ def test_other_system_errors_are_not_swallowed(kafka: Any, tmp_path: Path) -> No
     with pytest.raises(SystemError, match="something else"):
         sink._retrying("commit a transaction to", broken)
     sink.close()
+
+
+# ------------------------------------------------------------------ stderr of a run
+SPEC = """
+[pipeline]
+name = "noise"
+[source]
+kind = "jsonl"
+paths = ["in.jsonl"]
+key = "user"
+time = "ts"
+[window]
+kind = "tumbling"
+size_ms = 1000
+[aggregates]
+n = "count"
+[sink]
+kind = "kafka"
+bootstrap = "{bootstrap}"
+topic = "{topic}"
+"""
+
+
+def _run_to_kafka(d: Path, bootstrap: str, topic: str) -> subprocess.CompletedProcess[str]:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "in.jsonl").write_text('{"user": "a", "ts": 1}\n')
+    spec = d / "spec.toml"
+    spec.write_text(SPEC.format(bootstrap=bootstrap, topic=topic))
+    return subprocess.run([sys.executable, "-m", "sealstream", "run", str(spec), "--quiet"],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_an_unreachable_broker_gives_a_few_lines_in_our_words(tmp_path: Path) -> None:
+    """No %3|...|FAIL| flood from librdkafka while the sink retries (60 s): at most one
+    warning line per kind of broker error, then the error line saying the broker at
+    that address did not answer for 60 s."""
+    from sealstream.testing.brokers import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    r = _run_to_kafka(tmp_path, address, "outx")
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert not [ln for ln in lines if ln.startswith("%")], lines[:3]
+    warnings = [ln for ln in lines if ln.startswith("sealstream: warning:")]
+    assert len(warnings) == len(set(warnings)) and len(warnings) <= 3, warnings
+    assert all(address in w and w.endswith("retrying") for w in warnings), warnings
+    assert len(lines) == len(warnings) + 1, lines
+    assert lines[-1].startswith("sealstream: error: cannot start a transactional producer")
+    assert f"the broker at {address} did not answer for 60 s" in lines[-1], lines[-1]
+
+
+def test_a_missing_output_topic_is_named_as_missing(kafka: Any, tmp_path: Path) -> None:
+    r = _run_to_kafka(tmp_path, kafka.bootstrap, "no-such-output-topic")
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert lines == [f"sealstream: error: topic 'no-such-output-topic' does not exist at "
+                     f"{kafka.bootstrap}: create it first (sealstream does not create "
+                     "output topics)"], lines

@@ -102,6 +102,7 @@ from sealstream.sinks._files import (
     os_reason,
     write_new,
 )
+from sealstream.sources._kafka_log import CLIENT_LOG, is_unanswered, note_trouble
 
 __all__ = ["ID_HEADER", "TOKEN_HEADER", "KafkaSink", "parse_location"]
 
@@ -114,7 +115,7 @@ _STAGED_RE = re.compile(r"\.part-([0-9]{12,}-[A-Za-z0-9]{1,64})\.arrow")
 _SHARED_PREFIXES = ("security.", "sasl.", "ssl.", "socket.", "broker.", "client.",
                     "metadata.", "api.version", "reconnect.", "retry.backoff")
 _log = logging.getLogger("sealstream.kafka")
-_log.addHandler(logging.NullHandler())  # the client's chatter stays off stderr
+_log.addHandler(logging.NullHandler())  # the retry notes (stderr: note_trouble)
 
 
 def _token_epoch(token: str) -> int | None:
@@ -236,15 +237,13 @@ class KafkaSink(Sink):
 
     # ------------------------------------------------------------ clients
     def _error(self, what: str, exc: BaseException, more: str = "") -> SinkError:
-        reason = exc.args[0] if exc.args else exc
-        text = getattr(reason, "str", None)
-        shown = text() if callable(text) else str(reason)
+        shown = _reason(exc)
         return SinkError(f"cannot {what} Kafka topic {self.topic!r} at {self.bootstrap}: "
                          f"{shown.strip().splitlines()[0] if shown.strip() else type(exc).__name__}"
                          f"{more}")
 
     def _base_conf(self) -> dict[str, Any]:
-        return {"bootstrap.servers": self.bootstrap, "logger": _log}
+        return {"bootstrap.servers": self.bootstrap, "logger": CLIENT_LOG}
 
     def _new_producer(self) -> Any:
         from confluent_kafka import Producer
@@ -319,6 +318,10 @@ class KafkaSink(Sink):
                         KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
                         KafkaError.TOPIC_AUTHORIZATION_FAILED,
                         KafkaError.UNKNOWN_TOPIC_OR_PART):
+                    if err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                        raise SinkError(f"topic {self.topic!r} does not exist at "
+                                        f"{self.bootstrap}: create it first (sealstream "
+                                        "does not create output topics)") from None
                     more = ""
                     if err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED):
                         more = (f" (transactional.id {self._tid!r} was taken over by another "
@@ -327,8 +330,15 @@ class KafkaSink(Sink):
                                 "next run produces its prepared epochs again)")
                     raise self._error(what, exc, more) from None
                 self._drop_producer()
+                text = _reason(exc)
                 if time.monotonic() + delay > deadline:
+                    if is_unanswered(text):
+                        raise SinkError(
+                            f"cannot {what} Kafka topic {self.topic!r}: the broker at "
+                            f"{self.bootstrap} did not answer for {self.retry_s:g} s "
+                            f"(retried for {self.retry_s:g} s; {text})") from None
                     raise self._error(what, exc, f" (retried for {self.retry_s:g} s)") from None
+                note_trouble("kafka sink", self.bootstrap, text)
                 _log.warning("kafka sink: cannot %s %s: %s; retrying", what, self.topic, exc)
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
@@ -770,6 +780,13 @@ class KafkaSink(Sink):
 
 def _nothing() -> None:
     return None
+
+
+def _reason(exc: BaseException) -> str:
+    """The client's own text of a KafkaException (else the exception's text)."""
+    reason = exc.args[0] if exc.args else exc
+    text = getattr(reason, "str", None)
+    return str(text() if callable(text) else reason)
 
 
 def _kafka_cause(exc: BaseException) -> BaseException | None:

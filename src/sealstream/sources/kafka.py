@@ -59,6 +59,7 @@ import numpy as np
 
 from ..errors import SourceError, SourceExpiredError, SourceUnavailableError, SpecError
 from ._base import Chunk, FieldPlan
+from ._kafka_log import CLIENT_LOG, note_trouble
 from ._live import MESSAGE_KEY, MESSAGE_TIMESTAMP, ValueParser, empty_chunk
 
 StartMode = Literal["earliest", "latest", "time"]
@@ -170,6 +171,7 @@ class _Link:
             self.lost(str(err.str()))
 
     def lost(self, why: str) -> None:
+        note_trouble("kafka source", self.bootstrap, why)
         if self.connected or self.lost_at is None:
             self.lost_at = time.monotonic()
         self.connected = False
@@ -195,7 +197,7 @@ def _consumer(conf: dict[str, Any], link: _Link) -> Any:
     from confluent_kafka import Consumer, KafkaException
 
     try:
-        return Consumer({**conf, "error_cb": link.on_error})
+        return Consumer({**conf, "error_cb": link.on_error, "logger": CLIENT_LOG})
     except KafkaException as e:
         raise SpecError(f"kafka source: the client settings are refused: {_why(e)}") from None
 

@@ -195,6 +195,7 @@ class KafkaSink(Sink):
         self._ids: pl.DataFrame | None = None  # token + id columns of what was read back
         self._end: dict[int, int] | None = None  # end offsets after our last commit
         self._end_stale = True
+        self._reconnected = False  # the producer's connection dropped (error events)
         #: a compound key's fields (results only): the message key is then the JSON
         #: object of the fields, ``{"tenant":"acme","user":7}``
         self.key_fields: tuple[str, ...] | None = None
@@ -261,9 +262,19 @@ class KafkaSink(Sink):
             "transaction.timeout.ms": 60_000,
         }
         conf.update(self.settings)
+        conf["error_cb"] = self._on_client_error
         p = Producer(conf)
         p.init_transactions(self._timeout())
         return p
+
+    def _on_client_error(self, err: Any) -> None:
+        """The producer's error events: a lost connection is remembered (the guard of
+        :meth:`_produce` against a broker that forgets a transaction on restart)."""
+        from confluent_kafka import KafkaError
+
+        if err.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN,
+                          KafkaError._RESOLVE):
+            self._reconnected = True
 
     def _consumer(self, isolation: str = "read_committed") -> Any:
         from confluent_kafka import Consumer
@@ -599,6 +610,7 @@ class KafkaSink(Sink):
                     return
                 self._stop_if_superseded(frame, token, known)
             p = self._ensure_producer()
+            self._reconnected = False
             p.begin_transaction()
             produce = p.produce
             # one produce() per row: the client's produce_batch() takes no headers, and
@@ -618,6 +630,21 @@ class KafkaSink(Sink):
             p.flush(self._commit_timeout())
             _sink_point("kafka_in_transaction")
             p.commit_transaction(self._commit_timeout())
+            p.poll(0)  # serves the error events of the transaction's time
+            if self._reconnected:
+                # the connection dropped during the transaction: a broker that restarted
+                # may have forgotten it and still acknowledged the commit (noida-db
+                # 0.2.3 does). Read the token back; missing, the retry produces it again
+                frame, _ = self._read_back_once(self._end)
+                if token not in frame.get_column("token").to_list():
+                    from confluent_kafka import KafkaError, KafkaException
+
+                    _log.warning("kafka sink: %s: epoch %s was acknowledged but is not in "
+                                 "the topic after a reconnect; producing it again",
+                                 self.topic, token)
+                    raise KafkaException(KafkaError(
+                        KafkaError._TRANSPORT, "the broker lost a committed transaction "
+                        "across a reconnect"))
 
         self._retrying("commit a transaction to", once)
         known[token] = _token_epoch(token) or 0

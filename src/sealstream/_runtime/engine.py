@@ -320,7 +320,8 @@ class Job(Checkpointing):
             if isinstance(sink, DatabaseSink):
                 sink.pipeline = self.p.name  # its staged rows and its table are its own
             elif isinstance(sink, KafkaSink):
-                sink.set_job(self.p.name, role)  # its transactional.id: one per job and output
+                # its transactional.id (one per job and output), its staging (the store's)
+                sink.set_job(self.p.name, role, self.store.location if self.store else None)
 
     def _start_sources(self, positions: list[SourcePosition]) -> None:
         if self.live:

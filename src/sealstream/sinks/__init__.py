@@ -85,7 +85,7 @@ def open_sink(output: Output, role: SinkRole, run_token: str,
         staging = (output.resolved if output.path
                    else output.base_dir / ".sealstream-staging" / f"kafka-{output.topic}")
         return KafkaSink(output.bootstrap, output.topic, role, run_token, staging,
-                         dict(output.settings))
+                         dict(output.settings), shared_staging=not output.path)
     if output.kind == "jsonl":
         return JsonlDirSink(output.resolved, role, run_token)
     if output.kind == "parquet":

@@ -102,6 +102,7 @@ from sealstream.sinks._files import (
     os_reason,
     write_new,
 )
+from sealstream.sources._kafka_log import CLIENT_LOG, is_unanswered, note_trouble
 
 __all__ = ["ID_HEADER", "TOKEN_HEADER", "KafkaSink", "parse_location"]
 
@@ -114,7 +115,7 @@ _STAGED_RE = re.compile(r"\.part-([0-9]{12,}-[A-Za-z0-9]{1,64})\.arrow")
 _SHARED_PREFIXES = ("security.", "sasl.", "ssl.", "socket.", "broker.", "client.",
                     "metadata.", "api.version", "reconnect.", "retry.backoff")
 _log = logging.getLogger("sealstream.kafka")
-_log.addHandler(logging.NullHandler())  # the client's chatter stays off stderr
+_log.addHandler(logging.NullHandler())  # the retry notes (stderr: note_trouble)
 
 
 def _token_epoch(token: str) -> int | None:
@@ -161,7 +162,8 @@ class KafkaSink(Sink):
 
     def __init__(self, bootstrap: str, topic: str, role: SinkRole, run_token: str,
                  staging: str | os.PathLike[str], settings: Mapping[str, str] | None = None,
-                 *, transactional_id: str | None = None, retry_s: float = 60.0) -> None:
+                 *, transactional_id: str | None = None, retry_s: float = 60.0,
+                 shared_staging: bool = False) -> None:
         if not _TOPIC_RE.fullmatch(topic) or topic in (".", ".."):
             raise SinkError(f"topic: {topic!r} is not a valid Kafka topic name "
                             "(letters, digits, '.', '_', '-')")
@@ -170,6 +172,10 @@ class KafkaSink(Sink):
         self.bootstrap = bootstrap
         self.topic = topic
         self.path = Path(staging)
+        #: ``staging`` is the default one every job writing ``topic`` from this folder
+        #: would use: :meth:`set_job` moves it into a folder of the job's own
+        self._shared_staging = shared_staging
+        self._legacy: Path | None = None  # where an older version staged (read only)
         self.settings = {str(k): str(v) for k, v in (settings or {}).items()}
         self.retry_s = retry_s
         self._tid = self.settings.pop("transactional.id", "") or transactional_id \
@@ -189,16 +195,36 @@ class KafkaSink(Sink):
         self._ids: pl.DataFrame | None = None  # token + id columns of what was read back
         self._end: dict[int, int] | None = None  # end offsets after our last commit
         self._end_stale = True
+        self._reconnected = False  # the producer's connection dropped (error events)
         #: a compound key's fields (results only): the message key is then the JSON
         #: object of the fields, ``{"tenant":"acme","user":7}``
         self.key_fields: tuple[str, ...] | None = None
 
     # ------------------------------------------------------------ naming
-    def set_job(self, pipeline: str, output: str) -> None:
+    def set_job(self, pipeline: str, output: str, owner: str | None = None) -> None:
         """Name the transactional id after the job and its output (unless the
-        settings name one). Call before anything is produced."""
+        settings name one). Call before anything is produced.
+
+        ``owner``: where the job keeps its checkpoints. The default staging folder
+        (``.sealstream-staging/kafka-<topic>``, shared by every instance started from
+        that folder) then gets a sub-folder of the job's own, named by the pipeline
+        and its checkpoint store, so that an instance with another store (a copy of
+        the job) never removes this one's staged epochs at its start; instances of
+        one store cannot run at once (the store's lock)."""
         if "transactional.id" not in self.settings and self._producer is None:
             self._tid = f"sealstream-{pipeline}-{output}"
+        if self._shared_staging and self._producer is None and self._known is None:
+            import hashlib
+
+            tag = hashlib.sha256(f"{pipeline}\0{owner or ''}".encode()).hexdigest()[:12]
+            safe = re.sub(r"[^A-Za-z0-9._-]", "_", pipeline)[:64] or "job"
+            self._legacy, self.path = self.path, self.path / f"{safe}-{tag}"
+            self._shared_staging = False
+            try:
+                ensure_dir(self.path)
+            except OSError as exc:
+                raise SinkError(f"cannot create the Kafka staging directory {self.path}: "
+                                f"{os_reason(exc)}") from None
 
     @property
     def transactional_id(self) -> str:
@@ -212,15 +238,13 @@ class KafkaSink(Sink):
 
     # ------------------------------------------------------------ clients
     def _error(self, what: str, exc: BaseException, more: str = "") -> SinkError:
-        reason = exc.args[0] if exc.args else exc
-        text = getattr(reason, "str", None)
-        shown = text() if callable(text) else str(reason)
+        shown = _reason(exc)
         return SinkError(f"cannot {what} Kafka topic {self.topic!r} at {self.bootstrap}: "
                          f"{shown.strip().splitlines()[0] if shown.strip() else type(exc).__name__}"
                          f"{more}")
 
     def _base_conf(self) -> dict[str, Any]:
-        return {"bootstrap.servers": self.bootstrap, "logger": _log}
+        return {"bootstrap.servers": self.bootstrap, "logger": CLIENT_LOG}
 
     def _new_producer(self) -> Any:
         from confluent_kafka import Producer
@@ -238,9 +262,19 @@ class KafkaSink(Sink):
             "transaction.timeout.ms": 60_000,
         }
         conf.update(self.settings)
+        conf["error_cb"] = self._on_client_error
         p = Producer(conf)
         p.init_transactions(self._timeout())
         return p
+
+    def _on_client_error(self, err: Any) -> None:
+        """The producer's error events: a lost connection is remembered (the guard of
+        :meth:`_produce` against a broker that forgets a transaction on restart)."""
+        from confluent_kafka import KafkaError
+
+        if err.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN,
+                          KafkaError._RESOLVE):
+            self._reconnected = True
 
     def _consumer(self, isolation: str = "read_committed") -> Any:
         from confluent_kafka import Consumer
@@ -277,7 +311,17 @@ class KafkaSink(Sink):
         delay = 0.1
         while True:
             try:
-                return fn()
+                try:
+                    return fn()
+                except SystemError as sys_exc:
+                    # a client call that failed inside a callback (a fence met during
+                    # flush()) surfaces as "SystemError: <built-in function ...>
+                    # returned a result with an exception set", caused by the
+                    # KafkaException: handle that one
+                    inner = _kafka_cause(sys_exc)
+                    if inner is None:
+                        raise
+                    raise inner from None
             except KafkaException as exc:
                 err = exc.args[0] if exc.args else None
                 if isinstance(err, KafkaError) and err.code() in (
@@ -285,6 +329,10 @@ class KafkaSink(Sink):
                         KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
                         KafkaError.TOPIC_AUTHORIZATION_FAILED,
                         KafkaError.UNKNOWN_TOPIC_OR_PART):
+                    if err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                        raise SinkError(f"topic {self.topic!r} does not exist at "
+                                        f"{self.bootstrap}: create it first (sealstream "
+                                        "does not create output topics)") from None
                     more = ""
                     if err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED):
                         more = (f" (transactional.id {self._tid!r} was taken over by another "
@@ -293,8 +341,15 @@ class KafkaSink(Sink):
                                 "next run produces its prepared epochs again)")
                     raise self._error(what, exc, more) from None
                 self._drop_producer()
+                text = _reason(exc)
                 if time.monotonic() + delay > deadline:
+                    if is_unanswered(text):
+                        raise SinkError(
+                            f"cannot {what} Kafka topic {self.topic!r}: the broker at "
+                            f"{self.bootstrap} did not answer for {self.retry_s:g} s "
+                            f"(retried for {self.retry_s:g} s; {text})") from None
                     raise self._error(what, exc, f" (retried for {self.retry_s:g} s)") from None
+                note_trouble("kafka sink", self.bootstrap, text)
                 _log.warning("kafka sink: cannot %s %s: %s; retrying", what, self.topic, exc)
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
@@ -511,12 +566,15 @@ class KafkaSink(Sink):
 
     def _read_staged(self, token: str) -> pa.Table:
         path = self._staged(token)
+        if not path.exists() and self._legacy is not None:
+            older = self._legacy / path.name  # staged by a version without job folders
+            if older.exists():
+                path = older
         try:
             with pa.memory_map(str(path)) as f:
                 return ipc.open_file(f).read_all()
         except FileNotFoundError:
-            raise SinkError(f"cannot commit {self.role} {token} to Kafka topic "
-                            f"{self.topic!r}: the staged rows are gone ({path})") from None
+            raise _StagedGone(path) from None
         except (OSError, pa.ArrowInvalid) as exc:
             raise SinkError(f"cannot read the staged {self.role} {path}: {exc}") from None
 
@@ -552,6 +610,7 @@ class KafkaSink(Sink):
                     return
                 self._stop_if_superseded(frame, token, known)
             p = self._ensure_producer()
+            self._reconnected = False
             p.begin_transaction()
             produce = p.produce
             # one produce() per row: the client's produce_batch() takes no headers, and
@@ -571,6 +630,21 @@ class KafkaSink(Sink):
             p.flush(self._commit_timeout())
             _sink_point("kafka_in_transaction")
             p.commit_transaction(self._commit_timeout())
+            p.poll(0)  # serves the error events of the transaction's time
+            if self._reconnected:
+                # the connection dropped during the transaction: a broker that restarted
+                # may have forgotten it and still acknowledged the commit (noida-db
+                # 0.2.3 does). Read the token back; missing, the retry produces it again
+                frame, _ = self._read_back_once(self._end)
+                if token not in frame.get_column("token").to_list():
+                    from confluent_kafka import KafkaError, KafkaException
+
+                    _log.warning("kafka sink: %s: epoch %s was acknowledged but is not in "
+                                 "the topic after a reconnect; producing it again",
+                                 self.topic, token)
+                    raise KafkaException(KafkaError(
+                        KafkaError._TRANSPORT, "the broker lost a committed transaction "
+                        "across a reconnect"))
 
         self._retrying("commit a transaction to", once)
         known[token] = _token_epoch(token) or 0
@@ -598,19 +672,65 @@ class KafkaSink(Sink):
                 raise SinkError(f"Kafka topic {self.topic!r}: token {token!r} does not belong "
                                 f"to epoch {epoch}")
             if token not in self._ensure_loaded():
-                self._produce(token, self._read_staged(token))
+                try:
+                    table = self._read_staged(token)
+                except _StagedGone as gone:
+                    raise SinkError(f"cannot commit {self.role} {token} to Kafka topic "
+                                    f"{self.topic!r}: the staged rows are gone "
+                                    f"({gone.path})") from None
+                self._produce(token, table)
             self._remove_staged(token)
         self._prepared.pop(epoch, None)
 
+    def _finish_prepared(self, token: str) -> None:
+        """At recovery: produce the prepared epoch ``token`` that the topic does not
+        hold, except the rows whose identity it holds already (under another token:
+        another instance of the job committed them after the checkpoint; identities
+        are unique in a job's output). Staged rows that are gone: when other epochs
+        were committed after the checkpoint (by another instance, which produced the
+        same results), the run goes on with their rows standing in; otherwise the
+        rows are lost and the run refuses with the way forward."""
+        known = self._ensure_loaded()
+        try:
+            table = self._read_staged(token)
+        except _StagedGone as gone:
+            others = sorted(set(known) - {token})
+            if others:
+                _warn(f"kafka sink: the staged {self.role} of epoch {token} are gone "
+                      f"({gone.path}); epochs {', '.join(others[:3])} were committed to "
+                      f"{self.topic!r} after this checkpoint by another instance of the "
+                      "job: its rows stand in, the run goes on")
+                return
+            raise SinkError(
+                f"cannot commit {self.role} {token} to Kafka topic {self.topic!r}: the "
+                f"staged rows are gone ({gone.path}) and the topic does not hold them; "
+                "run again with --start-over (the topic is read back and what it holds "
+                "is not produced again), or restore the staging folder") from None
+        if self._ids is not None and self._ids.height and table.num_rows:
+            held = self._ids.get_column("id")
+            ids = pl.from_arrow(table.column("id"))
+            assert isinstance(ids, pl.Series)
+            fresh = ~ids.cast(pl.Binary).is_in(held)
+            if not fresh.all():
+                table = table.filter(fresh.to_arrow())
+                if not table.num_rows:
+                    known[token] = _token_epoch(token) or 0
+                    return
+        self._produce(token, table)
+
     def _remove_staged(self, token: str) -> None:
         path = self._staged(token)
-        try:
-            os.unlink(path)
-            fsync_dir(self.path)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise SinkError(f"cannot remove the staged {path}: {os_reason(exc)}") from None
+        for folder in (self.path, self._legacy):
+            if folder is None:
+                continue
+            path = folder / path.name
+            try:
+                os.unlink(path)
+                fsync_dir(folder)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise SinkError(f"cannot remove the staged {path}: {os_reason(exc)}") from None
 
     def recover(self, prepared: dict[int, list[str]]) -> None:
         self._recover(None, prepared)
@@ -626,7 +746,14 @@ class KafkaSink(Sink):
         self._load(floor)
         keep: set[str] = set()
         for epoch, tokens in sorted(prepared.items()):
-            self.commit(epoch, tokens)
+            check_epoch(epoch)
+            for token in tokens:
+                if _token_epoch(token) != epoch:
+                    raise SinkError(f"Kafka topic {self.topic!r}: token {token!r} does not "
+                                    f"belong to epoch {epoch}")
+                if token not in self._ensure_loaded():
+                    self._finish_prepared(token)
+                self._remove_staged(token)
             keep.update(tokens)
         try:
             names = os.listdir(self.path)
@@ -680,6 +807,42 @@ class KafkaSink(Sink):
 
 def _nothing() -> None:
     return None
+
+
+def _reason(exc: BaseException) -> str:
+    """The client's own text of a KafkaException (else the exception's text)."""
+    reason = exc.args[0] if exc.args else exc
+    text = getattr(reason, "str", None)
+    return str(text() if callable(text) else reason)
+
+
+def _kafka_cause(exc: BaseException) -> BaseException | None:
+    """The KafkaException a SystemError of the client was raised from, if any."""
+    from confluent_kafka import KafkaException
+
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, KafkaException):
+            return cur
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+class _StagedGone(SinkError):
+    """The staged rows of a prepared epoch are not in the staging folder."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(f"the staged rows are gone ({path})")
+        self.path = path
+
+
+def _warn(line: str) -> None:
+    """One line on stderr, in our words (the run goes on)."""
+    import sys
+
+    print(f"sealstream: warning: {line}", file=sys.stderr, flush=True)
 
 
 _points: Any = None

@@ -47,6 +47,7 @@ Faults:
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ import numpy as np
 
 from ..errors import SourceError, SourceExpiredError, SourceUnavailableError, SpecError
 from ._base import Chunk, FieldPlan
+from ._kafka_log import CLIENT_LOG, note_trouble
 from ._live import MESSAGE_KEY, MESSAGE_TIMESTAMP, ValueParser, empty_chunk
 
 StartMode = Literal["earliest", "latest", "time"]
@@ -66,6 +68,8 @@ StopMode = Literal["never", "end"]
 DEFAULT_FAIL_AFTER_MS = 30_000
 _PROBE_MS = 1_000  # a disconnected partition asks the broker at most this often
 _QUERY_TIMEOUT_S = 5.0
+#: an unanswered group commit holds newer ones back at most this long
+_COMMIT_PATIENCE_S = 30.0
 
 #: client settings sealstream sets itself (a user's value would break a guarantee)
 _RESERVED = frozenset(
@@ -167,6 +171,7 @@ class _Link:
             self.lost(str(err.str()))
 
     def lost(self, why: str) -> None:
+        note_trouble("kafka source", self.bootstrap, why)
         if self.connected or self.lost_at is None:
             self.lost_at = time.monotonic()
         self.connected = False
@@ -192,7 +197,7 @@ def _consumer(conf: dict[str, Any], link: _Link) -> Any:
     from confluent_kafka import Consumer, KafkaException
 
     try:
-        return Consumer({**conf, "error_cb": link.on_error})
+        return Consumer({**conf, "error_cb": link.on_error, "logger": CLIENT_LOG})
     except KafkaException as e:
         raise SpecError(f"kafka source: the client settings are refused: {_why(e)}") from None
 
@@ -486,10 +491,10 @@ class KafkaSource:
         self._known: list[int] | None = None
         self._initial: set[str] = set()
         self._parts: list[KafkaPartition] = []
-        self._admin: Any = None
-        #: the group's commit in flight (an admin request's future), and the newest
-        #: positions waiting for it to finish
-        self._commit_inflight: Any = None
+        self._committer: Any = None
+        #: when the group's unanswered commit went out (monotonic), and the newest
+        #: positions waiting for it to be answered
+        self._commit_inflight: float | None = None
         self._commit_next: list[Any] | None = None
 
     @property
@@ -567,11 +572,14 @@ class KafkaSource:
         """Hand ``positions`` to the consumer group (for lag tools; best effort: a
         failure is ignored, the checkpoint holds the truth).
 
-        Never blocks the run: the offsets go out as one admin request
-        (``AlterConsumerGroupOffsets``, bounded by a request timeout) whose answer is
-        not waited for; while one is in flight, newer positions wait and the newest
-        goes out when it is answered (a consumer's synchronous ``commit`` would hang
-        the run for as long as the broker is away, past ``fail_after_ms``)."""
+        Never blocks the run: the offsets go out as an asynchronous offset commit of a
+        consumer of its own (``group.id`` = the group, assigned nothing, never
+        subscribed: no rebalancing), whose answer is served by its callbacks; while
+        one is unanswered (at most :data:`_COMMIT_PATIENCE_S`), newer positions wait
+        and the newest goes out after it. Not an admin request: librdkafka aborts the
+        process (``rd_kafka_enq_once_del_source_return``) when a broker restart
+        outlives an ``AlterConsumerGroupOffsets`` request, and a synchronous commit
+        would hang the run for as long as the broker is away."""
         if not self.settings.group or not positions:
             return
         from confluent_kafka import TopicPartition
@@ -583,51 +591,54 @@ class KafkaSource:
         self._commit_next = offs
         self._send_commit()
 
+    def _on_commit(self, err: Any, partitions: Any) -> None:
+        self._commit_inflight = None
+
     def _send_commit(self) -> None:
-        if self._commit_inflight is not None and not self._commit_inflight.done():
-            return
-        offs, self._commit_next = self._commit_next, None
+        from confluent_kafka import KafkaException
+
         group = self.settings.group
-        if offs is None or not group:
+        if not group:
             return
-        from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException
-
         try:
-            if self._admin is None:
-                from confluent_kafka.admin import AdminClient
-
-                self._admin = AdminClient({**dict(self.settings.client),
-                                           "bootstrap.servers": self.settings.bootstrap})
-            futures = self._admin.alter_consumer_group_offsets(
-                [ConsumerGroupTopicPartitions(group, offs)],
-                request_timeout=_QUERY_TIMEOUT_S)
-            self._commit_inflight = next(iter(futures.values()), None)
-        except (KafkaException, ValueError, TypeError):
+            if self._committer is None:
+                self._committer = _consumer(
+                    {**self.settings.consumer_config(group), "on_commit": self._on_commit},
+                    _Link(self.settings.bootstrap, self.settings.fail_after_ms))
+            self._committer.poll(0)  # serves the commit callbacks (nothing is assigned)
+            sent = self._commit_inflight
+            if sent is not None and time.monotonic() - sent < _COMMIT_PATIENCE_S:
+                return
+            offs, self._commit_next = self._commit_next, None
+            if offs is None:
+                return
+            self._commit_inflight = time.monotonic()
+            self._committer.commit(offsets=offs, asynchronous=True)
+        except (KafkaException, RuntimeError, ValueError, TypeError):
             self._commit_inflight = None
 
     def _finish_commits(self) -> None:
         """At close, while the broker answers: the group gets the last positions
-        (waiting at most a request timeout for each of the two requests involved;
-        not at all once the broker is known to be away)."""
+        (waiting at most a request timeout for the answers; not at all once the broker
+        is known to be away)."""
         try:
-            for _ in range(2):
-                f = self._commit_inflight
-                if f is not None:
-                    if not self.connected:
-                        return
-                    try:
-                        f.result(timeout=_QUERY_TIMEOUT_S)
-                    except Exception:  # noqa: BLE001 - best effort: the broker said no
-                        return
-                if self._commit_next is None:
+            deadline = time.monotonic() + _QUERY_TIMEOUT_S
+            while self._committer is not None and self.connected and \
+                    time.monotonic() < deadline:
+                if self._commit_inflight is None and self._commit_next is None:
                     return
                 self._send_commit()
+                with contextlib.suppress(Exception):
+                    self._committer.poll(0.05)
         finally:
             self._commit_inflight = self._commit_next = None
 
     def close(self) -> None:
         self._finish_commits()
-        self._admin = None
+        committer, self._committer = self._committer, None
+        if committer is not None:
+            with contextlib.suppress(Exception):
+                committer.close()
         if self._meta is not None:
             self._meta.close()
             self._meta = None

@@ -190,6 +190,7 @@ class _StreamState:
     first_seq: int
     last_seq: int
     num_deleted: int
+    messages: int = 0
 
 
 # ---------------------------------------------------------------------- the source
@@ -287,7 +288,7 @@ class NatsSource:
 
         return self._call(req)
 
-    def _state(self, deleted: bool = False) -> _StreamState:
+    def _state(self) -> _StreamState:
         """The stream's first and last sequences (raises when the stream is missing)."""
         stream = self.settings.stream
         reply = self._request(f"$JS.API.STREAM.INFO.{stream}", {})
@@ -300,7 +301,7 @@ class NatsSource:
                               f"{err.get('description', err)}")
         st = reply.get("state", {})
         return _StreamState(int(st.get("first_seq", 0)), int(st.get("last_seq", 0)),
-                            int(st.get("num_deleted", 0) or 0))
+                            int(st.get("num_deleted", 0) or 0), int(st.get("messages", 0) or 0))
 
     def _state_retrying(self) -> _StreamState:
         """:meth:`_state`, retried with back-off while the server cannot be reached
@@ -319,13 +320,69 @@ class NatsSource:
             self._fine()
             return st
 
-    def _deleted_between(self, lo: int, hi: int) -> int | None:
-        """The first interior-deleted stream sequence in ``[lo, hi)``, or None."""
+    def _deleted(self) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """The stream's deleted sequences above its first one (sorted)."""
         reply = self._request(f"$JS.API.STREAM.INFO.{self.settings.stream}",
                               {"deleted_details": True})
-        deleted = np.asarray(reply.get("state", {}).get("deleted") or [], dtype=np.int64)
+        return np.sort(np.asarray(reply.get("state", {}).get("deleted") or [], dtype=np.int64))
+
+    def _deleted_between(self, lo: int, hi: int) -> int | None:
+        """The first interior-deleted stream sequence in ``[lo, hi)``, or None."""
+        deleted = self._deleted()
         hit = deleted[(deleted >= lo) & (deleted < hi)]
         return int(hit.min()) if len(hit) else None
+
+    def _retained_end(self, st: _StreamState) -> int:
+        """The sequence after the stream's last *retained* message: deleted messages at
+        the stream's tail (JetStream keeps ``last_seq`` at a deleted one) are not part
+        of what a ``stop = "end"`` run must reach."""
+        end = st.last_seq + 1
+        if st.messages == 0:
+            return max(st.first_seq, 1)
+        if not st.num_deleted:
+            return end
+        deleted = self._deleted()
+        tail = deleted[deleted <= st.last_seq][::-1]
+        run = np.flatnonzero(tail != st.last_seq - np.arange(len(tail), dtype=np.int64))
+        trailing = int(run[0]) if len(run) else len(tail)
+        return max(end - trailing, st.first_seq)
+
+    def _count_from(self, subject: str, seq: int) -> int:
+        """How many messages of ``subject`` the stream holds at or after ``seq`` now
+        (a throw-away consumer's pending count)."""
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+        js = self._js
+        assert js is not None
+        cfg = ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(1, seq),
+            ack_policy=AckPolicy.NONE, filter_subject=subject, mem_storage=True,
+            num_replicas=1, inactive_threshold=CONSUMER_IDLE_S,
+        )
+
+        async def count() -> int:
+            info = await js.add_consumer(self.settings.stream, cfg)
+            with contextlib.suppress(Exception):
+                await js.delete_consumer(self.settings.stream, info.name)
+            return int(info.num_pending or 0)
+
+        return self._call(count)
+
+    def _whose(self, removed: int, finder: NatsPartition) -> list[str]:
+        """The partitions a deleted ``removed`` may have belonged to, proven owners
+        first: JetStream keeps no subject for a deleted message, but a partition that
+        was told (by the pending count of its last delivery) of more messages after
+        its position than the stream now holds lost one of its own. Without such
+        proof, every partition that has not read past ``removed`` is named."""
+        open_ = [p for p in self._partitions if not p._closed and p.position <= removed]
+        if finder not in open_:
+            open_.insert(0, finder)
+        proven = []
+        for p in open_:
+            told = p._lag
+            if told and self._count_from(p.name, p.position) < told:
+                proven.append(p.name)
+        return proven or [p.name for p in open_]
 
     def _next_of_subject(self, subject: str, seq: int) -> int | None:
         """The stream sequence of the first message of ``subject`` at or after ``seq``."""
@@ -417,11 +474,16 @@ class NatsSource:
         # interior deletions ahead are found when reading reaches them (_check_gaps)
 
     def _expired(self, name: str, saved: int, earliest: int, when: str,
-                 removed: int | None = None, first: int | None = None) -> SourceExpiredError:
+                 removed: int | None = None, first: int | None = None,
+                 others: list[str] | None = None) -> SourceExpiredError:
         """``earliest``: where the partition can go on (its next retained message);
-        ``first``: the stream's first retained sequence, when it differs."""
+        ``first``: the stream's first retained sequence, when it differs; ``others``:
+        further partitions the deleted message ``removed`` may have belonged to."""
         what = (f"stream sequence {removed} was deleted" if removed is not None else
                 f"the stream's first retained sequence is {first or earliest}")
+        if others:
+            what += (" (JetStream keeps no subject for a deleted message: it may also have "
+                     f"been one of {', '.join(repr(o) for o in others)})")
         lead = ("the saved position" if when == "at start" else "the next position to read")
         return SourceExpiredError(
             f"NATS partition {name!r} (stream {self.settings.stream!r}): {lead} {saved} "
@@ -624,8 +686,21 @@ class NatsPartition:
             if hit is not None:
                 at = int(np.searchsorted(seqs, hit))
                 before = int(expected[at]) if at < len(seqs) else first_gap
-                raise src._expired(self.name, before, int(seqs[min(at, len(seqs) - 1)]),
-                                   "during the run", removed=hit)
+                raise self._removed(hit, before, int(seqs[min(at, len(seqs) - 1)]))
+
+    def _removed(self, hit: int, before: int, next_ok: int) -> SourceExpiredError:
+        """The refusal for the deleted stream sequence ``hit`` found by this partition
+        (its next position ``before``, its next retained message ``next_ok``), naming
+        the partition proven to have lost it, or else every partition that may have."""
+        src = self._src
+        names = src._whose(hit, self)
+        if names[0] == self.name:
+            return src._expired(self.name, before, next_ok, "during the run", removed=hit,
+                                others=names[1:])
+        owner = next(p for p in src._partitions if p.name == names[0])
+        after = src._next_of_subject(owner.name, hit + 1) or hit + 1
+        return src._expired(owner.name, owner.position, after, "during the run",
+                            removed=hit, others=names[1:])
 
     def _quiet(self) -> None:
         """Nothing was delivered: move a quiet subject up to the stream's end, once
@@ -643,10 +718,20 @@ class NatsPartition:
         after = src._state()
         if after.first_seq > self._pos:
             raise src._expired(self.name, self._pos, after.first_seq, "during the run")
-        if after.num_deleted and src._deleted_between(self._pos, before.last_seq + 1) is not None:
-            return  # unclear: leave the position (a later delivery settles it)
-        self._pos = before.last_seq + 1
-        self._lag = 0
+        hit = (src._deleted_between(self._pos, before.last_seq + 1) if after.num_deleted
+               else None)
+        if hit is None:
+            self._pos = before.last_seq + 1
+            self._lag = 0
+        elif hit > self._pos:
+            # none of the subject's messages up to the deletion: go that far (the
+            # pending count of the last delivery stays, the proof of whose it was)
+            self._pos = hit
+        else:
+            # a deleted sequence at the position and no later message of the subject:
+            # nothing will ever settle it (a deleted tail), so refuse now, as a
+            # delivery after it would (_check_gaps)
+            raise self._removed(hit, self._pos, hit + 1)
         self._stale = True  # the consumer starts again from the new position
 
     def tell(self) -> int:
@@ -668,9 +753,12 @@ class NatsPartition:
             return None
 
     def end(self) -> int | None:
-        """The sequence after the stream's last message (None when it cannot be asked)."""
+        """The sequence after the stream's last retained message (deleted messages at
+        the tail do not count: a ``stop = "end"`` run is not held by them); None when
+        it cannot be asked now."""
         try:
-            return self._src._state().last_seq + 1
+            src = self._src
+            return src._retained_end(src._state())
         except (SourceError, Exception):  # noqa: BLE001 - unknown while the server is away
             return None
 

@@ -2,9 +2,11 @@
 
 On a terminal: a live panel (events, rate, watermark, per-partition lag, late
 and bad records, last checkpoint's age, duration and size) with a progress bar
-when the input size is known, redrawn at most 10 times a second. Without a
-terminal: one structured JSON log line per checkpoint on stderr, and a final
-summary line.
+when the input size is known, redrawn at most 10 times a second. With ``--json``
+(on a terminal or not): one structured JSON log line per checkpoint on stderr, and
+a final summary line. **choice:** off a terminal without ``--json`` nothing is
+logged while the run goes and only the human summary is printed: JSON only with
+``--json``, human otherwise, never both.
 """
 
 from __future__ import annotations
@@ -129,6 +131,16 @@ class Progress:
     @classmethod
     def for_terminal(cls) -> Progress:
         return cls(sys.stderr.isatty())
+
+    @classmethod
+    def choose(cls, *, quiet: bool, as_json: bool) -> Progress | None:
+        """``run``'s progress: the JSON log with ``--json``, the live panel on a
+        terminal, else none (the human summary follows the run); none with --quiet."""
+        if quiet:
+            return None
+        if as_json:
+            return cls(False)
+        return cls(True) if sys.stderr.isatty() else None
 
     @property
     def out(self) -> TextIO:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -271,10 +272,14 @@ def story(work: Path) -> int:
     name, data = conn.execute("SELECT name, data FROM agent_rows WHERE space = 'cp' AND "
                               "execution = ? AND ns = '' ORDER BY name DESC", (THREAD,)).fetchone()
     edited = bytearray(data)
-    if edited.startswith(b"{"):  # signed JSON: change a value
-        edited = bytearray(edited.replace(b'"created_ms": ', b'"created_ms": 1'))
+    value = re.search(rb'"created_ms":\s*(\d)', data) if data.startswith(b"{") else None
+    if value is not None:  # signed JSON (compact): change one digit of a value
+        digit = value.start(1)
+        edited[digit] = ord("1") if edited[digit] != ord("1") else ord("2")
     else:  # an encrypted envelope: flip one bit
         edited[len(edited) // 2] ^= 1
+    if bytes(edited) == bytes(data):
+        raise SystemExit("step 6: the edit changed nothing; the demo would prove nothing")
     conn.execute("UPDATE agent_rows SET data = ? WHERE space = 'cp' AND name = ?",
                  (bytes(edited), name))
     conn.commit()
@@ -283,6 +288,10 @@ def story(work: Path) -> int:
     verdict = saver.store.verify(THREAD, name)
     print(f"   checkpoint {name}: {verdict.verdict} ({verdict.reason})")
     saver.close()
+    if verdict.verdict == "ATOMIC_CHECKPOINT":
+        print("   FAILED: the edited checkpoint still verifies", file=sys.stderr)
+        return 1
+    print("   tampering detected: the guard refuses to resume from this checkpoint")
     return 0
 
 

@@ -294,24 +294,34 @@ def test_an_unknown_pipeline_is_named_with_the_ones_there(
 def test_infinite_watermarks_have_one_spelling(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Summary, checkpoint log lines, list and verify: "+inf"/"-inf", never null."""
+    """Summary, checkpoint log lines, list and verify: "+inf"/"-inf", never null.
+    After the end of the input the watermark is the one the data reached (semantics
+    section 10); a partition that ended before the others is at "+inf" meanwhile."""
     d = tmp_path / "job"
     _inputs(d)
+    (d / "in/p1.jsonl").write_text("".join((d / "in/p1.jsonl").read_text()
+                                           .splitlines(keepends=True)[:20]))
     spec = _spec(d)
     summary_file = tmp_path / "s.json"
     assert main(["run", str(spec), "--summary-json", str(summary_file), "--quiet"]) == 0
     capsys.readouterr()
-    assert json.loads(summary_file.read_text())["watermark_ms"] == "+inf"
+    assert json.loads(summary_file.read_text())["watermark_ms"] == 18_000  # not batch-bound
     shutil_rmtree(d / "ckpt")
-    assert main(["run", str(spec), "--start-over"]) == 0  # non-tty: JSON log on stderr
+    assert main(["run", str(spec), "--start-over", "--json"]) == 0  # JSON log on stderr
     log = [json.loads(x) for x in capsys.readouterr().err.splitlines() if x.startswith("{")]
-    last = [r for r in log if r["event"] == "checkpoint"][-1]
-    assert last["watermark_ms"] == "+inf"
-    assert {p["watermark_ms"] for p in last["positions"]} == {"+inf"}
-    assert log[-1]["event"] == "summary" and log[-1]["watermark_ms"] == "+inf"
+    first = [r for r in log if r["event"] == "checkpoint"][0]
+    assert first["positions"][1]["watermark_ms"] == "+inf"  # p1 ended: W is p0's
+    assert first["watermark_ms"] == first["positions"][0]["watermark_ms"] > 18_000
+    assert log[-1]["event"] == "summary" and log[-1]["watermark_ms"] == 18_000
     assert main(["checkpoints", "list", str(d / "ckpt"), "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)["checkpoints"]
-    assert listed[-1]["watermark_ms"] == "+inf"
+    assert listed[-1]["watermark_ms"] == 18_000
+    for f in ("in/p0.jsonl", "in/p1.jsonl"):
+        (d / f).write_text("")
+    shutil_rmtree(d / "ckpt")
+    assert main(["run", str(spec), "--start-over", "--summary-json", str(summary_file),
+                 "--quiet"]) == 0
+    assert json.loads(summary_file.read_text())["watermark_ms"] == "-inf"
 
 
 def shutil_rmtree(path: Path) -> None:

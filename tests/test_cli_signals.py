@@ -81,7 +81,8 @@ def test_a_signal_stops_the_run_with_one_line_and_the_next_run_resumes(
     d = tmp_path / "job"
     spec = _job(d)
     env = dict(os.environ, PYTHONPATH=str(SRC))
-    proc = subprocess.Popen([sys.executable, "-m", "sealstream", "run", str(spec)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "sealstream", "run", str(spec), "--json"],
+                            env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, bufsize=0)
     assert proc.stderr is not None

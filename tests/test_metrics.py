@@ -154,7 +154,7 @@ def test_metrics_endpoint_while_running(big_spec: Path) -> None:
     stderr_lines: list[str] = []
     with subprocess.Popen(
         [sys.executable, "-m", "sealstream", "run", str(big_spec), "--metrics-port", "0",
-         "--metrics-file", str(metrics_file), "--summary-json", str(summary_file)],
+         "--metrics-file", str(metrics_file), "--summary-json", str(summary_file), "--json"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     ) as proc:
         assert proc.stderr is not None
@@ -218,7 +218,7 @@ def test_metrics_endpoint_while_running(big_spec: Path) -> None:
     assert final[("sealstream_checkpoints_total", (pl,))] == summary["checkpoints"]["count"]
     assert not list(d.glob(".metrics.prom.*"))  # no temporary file left behind
 
-    # without a terminal: one JSON line per checkpoint, then the summary
+    # --json: one JSON line per checkpoint, then the summary
     records = [json.loads(line) for line in stderr_lines if line.strip()]
     cks = [r for r in records if r["event"] == "checkpoint"]
     assert records[-1]["event"] == "summary" and records[-1]["events"] == summary["events"]

@@ -356,6 +356,9 @@ def _partitions(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     if not names:
         names = _list(_dict(_dict(doc.get("definition")).get("source")).get("partitions"))
     n = max(len(names), len(pwm))
+    # a broker's partitions (Kafka, NATS) have positions, not bytes read: left out (None)
+    files = _dict(_dict(doc.get("definition")).get("source")).get("kind") not in ("kafka",
+                                                                                  "nats")
     out = []
     for i in range(n):
         pos = _dict(positions[i]) if i < len(positions) else {}
@@ -364,7 +367,7 @@ def _partitions(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
         out.append({
             "partition": names[i] if i < len(names) else None,
             "next_offset": _int(pos.get("next_offset")),
-            "byte_offset": _int(resume.get("byte_offset")),
+            "byte_offset": _int(resume.get("byte_offset")) if files else None,
             "watermark_ms": wm_json(w),
             "watermark_iso": wm_iso(w),
             "max_time_ms": _int(max_time[i]) if i < len(max_time) else None,

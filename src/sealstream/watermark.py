@@ -16,6 +16,15 @@ event an upper bound of that value instead, when the bound stays below the
 threshold: the judgements are the same, and the exact value is only computed
 for the events near a window's end.
 
+End of a bounded input (semantics section 10): every open window fires at
+``W = +inf``, and then :meth:`WatermarkState.end_of_input` puts back the
+watermark the data reached (no partition is taken as ended for good: a later run
+may find more data) and remembers what the flush closed in ``closed_ms``: every
+window that starts at or before the newest event time read (a session: every
+event at or before it). An (event, window) pair is judged against
+``max(W, closed_ms)``: a later event for a window the flush emitted is late, and
+windows past the data are computed normally.
+
 Infinities are represented by the sentinels :data:`NEG_INF` and
 :data:`POS_INF`, far from any real millisecond time, so that adding window
 sizes and lateness to them cannot overflow.
@@ -74,6 +83,10 @@ class WatermarkState:
     #: a live run's partitions can appear later: without any yet, W is what it was
     #: (a bounded run without partitions has ended: +inf)
     open_ended: bool = False
+    #: windows an end-of-input flush closed: an (event, window) pair is late when
+    #: ``end + lateness <= max(W, closed_ms)`` (see :meth:`end_of_input`); None
+    #: before any flush
+    closed_ms: int | None = None
 
     def is_idle(self, p: int) -> bool:
         return bool(self.idle) and self.idle[p]
@@ -135,6 +148,8 @@ class WatermarkState:
         }
         if any(self.idle):
             out["idle"] = list(self.idle)
+        if self.closed_ms is not None:
+            out["closed_ms"] = self.closed_ms
         return out
 
     @classmethod
@@ -147,7 +162,43 @@ class WatermarkState:
             global_ms=int(data["global_ms"]),
             last_offset=[None] * n,
             idle=[bool(v) for v in data.get("idle", [])],
+            closed_ms=None if data.get("closed_ms") is None else int(data["closed_ms"]),
         )
+
+    def end_of_input(self, reach_ms: int, before_ms: int = NEG_INF) -> None:
+        """After the end-of-input flush (every open window fired at ``W = +inf``):
+        keep the watermark the data reached, not +inf, so that a later run over more
+        data continues from it.
+
+        - No partition stays exhausted: ``W_p = newest event time - max_delay``
+          again (a partition that delivered nothing stays at minus infinity and
+          holds nothing: ``W`` is at least ``global_ms``).
+        - ``global_ms`` = the minimum of those over the partitions that delivered
+          events: section 2's ``W`` as if no partition had ended (minus infinity
+          when none did). It does not depend on batch boundaries.
+        - ``closed_ms`` = ``newest event time + reach_ms`` (``reach_ms``: the window
+          size, or the session gap, plus the allowed lateness): the lowest watermark
+          at which every window the data reached has fired, i.e. every window that
+          starts at or before the newest event time read. Those stay emitted: an
+          event for one of them is late. ``before_ms`` (the global watermark before
+          the last batch) raises it when higher (a live run's idle advance above the
+          data): whatever fired before the flush stays closed too.
+        """
+        seen = [t for t in self.max_time if t is not None]
+        closed = NEG_INF if self.closed_ms is None else self.closed_ms
+        if seen:
+            closed = max(closed, clamp(max(seen) + reach_ms))
+        self.exhausted = [False] * len(self.max_time)
+        self.last_offset = [None] * len(self.max_time)
+        if before_ms < POS_INF:
+            closed = max(closed, before_ms)
+        self.global_ms = min((clamp(t - self.max_delay_ms) for t in seen), default=NEG_INF)
+        self.closed_ms = max(closed, self.global_ms)
+
+    def judged(self, w: pl.Expr) -> pl.Expr:
+        """The watermark an event is judged against: ``w`` (its global watermark)
+        raised to ``closed_ms``."""
+        return w if self.closed_ms is None else pl.max_horizontal(w, pl.lit(self.closed_ms))
 
 
 def assign_watermarks(

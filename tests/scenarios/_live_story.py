@@ -58,7 +58,7 @@ def env() -> dict[str, str]:
 def start(d: Path, spec: str = "spec.toml") -> subprocess.Popen[str]:
     """The job of ``spec`` in ``d``, its stderr piped (read it through ``Log``)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "sealstream", "run", spec], cwd=d, env=env(),
+        [sys.executable, "-m", "sealstream", "run", spec, "--json"], cwd=d, env=env(),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 

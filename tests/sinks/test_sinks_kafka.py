@@ -203,7 +203,8 @@ def test_the_documented_example_runs(kafka: Any, tmp_path: Path) -> None:
                                  .replace("page-views-per-minute", topic))
     files = text.replace('kind = "kafka"\nbootstrap = "127.0.0.1:9092"\n'
                          'topic = "page-views-per-minute"', 'kind = "jsonl"\npath = "out"')
-    (d / "files.toml").write_text(files.replace('path = "ckpt"', 'path = "ckpt2"'))
+    (d / "files.toml").write_text(files.replace('path = "ckpt"', 'path = "ckpt2"')
+                                  .replace('path = "late"', 'path = "late2"'))
     for spec in ("spec.toml", "files.toml"):
         res = subprocess.run([sys.executable, "-m", "sealstream", "run", str(d / spec),
                               "--quiet"], capture_output=True, text=True, timeout=300)

@@ -96,7 +96,7 @@ from sealstream.errors import (
     NoValidCheckpointError,
     SealstreamError,
 )
-from sealstream.pipeline import Pipeline
+from sealstream.pipeline import Pipeline, Session
 from sealstream.sinks import open_sink
 from sealstream.sinks._base import JSON_LINE
 from sealstream.sinks.database import DatabaseSink, same_database
@@ -116,7 +116,7 @@ from sealstream.sources._base import (
 from sealstream.state import incremental
 from sealstream.state.codec import WATERMARK_META, decode_table
 from sealstream.transforms import TransformStage, compile_transform
-from sealstream.watermark import POS_INF, WatermarkState, assign_watermarks
+from sealstream.watermark import POS_INF, WATERMARK, WatermarkState, assign_watermarks
 from sealstream.windows.aggregates import SEQ
 from sealstream.windows.operator import WindowOperator
 
@@ -518,6 +518,8 @@ class Job(Checkpointing):
             self._last_state = self.operator.snapshot()
         self._remember_chain(cid, doc["files"])
         self.wm = WatermarkState.from_json(meta[WATERMARK_META.decode()])
+        if self.wm.current() >= POS_INF:  # saved after a flush by an older version
+            self.wm.end_of_input(self._reach_ms())
         by_name = {p["partition"]: SourcePosition.from_json(p) for p in doc["positions"]}
         if self.live:  # partitions keep the indexes of the run that saved them
             self.names = [p["partition"] for p in doc["positions"]]
@@ -661,9 +663,12 @@ class Job(Checkpointing):
             events = events.with_columns(
                 (pl.col(OFFSET) * n_parts + pl.col(PARTITION)).alias(SEQ)
             )
+        w_before = self.wm.global_ms
         events = assign_watermarks(
             events, self.wm, batch.end, self.operator.watermark_threshold(events)
         )
+        if self.wm.closed_ms is not None:  # windows an earlier end-of-input flush closed
+            events = events.with_columns(self.wm.judged(pl.col(WATERMARK)).alias(WATERMARK))
         read = events.height
         if self.transform is not None:
             events = self.transform.keep(events)
@@ -674,6 +679,8 @@ class Job(Checkpointing):
         if self._incremental and events.height:
             self._touched.append(incremental.batch_keys(events))
         out = self.operator.process(events, w_end)
+        if batch.finished:  # every window fired: keep the watermark the data reached
+            self.wm.end_of_input(self._reach_ms(), w_before)
         if self._incremental and out.fired.height:
             # firing may rewrite a key's rows without an event of it (sliding windows'
             # fragments narrow as their windows fire): those keys changed too
@@ -695,6 +702,11 @@ class Job(Checkpointing):
             self.output.drain()  # an armed crash point sees the batch's output staged
         self.crash("after_stage")
         return read
+
+    def _reach_ms(self) -> int:
+        """How far past an event's time its windows can end, lateness included."""
+        w = self.p.window
+        return (w.gap_ms if isinstance(w, Session) else w.size_ms) + w.allowed_lateness_ms
 
     def _failed_records(self, failed: pl.DataFrame, batch: Batch) -> pl.DataFrame:
         """Records a transform failed on, as bad records (line and text looked up)."""

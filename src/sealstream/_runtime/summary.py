@@ -100,6 +100,22 @@ class RunSummary:
         n = self.this_run.events
         return round(n / self.seconds, 1) if n and self.seconds > 0 else None
 
+    def late_warning(self) -> str | None:
+        """One line when more than half of this run's events were late (None
+        otherwise): the likely cause is a watermark far ahead of the data, most often
+        one a checkpoint kept from an earlier run over newer data."""
+        c = self.this_run
+        if not c.events or 2 * c.late_events <= c.events:
+            return None
+        where = (f"resumed from checkpoint {self.resumed_from}, whose watermark came "
+                 "from an earlier run"
+                 if self.resumed_from is not None else "events far older than the rest")
+        return (f"warning: {c.late_events:,} of this run's {c.events:,} events "
+                f"({100 * c.late_events / c.events:.0f}%) were late: the watermark is far "
+                f"ahead of these events' times (likely cause: {where}); they are in the "
+                "late output (or only counted without one); to compute them again, "
+                "replay into a new destination or run with --start-over")
+
     def bad_ratio(self) -> float | None:
         """The job's bad records over all its records (None before any record)."""
         c = self.counters

@@ -348,7 +348,7 @@ def _judge(ev: Evidence, parent: Mapping[str, Any] | None, policy: Policy) -> Ve
                         f"checkpoint {cid} predates Merkle receipts: its manifest signs no "
                         "receipt root, and receipts are required", doc)
     lateness = int(doc.get("lateness_ms", 0))
-    w_global = int(wm["global_ms"])
+    w_global = _closing_ms(wm)
     for rec in ev.receipts.get("epochs", []):
         end = rec.get("results", {}).get("max_window_end")
         if end is not None and int(end) + lateness > w_global:
@@ -391,19 +391,35 @@ def _signature_verdict(ev: Evidence, cid: int, code: str, doc: Mapping[str, Any]
     return _verdict(ev, verdict, code, f"checkpoint {cid}: {_SIGNATURE_MESSAGES[code]}", doc)
 
 
+#: sealstream.watermark.POS_INF (not imported: the guard stays free of numpy/polars)
+_POS_INF = 2**62
+
+
+def _closing_ms(wm: Mapping[str, Any]) -> int:
+    """The watermark that decides which windows are closed: the global one, or the
+    ``closed_ms`` an end-of-input flush left (docs/semantics.md), when higher."""
+    closed = wm.get("closed_ms")
+    return int(wm["global_ms"]) if closed is None else max(int(wm["global_ms"]), int(closed))
+
+
 def _regression(doc: Mapping[str, Any], parent: Mapping[str, Any]) -> tuple[str, str] | None:
+    """A watermark or position lower than the parent's. After an end-of-input flush
+    (the child has ``closed_ms``) the watermark goes back to what the data reached:
+    the closing watermark never decreases, and a partition the parent had at +inf
+    (ended) may be finite again."""
     try:
-        pw = int(parent["watermark"]["global_ms"])
+        pw = _closing_ms(parent["watermark"])
         ppos = {p["partition"]: int(p["next_offset"]) for p in parent["positions"]}
         pwm = [int(x) for x in parent["watermark"].get("partition_ms", [])]
     except (KeyError, TypeError, ValueError, AttributeError):
         return None  # a malformed parent is judged on its own, not used as a yardstick
-    w = int(doc["watermark"]["global_ms"])
+    w = _closing_ms(doc["watermark"])
+    reopened = "closed_ms" in doc["watermark"]
     pos = {p["partition"]: int(p["next_offset"]) for p in doc["positions"]}
-    if w < pw:
+    if w < pw and not (reopened and pw >= _POS_INF):
         return "WATERMARK_REGRESSION", f"watermark {w} is lower than its parent's {pw}"
     for i, (a, b) in enumerate(zip(doc["watermark"].get("partition_ms", []), pwm, strict=False)):
-        if int(a) < int(b):
+        if int(a) < int(b) and not (reopened and b >= _POS_INF):
             return "WATERMARK_REGRESSION", (
                 f"partition {i} watermark {a} is lower than its parent's {b}"
             )

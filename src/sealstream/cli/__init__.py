@@ -120,7 +120,8 @@ def cli() -> None:
 @_RESUME_REQUIRE_RECEIPTS
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing but warnings and errors.")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print the run summary as JSON (on stderr when results go to stdout).")
+              help="A JSON log line per checkpoint on stderr (also on a terminal), and "
+                   "the run summary as JSON (on stderr when results go to stdout).")
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535),
               help="Serve Prometheus metrics on http://127.0.0.1:PORT/metrics "
                    "(0: pick a free port and print it on stderr).")
@@ -138,8 +139,9 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
         metrics_file: Path | None, workers: int | None, ray_address: str | None) -> None:
     """Run the pipeline described by SPEC (a TOML file) to the end of its input.
 
-    On a terminal, shows live progress on stderr; otherwise logs one JSON line per
-    checkpoint and a summary line on stderr. Exit 1 when more records were bad
+    On a terminal, shows live progress on stderr; off a terminal (or with --json) logs
+    one JSON line per checkpoint and a summary line on stderr. The summary is a human
+    table on stdout, or JSON with --json. Exit 1 when more records were bad
     than --max-bad-ratio allows (the output is committed all the same, and a rerun
     changes nothing); 130/143 when stopped by SIGINT/SIGTERM (the next run resumes
     from the last checkpoint).
@@ -176,7 +178,7 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
                                ("--summary-json", summary_json)):
             if target is not None and not target.parent.is_dir():
                 raise SpecError(f"{option}: directory {target.parent} does not exist")
-        progress = None if (quiet or as_json) else Progress.for_terminal()
+        progress = Progress.choose(quiet=quiet, as_json=as_json)
         hooks: list[Callable[[Job], None]] = []
 
         def on_batch(j: Job) -> None:
@@ -207,7 +209,7 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
             metrics(job)  # partitions and zeros until the first batch
             if server is not None:  # announced once every scrape shows the partitions
                 url = f"http://127.0.0.1:{server.port}/metrics"
-                if sys.stderr.isatty():
+                if sys.stderr.isatty() and not as_json:
                     click.echo(f"sealstream: metrics on {url}", err=True)
                 else:  # the log on stderr is JSON lines
                     click.echo(json.dumps({"event": "metrics", "pipeline": pipeline.name,
@@ -248,6 +250,8 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
     elif not quiet:
         print_summary(summary, human)
     warn_unseen_fields(summary, pipeline)
+    if (late := summary.late_warning()) is not None:
+        click.echo(f"sealstream: {late}", err=True)
     warning = _bad_share_warning(summary, limit, pipeline)
     if warning is not None:
         click.echo(f"sealstream: {warning}", err=True)
@@ -351,7 +355,7 @@ def replay(spec: Path, origin: str, to: Path, max_age: float | None, require_rec
         if require_receipts:
             pipeline = with_require_receipts(pipeline)
         human = sys.stderr if _results_on_stdout(pipeline) else sys.stdout
-        progress = None if (quiet or as_json) else Progress.for_terminal()
+        progress = None if as_json else Progress.choose(quiet=quiet, as_json=False)
         try:
             summary = run_replay(pipeline, origin, to, progress=progress)
         finally:
@@ -748,6 +752,11 @@ def _add_compare() -> None:
 _add_compare()
 
 
+#: optional Python modules -> the extra that installs them (pyproject.toml)
+EXTRAS = {"confluent_kafka": "kafka", "nats": "nats", "psycopg": "postgres",
+          "psycopg_pool": "postgres", "ray": "ray", "langgraph": "langgraph"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv``; return the exit code (never raises SystemExit)."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -775,6 +784,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as err:
         click.echo(f"sealstream: error: {err}", err=True)
         return 1
+    except ModuleNotFoundError as err:  # an optional dependency the spec needs
+        extra = EXTRAS.get((err.name or "").partition(".")[0])
+        if extra is None:
+            raise
+        click.echo(f"sealstream: error: the '{extra}' extra is not installed (Python "
+                   f"module {err.name!r} is missing): pip install 'sealstream[{extra}]'",
+                   err=True)
+        return 2
     except KeyboardInterrupt:  # SIGINT before the handler was installed, or in a thread
         click.echo("sealstream: interrupted by SIGINT", err=True)
         return 130

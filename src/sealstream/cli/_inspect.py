@@ -135,13 +135,19 @@ def render_inspect(data: dict[str, Any]) -> None:
         pt = Table(title="partitions (times in UTC)")
         pt.add_column("partition", no_wrap=True)
         lag = any(p.get("lag") is not None for p in data["partitions"])
-        for col in ("next offset", "bytes read", "watermark", "max event time", "exhausted",
-                    *(("lag (broker now)",) if lag else ())):
-            pt.add_column(col, overflow="fold")
+        # bytes read: file partitions only (a broker's partition has offsets, not bytes)
+        nbytes = any(p.get("byte_offset") is not None for p in data["partitions"])
+        for col in ("next offset", *(("bytes read",) if nbytes else ()), "watermark",
+                    "max event time", "ended", *(("lag (broker now)",) if lag else ())):
+            # a time is two lines, date then time of day (at 80 columns the ISO text
+            # folded over three); the rest folds
+            pt.add_column(col, no_wrap=col in ("watermark", "max event time"),
+                          overflow="fold")
         for p in data["partitions"]:
-            pt.add_row(_s(p["partition"]), _s(p["next_offset"]), _s(p["byte_offset"]),
-                       _s(p["watermark_iso"]), _s(wm_iso(p["max_time_ms"])), _s(p["exhausted"]),
-                       *((_s(p.get("lag")),) if lag else ()))
+            pt.add_row(_s(p["partition"]), _s(p["next_offset"]),
+                       *((_s(p["byte_offset"]),) if nbytes else ()),
+                       _day_time(p["watermark_iso"]), _day_time(wm_iso(p["max_time_ms"])),
+                       _s(p["exhausted"]), *((_s(p.get("lag")),) if lag else ()))
         console.print(pt)
     kafka = [o for o in data.get("outputs", []) if o["kafka"] is not None]
     if kafka:
@@ -164,6 +170,11 @@ def render_inspect(data: dict[str, Any]) -> None:
             ft.add_row(_s(f["role"]), _s(f["path"]), _s(f["bytes"]), _s(f["recorded_bytes"]),
                        mark)
         console.print(ft)
+
+
+def _day_time(iso: str | None) -> str:
+    """An ISO time in a table cell: the date over the time of day (two short lines)."""
+    return _s(iso).replace("T", "\n", 1)
 
 
 # --------------------------------------------------------------------------- diff
@@ -196,11 +207,11 @@ def render_diff(data: dict[str, Any]) -> None:
     pt = Table(title="partitions (times in UTC)")
     pt.add_column("partition", no_wrap=True)
     for col in ("offset A", "offset B", "delta", "watermark A", "watermark B", "wm delta ms"):
-        pt.add_column(col, overflow="fold")
+        pt.add_column(col, no_wrap=col.startswith("watermark"), overflow="fold")
     for p in data["partitions"]:
         pt.add_row(_s(p["partition"]), _s(p["next_offset"][0]), _s(p["next_offset"][1]),
-                   _s(p["delta"]), _s(wm_iso(p["watermark_ms"][0])),
-                   _s(wm_iso(p["watermark_ms"][1])), _s(p["watermark_delta_ms"]))
+                   _s(p["delta"]), _day_time(wm_iso(p["watermark_ms"][0])),
+                   _day_time(wm_iso(p["watermark_ms"][1])), _s(p["watermark_delta_ms"]))
     console.print(pt)
 
 

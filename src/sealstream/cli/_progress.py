@@ -2,9 +2,12 @@
 
 On a terminal: a live panel (events, rate, watermark, per-partition lag, late
 and bad records, last checkpoint's age, duration and size) with a progress bar
-when the input size is known, redrawn at most 10 times a second. Without a
-terminal: one structured JSON log line per checkpoint on stderr, and a final
-summary line.
+when the input size is known, redrawn at most 10 times a second. Off a terminal,
+or with ``--json``: one structured JSON log line per checkpoint on stderr, and a
+final summary line (what log collectors and supervisors read). **choice:** stderr
+carries the log and stdout the summary, each in one format: off a terminal the
+stderr log is JSON lines only and stdout the human summary table (JSON with
+``--json``); a stream never mixes the two.
 """
 
 from __future__ import annotations
@@ -129,6 +132,14 @@ class Progress:
     @classmethod
     def for_terminal(cls) -> Progress:
         return cls(sys.stderr.isatty())
+
+    @classmethod
+    def choose(cls, *, quiet: bool, as_json: bool) -> Progress | None:
+        """``run``'s progress: the live panel on a terminal, the JSON log on stderr
+        off a terminal or with ``--json``; none with --quiet."""
+        if quiet:
+            return None
+        return cls(sys.stderr.isatty() and not as_json)
 
     @property
     def out(self) -> TextIO:

@@ -328,6 +328,11 @@ def main(argv: list[str] | None = None) -> int:
         n = produce_files(args.bootstrap, args.topic, sorted(args.files))
         print(f"produced {n} messages to {args.topic} on {args.bootstrap}")
         return 0
+    try:
+        _noida_binary()  # before a data directory is made for it
+    except BrokerError as exc:
+        print(f"python -m sealstream.testing.brokers: error: {exc}", file=sys.stderr)
+        return 1
     broker = KafkaBroker(port=args.port, data_dir=args.data_dir)
     stop = {"now": False}
 
@@ -336,7 +341,12 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    broker.start()
+    try:
+        broker.start()
+    except BrokerError as exc:
+        broker.close() if args.data_dir is None else broker.stop()
+        print(f"python -m sealstream.testing.brokers: error: {exc}", file=sys.stderr)
+        return 1
     print(broker.bootstrap, flush=True)
     try:
         while not stop["now"] and broker.proc is not None and broker.proc.poll() is None:

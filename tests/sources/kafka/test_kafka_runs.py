@@ -257,7 +257,7 @@ def _finish(proc: subprocess.Popen[str], drain: threading.Thread) -> int:
 
 
 def _start(spec: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "sealstream", "run", str(spec)],
+    return subprocess.Popen([sys.executable, "-m", "sealstream", "run", str(spec), "--json"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 

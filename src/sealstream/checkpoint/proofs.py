@@ -66,7 +66,7 @@ class EpochProver:
         self.pipeline, self.cid, self.epoch, self.ids = pipeline, cid, epoch, ids
         self.root, self.m, self.n = root, m, len(hashes)
         self.log_path = trees._b64([h.hex() for h in log.inclusion_path(hashes, m)])
-        self.tree = [s.to_list() for s in trees.levels(ids)]
+        self.tree = trees.levels(ids)  # Series: a proof gathers one hash per level
 
     def index_of(self, result_id: str) -> int | None:
         hit = self.ids.to_frame("id").with_row_index("i").filter(pl.col("id") == result_id)
@@ -75,9 +75,19 @@ class EpochProver:
     def proof(self, index: int) -> dict[str, Any]:
         return {"receipt_proof": FORMAT, "pipeline": self.pipeline, "checkpoint": self.cid,
                 "epoch": self.epoch, "id": str(self.ids[index]), "index": index,
-                "count": self.ids.len(), "path": trees._b64(trees.path(self.tree, index)),
+                "count": self.ids.len(), "path": trees._b64(self._path(index)),
                 "epoch_root": self.root, "log_index": self.m, "log_size": self.n,
                 "log_path": self.log_path}
+
+    def _path(self, index: int) -> list[str]:
+        out: list[str] = []
+        i = index
+        for level in self.tree[:-1]:
+            sib = i ^ 1
+            if sib < level.len():
+                out.append(str(level[sib]))
+            i //= 2
+        return out
 
     def proofs(self) -> list[dict[str, Any]]:
         return [self.proof(i) for i in range(self.ids.len())]

@@ -83,6 +83,77 @@ def proof_size(n: int) -> tuple[int, float]:
     return worst, took
 
 
+@contextlib.contextmanager
+def hmac_without_log() -> Iterator[None]:
+    """The baseline of issue 31: HMAC signatures, no emission log (bench only)."""
+    import os
+
+    from sealstream.checkpoint import emission_log
+
+    real_head = emission_log.head
+    saved = {k: os.environ.pop(k) for k in ("SEALSTREAM_SIGNING_KEY",
+                                             "SEALSTREAM_SIGNING_KEY_FILE") if k in os.environ}
+    os.environ["SEALSTREAM_CHECKPOINT_KEY"] = "bench-hmac-key"
+    emission_log.head = lambda entries: {"size": 0, "root": ""}  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        emission_log.head = real_head  # type: ignore[assignment]
+        os.environ.pop("SEALSTREAM_CHECKPOINT_KEY", None)
+        os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def ed25519_with_log(key_file: Path) -> Iterator[None]:
+    import os
+
+    os.environ["SEALSTREAM_SIGNING_KEY_FILE"] = str(key_file)
+    try:
+        yield
+    finally:
+        os.environ.pop("SEALSTREAM_SIGNING_KEY_FILE", None)
+
+
+def signed_run(spec: Path, events: int, key_file: Path | None) -> float:
+    from sealstream import run
+
+    d = spec.parent
+    for sub in ("out", "ckpt"):
+        shutil.rmtree(d / sub, ignore_errors=True)
+    ctx = hmac_without_log() if key_file is None else ed25519_with_log(key_file)
+    with ctx:
+        t0 = time.perf_counter()
+        run(spec)
+        took = time.perf_counter() - t0
+    return events / took
+
+
+def log_proof(n: int, epochs: int) -> tuple[int, float, float]:
+    """The largest format-2 proof for ``n`` results in the newest of ``epochs`` epochs
+    (the other epochs' roots made up), the time to build that epoch's tree, and the time
+    per proof once it is built."""
+    from sealstream.checkpoint import proofs
+    from sealstream.checkpoint import receipts as trees
+
+    keys = max(1, n // 1000)
+    ids = pl.select(pl.concat_str([
+        pl.lit("user"), (pl.int_range(n) % keys).cast(pl.String), pl.lit("|false|"),
+        ((pl.int_range(n) // keys) * 60_000).cast(pl.String), pl.lit("|"),
+        ((pl.int_range(n) // keys + 1) * 60_000).cast(pl.String)]).alias("id")
+    )["id"].sort()
+    t0 = time.perf_counter()
+    root = trees.root(ids)
+    entries: list[object] = [[e, 1000, trees.EMPTY_ROOT] for e in range(1, epochs)]
+    entries.append([epochs, n, root])
+    prover = proofs.EpochProver("receipts_bench", 123_456_789, entries, epochs, ids)
+    build = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    picks = (0, n // 3, n - 1)
+    worst = max(len(trees.proof_bytes(prover.proof(i))) for i in picks)
+    per = (time.perf_counter() - t1) / len(picks)
+    return worst, build, per
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--events", type=int, default=2_000_000)
@@ -107,6 +178,22 @@ def main() -> None:
             rates[roots].append(one_run(spec, args.events, roots))
     with_r, without = statistics.median(rates[True]), statistics.median(rates[False])
     size, build_s = proof_size(1_000_000)
+    from sealstream.checkpoint import signing
+
+    keydir = WORK / "keys"
+    shutil.rmtree(keydir, ignore_errors=True)
+    signing.generate(keydir)
+    signed: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(args.rounds):
+        for pub in (False, True):
+            signed[pub].append(signed_run(
+                spec, args.events, keydir / signing.PRIVATE_NAME if pub else None))
+    ed, hm = statistics.median(signed[True]), statistics.median(signed[False])
+    log_rows = []
+    for n, epochs in ((1_000_000, 1), (1_000_000, 1000), (10_000_000, 1), (10_000_000, 1000)):
+        worst, build, per = log_proof(n, epochs)
+        log_rows.append(f"| {n:,} | {epochs:,} | {worst:,} | {build:.2f} s | "
+                        f"{per * 1000:.2f} ms |")
     lines = [
         "# Merkle receipts",
         "",
@@ -122,6 +209,23 @@ def main() -> None:
         "",
         f"Largest proof for an epoch of 1,000,000 results: **{size} bytes** (target <= 1024); "
         f"building that tree: {build_s:.2f} s (on the checkpoint's writer thread).",
+        "",
+        "## Ed25519 and the emission log (issue 31)",
+        "",
+        "| signatures | events/s |",
+        "| --- | --- |",
+        f"| HMAC, no emission log | {hm:,.0f} |",
+        f"| Ed25519 + emission log | {ed:,.0f} |",
+        "",
+        f"Throughput ratio (Ed25519 + log / HMAC without): **{ed / hm:.3f}** (target >= 0.97).",
+        "",
+        "Proofs through the log (format 2), result -> epoch root -> signed log root; the "
+        "results in the newest epoch of a log of that many epochs:",
+        "",
+        "| results in the epoch | epochs in the log | largest proof (bytes) | "
+        "tree + log build | per proof |",
+        "| --- | --- | --- | --- | --- |",
+        *log_rows,
         "",
     ]
     RESULTS.mkdir(parents=True, exist_ok=True)

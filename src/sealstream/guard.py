@@ -48,13 +48,14 @@ from typing import Any
 
 import polars as pl
 
+from sealstream.checkpoint import emission_log as _log
 from sealstream.checkpoint import guard as _guard
+from sealstream.checkpoint import proofs as _proofs
 from sealstream.checkpoint import receipts as _receipts
 from sealstream.checkpoint.manifest import (
     ALG_HMAC,
     ALG_PLAIN,
     checkpoint_key,
-    path_problem,
     signature_ok,
 )
 from sealstream.checkpoint.store import CheckpointStore, LocalCheckpointStore
@@ -75,6 +76,8 @@ __all__ = [
 ]
 
 _FROM_ENV: Any = object()
+#: the reason of a window that no checkpoint holds open and no epoch emitted (exit 1)
+WINDOW_NOT_FOUND = "WINDOW_NOT_FOUND"
 
 
 class CheckpointVerdict(Enum):
@@ -220,89 +223,164 @@ def _newest(store: CheckpointStore) -> int:
     return ids[-1]
 
 
-def _trusted(doc: Mapping[str, Any], cid: int, key: bytes | None) -> str | None:
-    """Why the files ``doc`` names must not be read (None: they may): its signature does
-    not verify under ``key``, or it names a file no writer produces."""
-    ok, code = signature_ok(dict(doc), key)
-    if not ok:
-        return f"{code}: checkpoint {cid}'s manifest does not verify; its files were not read"
-    files = doc.get("files")
-    if not isinstance(files, dict):
-        return f"MANIFEST_INCOMPLETE: checkpoint {cid} names no files"
-    for role, entry in files.items():
-        rel = entry.get("path") if isinstance(entry, dict) else None
-        if not isinstance(rel, str) or path_problem(cid, str(role), rel) is not None:
-            return f"FILE_PATH_INVALID: checkpoint {cid} names an unexpected {role} file"
-    return None
+@dataclass(frozen=True)
+class _Read:
+    """One checkpoint read once through the checkpoint guard: its verdict and, when it
+    is resumable, what the guard verified (the manifest and ``receipts.json``)."""
+
+    verdict: _guard.Verdict
+    receipts: Mapping[str, Any] | None
+
+    @property
+    def doc(self) -> Mapping[str, Any] | None:
+        return self.verdict.manifest if self.verdict.resumable else None
+
+    @property
+    def log(self) -> list[Any] | None:
+        """The emission log's entries, when the manifest signs one."""
+        if self.doc is None or self.receipts is None or _log.LOG_FIELD not in self.doc:
+            return None
+        entries = self.receipts.get(_log.LEAVES_KEY)
+        return entries if isinstance(entries, list) else None
 
 
-def _find_receipt(store: CheckpointStore, upto: int, pipeline: Any, window_id: str,
-                  key: bytes | None) -> tuple[str | None, list[str]]:
-    """The proof (compact JSON) of ``window_id`` from the newest retained checkpoint
-    at or before ``upto`` whose receipt ids hold it; notes on what could not be read."""
+def _read(store: CheckpointStore, cid: int, key: bytes | None) -> _Read:
+    ev = store.evidence(cid, key)
+    v = _guard.judge_resumable(ev, store.verified_parent(cid, key), _guard.Policy(key=key))
+    return _Read(v, ev.receipts)
+
+
+def _verified_file(store: CheckpointStore, doc: Mapping[str, Any], role: str) -> bytes | None:
+    """The bytes of the file ``doc`` names for ``role``, checked against its SHA-256
+    (ValueError when they differ); None when it names none."""
+    entry = doc["files"].get(role)
+    if not isinstance(entry, dict):
+        return None
+    data = store.read(str(entry["path"]))
+    if hashlib.sha256(data).hexdigest() != entry.get("sha256"):
+        raise ValueError(f"{entry['path']} does not match its SHA-256")
+    return data
+
+
+def _find_receipt(store: CheckpointStore, target: _Read, cid: int, window_id: str,
+                  key: bytes | None, results_sink: Any) -> tuple[str | None, list[str]]:
+    """The proof (compact JSON) that ``window_id`` was emitted, against checkpoint
+    ``cid`` (read as ``target``): found in the result ids of a retained checkpoint at
+    or before it (each read through the guard), else, when ``results_sink`` is given,
+    in the committed output of an epoch of the emission log whose checkpoint retention
+    removed (its tree rebuilt from that output and checked against the log's root).
+    Notes say what could not be read."""
     notes: list[str] = []
-    for cid in reversed([c for c in store.ids() if c <= upto]):
-        doc = store.read_manifest(cid)
-        if not isinstance(doc, dict):
+    assert target.doc is not None
+    pipeline = str(target.doc.get("pipeline"))
+    entries = target.log
+    searched: set[int] = set()
+    for c in reversed([c for c in store.ids() if c <= cid]):
+        r = target if c == cid else _read(store, c, key)
+        if r.doc is None:
+            notes.append(f"{r.verdict.reason}: checkpoint {c} does not verify; its receipts "
+                         "were not read")
             continue
-        roots = doc.get(_receipts.ROOTS_FIELD)
-        files = doc.get("files") if isinstance(doc.get("files"), dict) else {}
-        assert isinstance(files, dict)
+        roots = r.doc.get(_receipts.ROOTS_FIELD)
         if not isinstance(roots, dict):
-            notes.append(f"NO_RECEIPT_ROOTS: checkpoint {cid} predates Merkle receipts")
+            notes.append(f"NO_RECEIPT_ROOTS: checkpoint {c} predates Merkle receipts")
             continue
-        untrusted = _trusted(doc, cid, key)
-        if untrusted is not None:
-            notes.append(untrusted)
-            continue
-        entry = files.get("receipt_ids")
-        if not isinstance(entry, dict):
-            continue  # an epoch without results
+        epoch = int(roots["epoch"])
+        searched.add(epoch)
         try:
-            data = store.read(str(entry["path"]))
-            if hashlib.sha256(data).hexdigest() != entry.get("sha256"):
-                raise ValueError("does not match its SHA-256")
+            data = _verified_file(store, r.doc, "receipt_ids")
+            if data is None:
+                continue  # an epoch without results
             ids = _receipts.decode_ids(data)
         except (OSError, ValueError) as exc:
-            notes.append(f"RECEIPT_IDS_UNREADABLE: checkpoint {cid}: {exc}")
+            notes.append(f"RECEIPT_IDS_UNREADABLE: checkpoint {c}: {exc}")
             continue
-        hit = ids.to_frame().with_row_index("i").filter(pl.col("id") == window_id)
-        if hit.height:
-            index = int(hit["i"][0])
-            tree = [s.to_list() for s in _receipts.levels(ids)]
-            proof = _receipts.make_proof(str(pipeline), cid, int(roots["epoch"]), window_id,
-                                         index, ids.len(), _receipts.path(tree, index))
-            return _receipts.proof_bytes(proof).decode(), notes
+        proof = _prove(pipeline, cid, entries, epoch, ids, window_id, c)
+        if proof is not None:
+            return proof, notes
+    if entries is None:
+        return None, notes
+    pruned = [int(e[0]) for e in entries if int(e[0]) not in searched and int(e[1]) > 0]
+    if pruned and results_sink is None:
+        notes.append(f"PRUNED_EPOCHS: the checkpoints of {len(pruned)} epoch(s) with results "
+                     f"(epochs {pruned[0]}..{pruned[-1]}) were pruned; pass --spec to search "
+                     "their committed output")
+        return None, notes
+    if not pruned:
+        return None, notes
+    by_epoch: dict[int, list[Any]] = {}
+    for f in results_sink.committed():
+        by_epoch.setdefault(int(f.epoch), []).append(f)
+    for epoch in reversed(pruned):
+        files = by_epoch.get(epoch)
+        if not files:
+            notes.append(f"OUTPUT_NOT_RETAINED: epoch {epoch}'s committed output is gone")
+            continue
+        ids = _proofs.result_ids(results_sink.read_ids(files))
+        try:
+            proof = _prove(pipeline, cid, entries, epoch, ids, window_id, cid)
+        except ValueError as exc:
+            notes.append(f"OUTPUT_MISMATCH: {exc}")
+            continue
+        if proof is not None:
+            return proof, notes
     return None, notes
+
+
+def _prove(pipeline: str, cid: int, entries: list[Any] | None, epoch: int, ids: pl.Series,
+           window_id: str, signer: int) -> str | None:
+    """The proof of ``window_id`` among epoch ``epoch``'s ``ids`` (None when it is not
+    one of them): through checkpoint ``cid``'s emission log when it has one, else
+    against checkpoint ``signer``'s signed epoch root (format 1)."""
+    if entries is not None and _proofs.log_index(entries, epoch) is not None:
+        prover = _proofs.EpochProver(pipeline, cid, entries, epoch, ids)
+        index = prover.index_of(window_id)
+        if index is None:
+            return None
+        return _receipts.proof_bytes(prover.proof(index)).decode()
+    hit = ids.to_frame("id").with_row_index("i").filter(pl.col("id") == window_id)
+    if not hit.height:
+        return None
+    index = int(hit["i"][0])
+    tree = [s.to_list() for s in _receipts.levels(ids)]
+    proof = _receipts.make_proof(pipeline, signer, epoch, window_id, index, ids.len(),
+                                 _receipts.path(tree, index))
+    return _receipts.proof_bytes(proof).decode()
 
 
 def window_checkpoint(store: CheckpointStore | str | Path, *, key: str, start_ms: int,
                       end_ms: int, checkpoint_id: int | None = None,
-                      signing_key: bytes | None | Any = _FROM_ENV) -> WindowCheckpoint:
+                      signing_key: bytes | None | Any = _FROM_ENV,
+                      results_sink: Any = None) -> WindowCheckpoint:
     """The :class:`WindowCheckpoint` of window ``[start_ms, end_ms)`` of ``key`` in a real
     checkpoint (default: the newest published one): open (its state row's hash and the
-    watermark) or emitted (its receipt: an inclusion proof from the checkpoint whose epoch
-    committed it). Reads what it can; :meth:`WindowCheckpointGuard.evaluate_checkpoint`
-    verifies it. A numeric ``key`` matches an integer key, else the string.
+    watermark) or emitted (its receipt: an inclusion proof through the checkpoint's signed
+    emission log, from the result ids of the epoch that committed it). Reads what it can;
+    :meth:`WindowCheckpointGuard.evaluate_checkpoint` verifies it. A numeric ``key``
+    matches an integer key, else the string.
 
-    Nothing the manifest names is read unless its signature verifies under
-    ``signing_key`` (default: ``SEALSTREAM_CHECKPOINT_KEY``) and every name is one a
-    writer produces; each file's SHA-256 is checked before it is parsed."""
+    Every checkpoint is read once through the checkpoint guard (its signature under
+    ``signing_key``, default ``SEALSTREAM_CHECKPOINT_KEY``, and the trusted public keys;
+    its files' hashes); nothing of one that is not resumable is used. ``results_sink``
+    (the pipeline's results :class:`~sealstream.sinks.Sink`) lets the proof of a result
+    whose checkpoint retention removed be rebuilt from its epoch's committed output."""
     sk: bytes | None = checkpoint_key() if signing_key is _FROM_ENV else signing_key
     st = _open_store(store)
     cid = _newest(st) if checkpoint_id is None else checkpoint_id
-    doc = st.read_manifest(cid)
-    if not isinstance(doc, dict):
+    raw = st.read_manifest(cid)
+    if not isinstance(raw, dict):
         raise CheckpointError(f"checkpoint {cid} in {st.location} has no readable manifest")
+    target = _read(st, cid, sk)
+    doc: Mapping[str, Any] = target.doc if target.doc is not None else raw
     wm = doc.get("watermark", {}).get("global_ms") if isinstance(doc.get("watermark"),
                                                                   dict) else None
     notes: list[str] = []
     row_json: str | None = None
     kint = "false"
     try:
-        untrusted = _trusted(doc, cid, sk)
-        if untrusted is not None:
-            raise ValueError(untrusted)
+        if target.doc is None:
+            raise ValueError(f"{target.verdict.reason}: checkpoint {cid} does not verify; "
+                             "its files were not used")
         state, _meta = incremental.load_chain(doc["files"], st.read)
         rows = state.filter((pl.col(KEY) == key) & (pl.col(WSTART) == start_ms)
                             & (pl.col(WEND) == end_ms))
@@ -319,7 +397,7 @@ def window_checkpoint(store: CheckpointStore | str | Path, *, key: str, start_ms
     window_id = f"{key}|{kint}|{start_ms}|{end_ms}"
     receipt = None
     if row_json is None:
-        receipt, more = _find_receipt(st, cid, doc.get("pipeline"), window_id, sk)
+        receipt, more = _find_receipt(st, target, cid, window_id, sk, results_sink)
         notes.extend(more)
     state_sha = doc.get("state", {}).get("sha256") if isinstance(doc.get("state"),
                                                                    dict) else None
@@ -442,7 +520,7 @@ class _Evaluation:
                 problem = self._receipt_problem(src.store)
                 if problem is not None:
                     return self._refuse(INC, *problem)
-                if fresh.output_emission_receipt is None:
+                if fresh.status == "open":
                     return self._refuse(INC, "RECEIPT_FOR_OPEN_WINDOW", "a receipt for a "
                                         "window the checkpoint holds open")
         else:
@@ -463,11 +541,15 @@ class _Evaluation:
             return self._refuse(INC, "STALE", f"the checkpoint is {age:.0f} s old, over "
                                 f"max_checkpoint_age_sec {pol.max_checkpoint_age_sec:g}")
         wm = cp.watermark_epoch
+        if cp.status == "absent":  # never a directive to proceed (semantics, section 16)
+            why = "; ".join(n for n in cp.notes if n.startswith("PRUNED_EPOCHS"))
+            return self._manifest(
+                CheckpointVerdict.ATOMIC_CHECKPOINT, WINDOW_NOT_FOUND,
+                f"NOT FOUND: window {cp.window_id} was never seen or emitted: checkpoint "
+                f"{self.cid} holds no state for it and no epoch of its emission log "
+                f"committed it" + (f" ({why})" if why else ""))
         done = (" (its result was emitted: do not emit it again)"
-                if cp.output_emission_receipt else
-                " (the checkpoint holds no state and no retained receipt for it: never seen, "
-                "or emitted before every retained checkpoint)" if cp.status == "absent"
-                else "")
+                if cp.output_emission_receipt else "")
         if rebuild:
             return self._manifest(
                 P, _guard.REBUILDABLE_REASON,

@@ -390,6 +390,8 @@ class Job(Checkpointing):
             self.receipts_total = {
                 "results": 0, "late": 0, "errors": 0, "digest": ""
             }
+            self.emission_log = []
+            self._log_committed(None)
         else:
             cid, doc = resume
             positions = self._restore(store, cid, doc)
@@ -534,6 +536,7 @@ class Job(Checkpointing):
         self.run_base = self.counters.minus(Counters())
         receipts = json.loads(store.read(doc["files"]["receipts"]["path"]))
         self.receipts_total = dict(receipts["summary"])
+        self.emission_log = list(receipts.get("log", []))  # verified by the guard
         # sinks: finish what the checkpoint prepared, drop unreferenced staging
         restored_epoch = int(doc["epoch"])
         for role, sink in self.sinks.items():
@@ -541,6 +544,7 @@ class Job(Checkpointing):
             prepared = {int(entry["epoch"]): list(entry["tokens"])} if entry else {}
             sink.recover_at(entry.get("path") if entry else None, prepared)
         self.suppress = self._committed_ids(restored_epoch)
+        self._log_committed(restored_epoch)
         if "suppress" in self.rebuilt:  # rebuilt: every committed output is suppressed
             self.suppress = self._committed_ids(None)
         elif "suppress" in doc["files"]:

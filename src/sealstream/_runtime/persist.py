@@ -25,7 +25,7 @@ from sealstream._runtime.crash import CrashPoints
 from sealstream._runtime.merge import SourcePosition
 from sealstream._runtime.output import OutputStage
 from sealstream._runtime.summary import CheckpointStats, Counters
-from sealstream.checkpoint import guard
+from sealstream.checkpoint import emission_log, guard, proofs
 from sealstream.checkpoint import receipts as trees
 from sealstream.checkpoint.manifest import (
     DELTA_NAME,
@@ -89,6 +89,8 @@ class Checkpointing:
     parent: int | None
     next_id: int
     receipts_total: dict[str, Any]
+    #: the emission log's leaves, ``[epoch, count, root]`` (checkpoint.emission_log)
+    emission_log: list[list[Any]]
     # owned here
     _receipts_now: dict[str, dict[str, Any]]
     _incremental: bool
@@ -180,6 +182,25 @@ class Checkpointing:
         self.receipts_total["last_epoch"] = epoch
         return entry
 
+    def _log_committed(self, newer_than: int | None) -> None:
+        """Append to the emission log the epochs (newer than ``newer_than``) whose
+        results are committed in the output but whose checkpoints were rejected or moved
+        aside (a fall-back, ``--start-over``): their results are suppressed, never emitted
+        again, so the log records them as committed, each epoch's root rebuilt from its
+        committed output. Every committed result keeps a proof."""
+        sink = self.sinks.get("results")
+        if sink is None or self.store is None:
+            return
+        logged = {int(e[0]) for e in self.emission_log}
+        by_epoch: dict[int, dict[str, Any]] = {}
+        for f in sink.committed():  # a file may be listed at the path it was staged at too
+            if (newer_than is None or f.epoch > newer_than) and f.epoch not in logged:
+                by_epoch.setdefault(int(f.epoch), {}).setdefault(f.token, f)
+        for epoch in sorted(by_epoch):
+            ids = proofs.result_ids(sink.read_ids(list(by_epoch[epoch].values())))
+            if ids.len():
+                self.emission_log.append([epoch, ids.len(), trees.root(ids)])
+
     # ================================================================ checkpoint
     def _checkpoint(self, store: CheckpointStore) -> None:
         """Take a checkpoint at this consistent point (between two batches).
@@ -267,12 +288,17 @@ class Checkpointing:
                 done()
             self.crash("after_sink_prepare")
             receipt = close_receipts()
+            # the emission log: every epoch's receipt root, carried forward (emission_log)
+            res = receipt["results"]
+            self.emission_log.append([int(receipt["epoch"]), int(res["count"]), res["root"]])
             receipts_doc = json.dumps(
-                {"summary": self.receipts_total, "epochs": [receipt]}, sort_keys=True, indent=1
+                {"summary": self.receipts_total, "epochs": [receipt],
+                 emission_log.LEAVES_KEY: self.emission_log}, sort_keys=True, indent=1
             ).encode()
             body["receipts"] = dict(self.receipts_total)
             # the epoch's Merkle root over its result ids, signed with the manifest
             body[trees.ROOTS_FIELD] = trees.roots_entry(receipt)
+            body[emission_log.LOG_FIELD] = emission_log.head(self.emission_log)
             return self._write_checkpoint(store, cid, snap, wm_json, chain, touched,
                                           last_state, receipts_doc, pending, body, together)
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sealstream.agents._seal import KeyRing, SignKey
+from sealstream.checkpoint import signing
 from sealstream.checkpoint.guard import ATOMIC, INCONSISTENT, PARTIAL
 from sealstream.checkpoint.manifest import signature_ok
 
@@ -56,6 +57,7 @@ _SIGNATURE_TEXT = {
     "SIGNATURE_MISMATCH": "signature does not verify (wrong key or altered row)",
     "UNKNOWN_SIGNATURE_ALG": "uses an unknown signature algorithm",
     "NO_SIGNATURE": "has a malformed signature",
+    **signing.MESSAGES,
 }
 
 

@@ -38,6 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from sealstream.checkpoint import emission_log, signing
 from sealstream.checkpoint.manifest import (
     RECEIPTS_NAME,
     ROOTS_FIELD,
@@ -234,6 +235,8 @@ def _judge(ev: Evidence, parent: Mapping[str, Any] | None, policy: Policy) -> Ve
         return _verdict(ev, PARTIAL, "MANIFEST_UNREADABLE",
                         f"checkpoint {cid}: manifest is not a JSON object")
     if "signature" not in doc:
+        if signing.trusted_keys():  # no downgrade: a stripped signature is not "partial"
+            return _signature_verdict(ev, cid, signing.REQUIRED, doc)
         return _verdict(ev, PARTIAL, "NO_SIGNATURE", f"checkpoint {cid}: manifest has no signature",
                         doc)
     missing = [f for f in REQUIRED_FIELDS if f not in doc]
@@ -343,7 +346,14 @@ def _judge(ev: Evidence, parent: Mapping[str, Any] | None, policy: Policy) -> Ve
             return _verdict(ev, INCONSISTENT, "RECEIPTS_MISMATCH",
                             f"checkpoint {cid}: the signed receipt root does not match the "
                             "epoch's receipts", doc)
-    elif policy.require_receipt_roots:
+    signed_log = doc.get(emission_log.LOG_FIELD)
+    if signed_log is not None:
+        log_why = emission_log.problem(ev.receipts.get(emission_log.LEAVES_KEY), signed_log,
+                                       roots)
+        if log_why is not None:
+            return _verdict(ev, INCONSISTENT, "EMISSION_LOG_MISMATCH",
+                            f"checkpoint {cid}: {log_why}", doc)
+    if roots is None and policy.require_receipt_roots:
         return _verdict(ev, PARTIAL, "NO_RECEIPT_ROOTS",
                         f"checkpoint {cid} predates Merkle receipts: its manifest signs no "
                         "receipt root, and receipts are required", doc)
@@ -363,6 +373,12 @@ def _judge(ev: Evidence, parent: Mapping[str, Any] | None, policy: Policy) -> Ve
         return _verdict(ev, INCONSISTENT, "FINGERPRINT_MISMATCH",
                         f"checkpoint {cid} was written by a different pipeline definition "
                         "(window, aggregates, source or watermark changed)", doc)
+    if parent is not None and signed_log is not None:
+        log_why = emission_log.extends(ev.receipts.get(emission_log.LEAVES_KEY),
+                                       parent.get(emission_log.LOG_FIELD))
+        if log_why is not None:
+            return _verdict(ev, INCONSISTENT, "EMISSION_LOG_REWRITTEN",
+                            f"checkpoint {cid}: {log_why}", doc)
     if parent is not None:
         problem = _regression(doc, parent)
         if problem is not None:
@@ -383,6 +399,7 @@ _SIGNATURE_MESSAGES = {
     "SIGNATURE_MISMATCH": "signature does not verify (wrong key or altered manifest)",
     "UNKNOWN_SIGNATURE_ALG": "uses an unknown signature algorithm",
     "NO_SIGNATURE": "has a malformed signature",
+    **signing.MESSAGES,
 }
 
 

@@ -8,7 +8,9 @@ all components together:
 
 * with ``SEALSTREAM_CHECKPOINT_KEY`` set: ``hmac-sha256`` keyed by it
   (detects corruption and tampering);
-* without: ``sha256``, an unkeyed digest (detects corruption only).
+* without: ``sha256``, an unkeyed digest (detects corruption only);
+* with an Ed25519 signing key (``SEALSTREAM_SIGNING_KEY[_FILE]``): ``ed25519``,
+  naming its key id, checked with public keys only (:mod:`.signing`).
 
 File hashes and sizes are those of the plaintext. With encryption at rest
 (:mod:`sealstream.checkpoint.crypto`) the store encrypts the manifest's bytes as
@@ -36,6 +38,8 @@ import math
 import os
 import re
 from typing import Any
+
+from sealstream.checkpoint import signing
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "MANIFEST.json"
@@ -166,7 +170,12 @@ def sign(body: dict[str, Any], key: bytes | None) -> dict[str, str]:
 
 
 def sign_canonical(data: bytes, key: bytes | None) -> dict[str, str]:
-    """The signature of a body already in :func:`canonical` form."""
+    """The signature of a body already in :func:`canonical` form: Ed25519 when a signing
+    key is configured (:mod:`sealstream.checkpoint.signing`, with an ``hmac`` member too
+    when ``key`` is given), else HMAC-SHA256 under ``key``, else an unkeyed SHA-256."""
+    private = signing.signing_key()
+    if private is not None:
+        return signing.sign(data, private, key)
     if key is None:
         return {"alg": ALG_PLAIN, "value": hashlib.sha256(data).hexdigest()}
     return {"alg": ALG_HMAC, "value": hmac.new(key, data, hashlib.sha256).hexdigest()}
@@ -180,12 +189,21 @@ def seal(body: dict[str, Any], key: bytes | None) -> bytes:
 
 
 def signature_ok(doc: dict[str, Any], key: bytes | None) -> tuple[bool, str]:
-    """Check a parsed manifest's signature; returns (ok, reason-code)."""
+    """Check a parsed manifest's signature; returns (ok, reason-code).
+
+    With trusted public keys (:func:`sealstream.checkpoint.signing.trusted_keys`) only
+    an Ed25519 signature by one of them verifies: an HMAC-only or unsigned document is
+    ``PUBLIC_KEY_SIGNATURE_REQUIRED``, another key's ``UNKNOWN_KEY``."""
     sig = doc.get("signature")
     if not isinstance(sig, dict) or "alg" not in sig or "value" not in sig:
         return False, "NO_SIGNATURE"
     body = {k: v for k, v in doc.items() if k != "signature"}
     alg = sig["alg"]
+    trusted = signing.trusted_keys()
+    if alg == signing.ALG_ED25519:
+        return signing.check(sig, canonical(body), trusted, key)
+    if trusted and alg in (ALG_PLAIN, ALG_HMAC):
+        return False, signing.REQUIRED
     if alg == ALG_PLAIN:
         if key is not None:
             return False, "UNSIGNED_WITH_KEY"
@@ -194,7 +212,9 @@ def signature_ok(doc: dict[str, Any], key: bytes | None) -> tuple[bool, str]:
             return False, "SIGNED_WITHOUT_KEY"
     else:
         return False, "UNKNOWN_SIGNATURE_ALG"
-    expected = sign(body, key)["value"]
+    data = canonical(body)
+    expected = (hashlib.sha256(data).hexdigest() if key is None
+                else hmac.new(key, data, hashlib.sha256).hexdigest())
     if not hmac.compare_digest(str(sig["value"]), expected):
         return False, "SIGNATURE_MISMATCH"
     return True, "OK"

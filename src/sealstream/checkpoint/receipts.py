@@ -202,8 +202,12 @@ def verify_proof(proof: Any, manifest: Any, key: bytes | None) -> ProofCheck:
     def no(reason: str, message: str) -> ProofCheck:
         return ProofCheck(False, reason, message)
 
+    if isinstance(proof, dict) and proof.get("receipt_proof") == 2:
+        from sealstream.checkpoint import proofs  # through the emission log
+
+        return proofs.verify(proof, manifest, key)
     if not isinstance(proof, dict) or proof.get("receipt_proof") != PROOF_FORMAT:
-        return no("PROOF_MALFORMED", "not a sealstream receipt proof (format 1)")
+        return no("PROOF_MALFORMED", "not a sealstream receipt proof (format 1 or 2)")
     try:
         cid, epoch = int(proof["checkpoint"]), int(proof["epoch"])
         rid, index, count = str(proof["id"]), int(proof["index"]), int(proof["count"])

@@ -28,6 +28,7 @@ import click
 
 from sealstream import __version__
 from sealstream.checkpoint.manifest import checkpoint_key
+from sealstream.cli._keys import public_key_option, with_public_key
 from sealstream.errors import SealstreamError, SpecError
 
 __all__ = ["entrypoint", "main"]
@@ -449,6 +450,7 @@ _PIPELINE_OPT = click.option(
     "--pipeline", "pipeline_name", default=None,
     help="With a database URL: whose checkpoints (default: the only pipeline in it).")
 _JSON_OPT = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+_PIPELINE_OPT = with_public_key(_PIPELINE_OPT)  # every reading command: --public-key FILE
 
 
 @checkpoints.command("list")
@@ -636,11 +638,14 @@ def export_cmd(directory: str, checkpoint_id: str | None, to: Path, replace: boo
 @click.option("--id", "checkpoint_id", default=None, help="Checkpoint (default: the newest).")
 @_require_receipts_option("PARTIAL_CHECKPOINT_REJECT when the window has no emission receipt.")
 @_max_age_option("Refuse a checkpoint older than this (STALE).")
+@click.option("--spec", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The pipeline's spec: search the committed output of epochs whose "
+                   "checkpoints were pruned, and prove from it.")
 @_JSON_OPT
 @_PIPELINE_OPT
 def window_cmd(directory: str, window_key: str, start_ms: int, end_ms: int,
                checkpoint_id: str | None, require_receipts: bool, max_age: float | None,
-               as_json: bool, pipeline_name: str | None) -> None:
+               spec: Path | None, as_json: bool, pipeline_name: str | None) -> None:
     """Show one window of a checkpoint as the window-commit guard sees it (open: its
     state hash and watermark; emitted: its receipt with an inclusion proof) and the
     guard's verdict and directive. Exit 1 unless ATOMIC_CHECKPOINT."""
@@ -652,12 +657,13 @@ def window_cmd(directory: str, window_key: str, start_ms: int, end_ms: int,
         cid = resolve_id(store, checkpoint_id) if checkpoint_id is not None else None
         data = window_report(store, key=window_key, start_ms=start_ms, end_ms=end_ms,
                              checkpoint_id=cid, require_receipts=require_receipts,
-                             max_age_s=max_age)
+                             max_age_s=max_age, spec=spec)
     except SealstreamError as err:
         _fail(err)
         return
     _emit(data, as_json, render_window)
-    if data["manifest"]["verdict"] != "ATOMIC_CHECKPOINT":
+    if data["manifest"]["verdict"] != "ATOMIC_CHECKPOINT" \
+            or data["checkpoint"]["status"] == "absent":  # never seen or emitted: exit 1
         raise _Exit(1)
 
 
@@ -673,12 +679,13 @@ def receipts() -> None:
 @click.option("--checkpoints", "directory", type=str,
               help="Or the checkpoint directory holding it.")
 @_JSON_OPT
+@public_key_option
 def receipts_verify_cmd(proof: Path, manifest: Path | None, directory: str | None,
                         as_json: bool) -> None:
     """Check PROOF (one proof, or JSON lines of them) offline against a signed checkpoint
     manifest, with SEALSTREAM_CHECKPOINT_KEY: the result was emitted in the epoch it names,
     under that signature. Reads no state. Exit 1 when any proof fails."""
-    from sealstream.cli._guard import verify_proof_files
+    from sealstream.cli._guard import summary_line, verify_proof_files
 
     if (manifest is None) == (directory is None):
         _fail(SpecError("give exactly one of --manifest FILE or --checkpoints DIR"))
@@ -690,9 +697,12 @@ def receipts_verify_cmd(proof: Path, manifest: Path | None, directory: str | Non
     if as_json:
         click.echo(json.dumps(data, indent=2))
     else:
-        for r in data["results"]:
+        for r in data["results"]:  # a failure each, and the one proof of a single one
+            if r["ok"] and data["proofs"] > 1:
+                continue
             click.echo(f"{proof}:{r['line']}: {'OK' if r['ok'] else r['reason']}: "
                        f"{r['message']}")
+        click.echo(summary_line(data))
     if data["verified"] != data["proofs"]:
         raise _Exit(1)
 
@@ -726,9 +736,14 @@ def prune_cmd(directory: str, keep: int, dry_run: bool, as_json: bool,
 
 
 def _add_agents() -> None:
+    from sealstream.cli import _guard as _guard_cli
     from sealstream.cli._agents import agents
+    from sealstream.cli._keys import keys
 
     cli.add_command(agents)
+    cli.add_command(keys)
+    receipts.add_command(_guard_cli.consistency_cmd)
+    receipts.add_command(_guard_cli.export_cmd)
 
 
 _add_agents()

@@ -1,0 +1,223 @@
+"""The emission log: an append-only Merkle log of every epoch's receipt root.
+
+Each checkpoint appends one leaf for its epoch, ``{"count": C, "epoch": E, "root":
+R}`` (its canonical JSON: the epoch's number, how many results it committed and the
+Merkle root over their ids, :mod:`sealstream.checkpoint.receipts`), and its signed
+manifest commits to the log's size and root (:data:`LOG_FIELD`). The leaves travel
+forward: every checkpoint's ``receipts.json`` holds the whole list (``"log"``), so
+pruning old checkpoints loses no epoch root.
+
+The tree is the one of RFC 6962 (Certificate Transparency), section 2.1, with
+SHA-256: leaf hash ``H(0x00 || leaf)``, node hash ``H(0x01 || left || right)``, the
+left subtree of ``n`` leaves holding the largest power of two below ``n``; the root
+of no leaves is ``H("")``. So:
+
+* an **inclusion proof** of leaf ``m`` in a log of size ``n`` is ``ceil(log2 n)``
+  hashes at most (:func:`inclusion_path`, :func:`verify_inclusion`);
+* a **consistency proof** between sizes ``m <= n`` shows that the first ``m`` leaves
+  of the later log are the earlier log (:func:`consistency_path`,
+  :func:`verify_consistency`): nothing emitted was removed or rewritten.
+
+The verification functions follow RFC 9162 sections 2.1.3.2 and 2.1.4.2. All of this is
+a few hashes per epoch, never per result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+#: the manifest field that signs the log: ``{"size": N, "root": HEX}``
+LOG_FIELD = "emission_log"
+#: the member of ``receipts.json`` holding the log's leaves, oldest first
+LEAVES_KEY = "log"
+
+EMPTY = hashlib.sha256(b"").digest()
+
+
+def leaf_bytes(epoch: int, count: int, root: str) -> bytes:
+    """The log leaf of one epoch's receipt."""
+    return json.dumps({"count": int(count), "epoch": int(epoch), "root": str(root)},
+                      sort_keys=True, separators=(",", ":")).encode()
+
+
+def leaf_of(entry: Any) -> bytes:
+    """The leaf of an entry of ``receipts.json``'s log, ``[epoch, count, root]``
+    (ValueError when it is not one)."""
+    if not isinstance(entry, list) or len(entry) != 3 or not all(
+            isinstance(x, int) and not isinstance(x, bool) for x in entry[:2]) \
+            or not isinstance(entry[2], str):
+        raise ValueError(f"emission log entry {str(entry)[:80]!r} is not [epoch, count, root]")
+    return leaf_bytes(entry[0], entry[1], entry[2])
+
+
+def hash_leaf(leaf: bytes) -> bytes:
+    return hashlib.sha256(b"\x00" + leaf).digest()
+
+
+def hash_node(left: bytes, right: bytes) -> bytes:
+    return hashlib.sha256(b"\x01" + left + right).digest()
+
+
+def _split(n: int) -> int:
+    """The largest power of two smaller than ``n`` (n >= 2)."""
+    return 1 << ((n - 1).bit_length() - 1)
+
+
+def root_of(hashes: list[bytes]) -> bytes:
+    """The Merkle tree hash over leaf hashes (RFC 6962 MTH), iteratively: pairs from the
+    left, an odd last node carried up, which gives the same tree as the recursive split."""
+    if not hashes:
+        return EMPTY
+    level = list(hashes)
+    while len(level) > 1:
+        up = [hash_node(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+        if len(level) % 2:
+            up.append(level[-1])
+        level = up
+    return level[0]
+
+
+def _mth(hashes: list[bytes]) -> bytes:
+    return root_of(hashes)
+
+
+def inclusion_path(hashes: list[bytes], m: int) -> list[bytes]:
+    """RFC 6962 PATH(m, D[n]): the audit path of leaf ``m`` among ``hashes``."""
+    n = len(hashes)
+    if not 0 <= m < n:
+        raise ValueError(f"leaf {m} is not in a log of {n}")
+    if n == 1:
+        return []
+    k = _split(n)
+    if m < k:
+        return inclusion_path(hashes[:k], m) + [_mth(hashes[k:])]
+    return inclusion_path(hashes[k:], m - k) + [_mth(hashes[:k])]
+
+
+def verify_inclusion(leaf_hash: bytes, m: int, n: int, path: list[bytes], root: bytes) -> bool:
+    """Whether ``path`` proves that ``leaf_hash`` is leaf ``m`` of the log of size ``n``
+    whose root is ``root`` (RFC 9162, 2.1.3.2)."""
+    if not 0 <= m < n:
+        return False
+    fn, sn, r = m, n - 1, leaf_hash
+    for p in path:
+        if sn == 0:
+            return False
+        if fn & 1 or fn == sn:
+            r = hash_node(p, r)
+            if not fn & 1:
+                while fn and not fn & 1:
+                    fn >>= 1
+                    sn >>= 1
+        else:
+            r = hash_node(r, p)
+        fn >>= 1
+        sn >>= 1
+    return sn == 0 and r == root
+
+
+def _subproof(m: int, hashes: list[bytes], complete: bool) -> list[bytes]:
+    n = len(hashes)
+    if m == n:
+        return [] if complete else [_mth(hashes)]
+    k = _split(n)
+    if m <= k:
+        return _subproof(m, hashes[:k], complete) + [_mth(hashes[k:])]
+    return _subproof(m - k, hashes[k:], False) + [_mth(hashes[:k])]
+
+
+def consistency_path(hashes: list[bytes], m: int) -> list[bytes]:
+    """RFC 6962 PROOF(m, D[n]): that the log's first ``m`` leaves are a log of size m."""
+    if not 0 <= m <= len(hashes):
+        raise ValueError(f"size {m} is not within a log of {len(hashes)}")
+    if m in (0, len(hashes)):
+        return []
+    return _subproof(m, hashes, True)
+
+
+def verify_consistency(m: int, n: int, old_root: bytes, new_root: bytes,
+                       path: list[bytes]) -> bool:
+    """Whether ``path`` proves that the log of size ``n`` and root ``new_root`` extends
+    the log of size ``m`` and root ``old_root`` (RFC 9162, 2.1.4.2)."""
+    if m > n or m < 0:
+        return False
+    if m == n:
+        return not path and old_root == new_root
+    if m == 0:
+        return not path and old_root == EMPTY
+    if not path:
+        return False
+    proof = list(path)
+    if m & (m - 1) == 0:  # m is a power of two: the old root is the first node
+        proof.insert(0, old_root)
+    fn, sn = m - 1, n - 1
+    while fn & 1:
+        fn >>= 1
+        sn >>= 1
+    fr = sr = proof[0]
+    for c in proof[1:]:
+        if sn == 0:
+            return False
+        if fn & 1 or fn == sn:
+            fr = hash_node(c, fr)
+            sr = hash_node(c, sr)
+            if not fn & 1:
+                while fn and not fn & 1:
+                    fn >>= 1
+                    sn >>= 1
+        else:
+            sr = hash_node(sr, c)
+        fn >>= 1
+        sn >>= 1
+    return sn == 0 and fr == old_root and sr == new_root
+
+
+# --------------------------------------------------------------------------- in checkpoints
+def leaf_hashes(entries: Any) -> list[bytes]:
+    """The leaf hashes of ``receipts.json``'s log (ValueError when malformed)."""
+    if not isinstance(entries, list):
+        raise ValueError("the emission log is not a list")
+    return [hash_leaf(leaf_of(e)) for e in entries]
+
+
+def head(entries: Any) -> dict[str, Any]:
+    """The manifest's :data:`LOG_FIELD` for the log ``entries``."""
+    hashes = leaf_hashes(entries)
+    return {"size": len(hashes), "root": root_of(hashes).hex()}
+
+
+def problem(entries: Any, signed: Any, epoch_entry: Any) -> str | None:
+    """Why the log in ``receipts.json`` does not match the manifest (None when it does):
+    its size and root must be the signed ones, and its last leaf the epoch's receipt
+    root ``epoch_entry`` (the manifest's ``receipt_roots``)."""
+    try:
+        if head(entries) != signed:
+            return "the emission log does not match the signed log root and size"
+    except ValueError as exc:
+        return str(exc)
+    if isinstance(epoch_entry, dict):
+        res = epoch_entry.get("results") if isinstance(epoch_entry.get("results"), dict) \
+            else {}
+        assert isinstance(res, dict)
+        last = [epoch_entry.get("epoch"), res.get("count"), res.get("root")]
+        if not entries or entries[-1] != last:
+            return "the emission log's last leaf is not this epoch's receipt root"
+    return None
+
+
+def extends(entries: Any, parent_log: Any) -> str | None:
+    """Why the log ``entries`` does not extend the parent's signed log (None when it
+    does): the parent's size and root must be those of a prefix of it."""
+    if not isinstance(parent_log, dict):
+        return None  # a parent written before the log: nothing to extend
+    try:
+        size = int(parent_log["size"])
+        hashes = leaf_hashes(entries)
+    except (KeyError, TypeError, ValueError):
+        return None  # a malformed parent is judged on its own
+    if size > len(hashes) or root_of(hashes[:size]).hex() != parent_log.get("root"):
+        return (f"its emission log ({len(hashes)} epochs) does not extend its parent's "
+                f"({size} epochs): an emitted epoch was removed or rewritten")
+    return None

@@ -90,12 +90,24 @@ def test_consistency_proofs_verify_only_for_a_prefix(leaves: list[bytes],
 
 
 def test_checkpoint_log_entries_are_checked() -> None:
-    entries = [[1, 2, "aa"], [2, 0, "bb"]]
+    entries = [[1, 2, "aa"], [2, 5, "bb"]]
     head = log.head(entries)
     assert head["size"] == 2
-    roots = {"epoch": 2, "results": {"count": 0, "root": "bb"}}
+    roots = {"epoch": 2, "results": {"count": 5, "root": "bb"}}
     assert log.problem(entries, head, roots) is None
     assert log.problem(entries[:1], head, roots) is not None
     assert log.problem([[1, 2, "aa"], [2, 1, "bb"]], head, roots) is not None
     assert log.extends(entries, log.head(entries[:1])) is None
-    assert log.extends([[1, 3, "aa"], [2, 0, "bb"]], log.head(entries[:1])) is not None
+    assert log.extends([[1, 3, "aa"], [2, 5, "bb"]], log.head(entries[:1])) is not None
+
+
+def test_an_epoch_that_committed_nothing_adds_no_leaf() -> None:
+    """Quiet checkpoints (no result) leave the log as it was: the log's last leaf is an
+    older epoch's, and a leaf claiming the empty epoch is refused."""
+    entries = [[1, 2, "aa"]]
+    empty = {"epoch": 2, "results": {"count": 0, "root": log.EMPTY.hex()}}
+    assert log.problem(entries, log.head(entries), empty) is None
+    assert log.problem([], log.head([]), empty) is None
+    padded = [[1, 2, "aa"], [2, 0, log.EMPTY.hex()]]
+    assert log.problem(padded, log.head(padded), empty) is not None
+    assert log.problem(entries, log.head(padded), empty) is not None  # head must match

@@ -288,9 +288,13 @@ class Checkpointing:
                 done()
             self.crash("after_sink_prepare")
             receipt = close_receipts()
-            # the emission log: every epoch's receipt root, carried forward (emission_log)
+            # the emission log: the receipt root of every epoch that committed results,
+            # carried forward (emission_log); an epoch without results has nothing to
+            # prove, and quiet live checkpoints would otherwise fill the log
             res = receipt["results"]
-            self.emission_log.append([int(receipt["epoch"]), int(res["count"]), res["root"]])
+            if int(res["count"]):
+                self.emission_log.append([int(receipt["epoch"]), int(res["count"]),
+                                          res["root"]])
             receipts_doc = json.dumps(
                 {"summary": self.receipts_total, "epochs": [receipt],
                  emission_log.LEAVES_KEY: self.emission_log}, sort_keys=True, indent=1

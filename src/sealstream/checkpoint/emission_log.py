@@ -1,7 +1,7 @@
 """The emission log: an append-only Merkle log of every epoch's receipt root.
 
-Each checkpoint appends one leaf for its epoch, ``{"count": C, "epoch": E, "root":
-R}`` (its canonical JSON: the epoch's number, how many results it committed and the
+Each checkpoint whose epoch committed results appends one leaf for it, ``{"count": C,
+"epoch": E, "root": R}`` (its canonical JSON: the epoch's number, how many results it committed and the
 Merkle root over their ids, :mod:`sealstream.checkpoint.receipts`), and its signed
 manifest commits to the log's size and root (:data:`LOG_FIELD`). The leaves travel
 forward: every checkpoint's ``receipts.json`` holds the whole list (``"log"``), so
@@ -202,7 +202,10 @@ def problem(entries: Any, signed: Any, epoch_entry: Any) -> str | None:
             else {}
         assert isinstance(res, dict)
         last = [epoch_entry.get("epoch"), res.get("count"), res.get("root")]
-        if not entries or entries[-1] != last:
+        if res.get("count") == 0:  # nothing committed: no leaf for this epoch
+            if entries and isinstance(entries[-1], list) and entries[-1][:1] == last[:1]:
+                return "the emission log has a leaf for an epoch that committed nothing"
+        elif not entries or entries[-1] != last:
             return "the emission log's last leaf is not this epoch's receipt root"
     return None
 

@@ -450,8 +450,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     broker.start()
     if isinstance(broker, SeaweedServer):
-        for k, v in broker.env().items():
-            print(f"export {k}={v}")
+        for name, value in broker.env().items():
+            print(f"export {name}={value}")
         print(f"# bucket: {broker.bucket}", flush=True)
     else:
         assert isinstance(broker, KafkaBroker)

@@ -25,7 +25,7 @@ from typing import Any
 import polars as pl
 
 from sealstream.checkpoint.manifest import part_name
-from sealstream.checkpoint.store import CheckpointStore
+from sealstream.checkpoint.stores import CheckpointStore
 from sealstream.pipeline import Pipeline
 from sealstream.sources import open_partition
 from sealstream.sources._base import Chunk, FieldPlan, PartitionPosition, PartitionReader

@@ -50,7 +50,7 @@ from sealstream.checkpoint.manifest import (
     part_name,
     seal,
 )
-from sealstream.checkpoint.store import CheckpointStore, checkpoint_dirname
+from sealstream.checkpoint.stores import CheckpointStore, checkpoint_dirname
 from sealstream.distributed._cluster import connect
 from sealstream.distributed._reader import RemoteReader
 from sealstream.distributed._shard import (

@@ -1,22 +1,11 @@
-"""Choosing a checkpoint store: a directory, or a URL.
-
-* a directory path: :class:`~sealstream.checkpoint.store.LocalCheckpointStore`;
-* ``sqlite:///relative/ckpt.db`` or ``sqlite:////absolute/ckpt.db``:
-  :class:`~sealstream.checkpoint.sqlite_store.SqliteCheckpointStore`;
-* ``postgresql://user@host:port/db`` (or ``postgres://``):
-  :class:`~sealstream.checkpoint.pg_store.PostgresCheckpointStore`.
-
-In a database the checkpoints are those of one pipeline (several jobs can share
-it). URLs are shown with any password replaced by ``***`` (:func:`redact`),
-including the ``password=`` query parameter.
-"""
+"""Store URLs: telling a URL from a directory path, their schemes, and showing them
+without a password (:func:`redact`)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from sealstream.checkpoint.store import CheckpointStore, LocalCheckpointStore
 from sealstream.errors import SpecError
 
 SQLITE = "sqlite:///"
@@ -65,21 +54,3 @@ def check_url(url: str, base_dir: Path = Path(".")) -> None:
             raise SpecError(f"checkpoint url {redact(url)!r}: names no server or database")
         return
     sqlite_path(url, base_dir)
-
-
-def open_store(where: str | Path, pipeline: str | None, base_dir: Path = Path(".")
-               ) -> CheckpointStore:
-    """The store at ``where`` (a directory or a URL) for pipeline ``pipeline``."""
-    if isinstance(where, str) and is_url(where):
-        check_url(where, base_dir)
-        if pipeline is None:
-            raise SpecError(f"{redact(where)}: a pipeline name is needed")
-        if is_postgres(where):
-            from sealstream.checkpoint.pg_store import PostgresCheckpointStore
-
-            return PostgresCheckpointStore(where, pipeline)
-        from sealstream.checkpoint.sqlite_store import SqliteCheckpointStore
-
-        return SqliteCheckpointStore(sqlite_path(where, base_dir), pipeline)
-    p = Path(where)
-    return LocalCheckpointStore(p if p.is_absolute() else base_dir / p)

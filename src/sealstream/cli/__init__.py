@@ -399,10 +399,14 @@ def _store(directory: str, pipeline: str | None = None, *, named: bool = True) -
 
 
 def _url_store(url: str, pipeline: str | None, named: bool) -> Any:
-    from sealstream.checkpoint.stores import check_url, is_postgres, redact, sqlite_path
+    from sealstream.checkpoint.stores import check_url, is_postgres, is_s3, redact, sqlite_path
 
     try:
         check_url(url, Path.cwd())
+        if is_s3(url):  # a prefix holds one job's checkpoints, as a directory does
+            from sealstream.checkpoint.stores import open_store
+
+            return open_store(url, pipeline)
         if is_postgres(url):
             from sealstream.checkpoint.stores import postgres as pg_store
 

@@ -37,7 +37,8 @@ _SECTIONS: dict[str, set[str]] = {
     "late": {"kind", "path", "url", "table", "bootstrap", "topic", "settings"},
     "errors": {"kind", "path", "url", "table", "bootstrap", "topic", "settings"},
     "checkpoint": {"path", "url", "every_events", "every_ms", "keep", "incremental",
-                   "full_every", "asynchronous", "max_age_s", "require_receipts"},
+                   "full_every", "asynchronous", "max_age_s", "require_receipts",
+                   "endpoint_url"},
 }
 _REQUIRED = ("pipeline", "source", "window", "aggregates", "sink")
 
@@ -193,6 +194,7 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
             max_age_s=(check_max_age("checkpoint.max_age_s", c["max_age_s"])
                        if "max_age_s" in c else None),
             require_receipts=_get(c, "checkpoint", "require_receipts", bool, False),
+            endpoint_url=_get(c, "checkpoint", "endpoint_url", str, None),
             base_dir=base_dir,
         )
     sink = output("sink")

@@ -4,7 +4,10 @@
 * ``sqlite:///relative/ckpt.db`` or ``sqlite:////absolute/ckpt.db``:
   :class:`~sealstream.checkpoint.stores.sqlite.SqliteCheckpointStore`;
 * ``postgresql://user@host:port/db`` (or ``postgres://``):
-  :class:`~sealstream.checkpoint.stores.postgres.PostgresCheckpointStore`.
+  :class:`~sealstream.checkpoint.stores.postgres.PostgresCheckpointStore`;
+* ``s3://bucket/prefix``: :class:`~sealstream.checkpoint.stores.objects.ObjectCheckpointStore`
+  on S3 (the endpoint from ``endpoint_url`` or ``AWS_ENDPOINT_URL``, credentials from
+  the standard AWS chain). A prefix holds one job's checkpoints, as a directory does.
 
 In a database the checkpoints are those of one pipeline (several jobs can share
 it). URLs are shown with any password replaced by ``***`` (:func:`redact`),
@@ -20,6 +23,7 @@ from sealstream.checkpoint.stores._urls import (
     SQLITE,
     check_url,
     is_postgres,
+    is_s3,
     is_url,
     redact,
     scheme,
@@ -44,6 +48,7 @@ __all__ = [
     "check_url",
     "checkpoint_dirname",
     "is_postgres",
+    "is_s3",
     "is_url",
     "open_store",
     "redact",
@@ -52,11 +57,17 @@ __all__ = [
 ]
 
 
-def open_store(where: str | Path, pipeline: str | None, base_dir: Path = Path(".")
-               ) -> CheckpointStore:
-    """The store at ``where`` (a directory or a URL) for pipeline ``pipeline``."""
+def open_store(where: str | Path, pipeline: str | None, base_dir: Path = Path("."),
+               endpoint_url: str | None = None) -> CheckpointStore:
+    """The store at ``where`` (a directory or a URL) for pipeline ``pipeline``
+    (``endpoint_url``: an S3 store's endpoint, else ``AWS_ENDPOINT_URL``)."""
     if isinstance(where, str) and is_url(where):
         check_url(where, base_dir)
+        if is_s3(where):
+            from sealstream._objects.s3 import S3Objects
+            from sealstream.checkpoint.stores.objects import ObjectCheckpointStore
+
+            return ObjectCheckpointStore(S3Objects.from_url(where, endpoint_url), pipeline)
         if pipeline is None:
             raise SpecError(f"{redact(where)}: a pipeline name is needed")
         if is_postgres(where):

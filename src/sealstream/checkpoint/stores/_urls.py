@@ -25,6 +25,10 @@ def is_postgres(url: str) -> bool:
     return scheme(url) in POSTGRES_SCHEMES
 
 
+def is_s3(url: str) -> bool:
+    return scheme(url) == "s3"
+
+
 def redact(url: str) -> str:
     """``url`` with its password hidden: ``user:PASSWORD@`` and ``password=...``."""
     url = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/@:]*):[^/@]*@", r"\1:***@", url)
@@ -37,7 +41,7 @@ def sqlite_path(url: str, base_dir: Path = Path(".")) -> Path:
     if not url.startswith(SQLITE):
         raise SpecError(
             f"checkpoint url {redact(url)!r}: expected sqlite:///FILE, "
-            "postgresql://HOST/DB (or a directory path)"
+            "postgresql://HOST/DB, s3://BUCKET/PREFIX (or a directory path)"
         )
     rest = url[len(SQLITE):].split("?", 1)[0]
     if not rest or rest.endswith("/") or "\x00" in rest:
@@ -48,6 +52,15 @@ def sqlite_path(url: str, base_dir: Path = Path(".")) -> Path:
 
 def check_url(url: str, base_dir: Path = Path(".")) -> None:
     """SpecError naming what is wrong with a store URL (nothing is connected)."""
+    if is_s3(url):
+        from sealstream._objects import ObjectStoreError
+        from sealstream._objects.s3 import parse_url
+
+        try:
+            parse_url(url)
+        except ObjectStoreError as exc:
+            raise SpecError(f"checkpoint url {exc}") from None
+        return
     if is_postgres(url):
         rest = url.split("://", 1)[1]
         if not rest.strip("/") or "\x00" in url:

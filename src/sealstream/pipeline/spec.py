@@ -111,6 +111,9 @@ _MISSING = object()
 def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipeline:
     """Build a :class:`Pipeline` from a parsed spec; raise SpecError on the first problem."""
     for sec in data:
+        if sec == "archive":
+            raise SpecError("[archive]: the raw-event archive is not supported yet (it is "
+                            "planned: see docs/object-storage.md); remove the section")
         if sec not in _SECTIONS:
             raise SpecError(f"unknown section [{sec}]; expected one of {', '.join(_SECTIONS)}")
         if not isinstance(data[sec], dict):

@@ -243,3 +243,32 @@ def test_the_s3_server_killed_mid_checkpoint_and_restarted(tmp_path: Path, expec
     assert_same_output(tmp_path, expected)
     verified = _cli(env, "verify", url, "--json")
     assert verified.returncode == 0, verified.stderr
+
+
+def test_every_checkpoints_command_and_replay_read_an_s3_store(tmp_path: Path, expected: Path,
+                                                              s3_env: Any) -> None:
+    spec, url, env = _s3_story(tmp_path, s3_env)
+    assert run(spec, crash_at="after_retention:3", env=env).returncode == -9
+    cps = [c["id"] for c in json.loads(_cli(env, "list", url, "--json").stdout)["checkpoints"]]
+    assert len(cps) >= 2
+    diff = _cli(env, "diff", url, str(cps[-2]), str(cps[-1]), "--json")
+    assert diff.returncode == 0, diff.stderr
+    exported = _cli(env, "export", url, "--to", str(tmp_path / "open.jsonl"), "--json")
+    assert exported.returncode == 0, exported.stderr
+    assert (tmp_path / "open.jsonl").is_file()
+    row = json.loads((sorted((tmp_path / "out").glob("*.jsonl"))[0]).read_text().splitlines()[0])
+    window = _cli(env, "window", url, "--key", str(row["key"]), "--start",
+                  str(row["window_start"]), "--end", str(row["window_end"]), "--json")
+    assert window.returncode == 0, window.stdout + window.stderr
+    shown = json.loads(window.stdout)
+    assert shown["manifest"]["verdict"] == "ATOMIC_CHECKPOINT"
+    assert shown["checkpoint"]["status"] in ("emitted", "open")
+    replayed = subprocess.run(
+        [sys.executable, "-m", "sealstream", "replay", str(spec), "--from", "start", "--to",
+         str(tmp_path / "replay"), "--quiet"], capture_output=True, text=True, timeout=300,
+        env={**os.environ, **env})
+    assert replayed.returncode == 0, replayed.stderr
+    assert (tmp_path / "replay" / "out").is_dir()
+    resumed = run(spec, env=env)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_output(tmp_path, expected)

@@ -272,3 +272,29 @@ def test_every_checkpoints_command_and_replay_read_an_s3_store(tmp_path: Path, e
     resumed = run(spec, env=env)
     assert resumed.returncode == 0, resumed.stderr
     assert_same_output(tmp_path, expected)
+
+
+def test_two_runs_of_one_job_on_one_prefix(tmp_path: Path, expected: Path, s3_env: Any) -> None:
+    """The first run stops itself mid-checkpoint holding the lease; a second run of the
+    same job on the same prefix is refused in one line (exit 1) and writes nothing; the
+    first goes on and its output is exact."""
+    spec, url, env = _s3_story(tmp_path, s3_env)
+    with subprocess.Popen([sys.executable, "-m", "sealstream", "run", str(spec), "--quiet"],
+                          env={**os.environ, **env, "SEALSTREAM_PAUSE_AT": "after_write_state:2"},
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as first:
+        deadline = time.monotonic() + 120
+        while not _stopped(first.pid):
+            assert first.poll() is None, first.communicate()[1]
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        before = _objects(url, env).keys()
+        second = run(spec, env=env)
+        assert second.returncode == 1, second.stderr
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1 and "locked by another run" in lines[0], second.stderr
+        assert f'"pid": {first.pid}' in lines[0]
+        assert _objects(url, env).keys() == before
+        os.kill(first.pid, signal.SIGCONT)
+        _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    assert_same_output(tmp_path, expected)

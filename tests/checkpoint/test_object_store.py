@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sealstream._objects import LocalObjects, ObjectExistsError, Objects
+from sealstream._objects import LocalObjects, ObjectExistsError, Objects, ObjectStoreError
 from sealstream._objects.s3 import S3Objects
 from sealstream.checkpoint.stores import REJECTED, CheckpointStore, open_store
 from sealstream.checkpoint.stores.objects import ObjectCheckpointStore
@@ -231,3 +231,35 @@ def test_local_objects_are_published_whole_and_create_if_absent(tmp_path: Path) 
         objects.create("a/b", b"y")
     assert objects.keys() == ["a/b"]
     assert [p.name for p in (tmp_path / "o" / "a").iterdir()] == ["b"]
+
+
+def test_a_multipart_upload_cut_by_a_server_crash_is_never_visible(
+        own_s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server is SIGKILLed after the first part of a large object went up: the
+    create fails in one line, the object never appears (not even partly) once the
+    server is back, and a second attempt stores it whole."""
+    for name, value in own_s3.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("SEALSTREAM_S3_RETRY_S", "2")
+    monkeypatch.setattr(S3Objects, "multipart_bytes", 5 * 1024 * 1024)
+    big = bytes(range(256)) * (12 * 4096)  # 12 MiB: three parts
+
+    class KilledAfterOnePart(S3Objects):
+        parts = 0
+
+        def _call(self, what: str, fn: Any, **kw: Any) -> Any:
+            if what.startswith("upload part"):
+                KilledAfterOnePart.parts += 1
+                if KilledAfterOnePart.parts == 2:
+                    own_s3.kill()  # the server dies between two parts
+            return super()._call(what, fn, **kw)
+
+    objects = KilledAfterOnePart(own_s3.bucket, "mp")
+    with pytest.raises(ObjectStoreError, match="did not answer for 2 s"):
+        objects.create("state.arrow", big)
+    own_s3.start()
+    again = S3Objects(own_s3.bucket, "mp")
+    assert again.get("state.arrow") is None
+    assert again.keys() == []
+    assert again.create("state.arrow", big) is True
+    assert again.get("state.arrow") == big

@@ -263,3 +263,51 @@ def test_a_multipart_upload_cut_by_a_server_crash_is_never_visible(
     assert again.keys() == []
     assert again.create("state.arrow", big) is True
     assert again.get("state.arrow") == big
+
+
+def test_scale_out_parts_written_by_workers_verify_and_are_fenced(s3_env: Any,
+                                                                 tmp_path: Path) -> None:
+    """A claimed checkpoint gets parts from other processes' stores (workers), create-if-
+    absent; the coordinator's manifest binds them and the guard passes the whole. Once
+    another run took the lease, a worker holding the old fence adds nothing."""
+    import json
+
+    import polars as pl
+
+    from sealstream.checkpoint import guard
+    from sealstream.checkpoint.manifest import part_name, seal
+    from sealstream.checkpoint.stores import checkpoint_dirname
+    from sealstream.state.codec import WATERMARK_META, encode_table, sha256_hex
+    from sealstream.testing.store_contract import SIGNING_KEY
+
+    url = _url(s3_env, tmp_path)
+    store = open_store(url, PIPELINE)
+    parts = {i: encode_table(pl.DataFrame({"key": [f"k{i}"], "n": [i]}),
+                             {WATERMARK_META.decode(): {"global_ms": 1}}) for i in range(2)}
+    with store.locked():
+        store.claim(1)
+        fence = store.fence()
+        worker = open_store(url, PIPELINE)  # as in another process
+        for i, data in parts.items():
+            worker.write_part(1, part_name(i), data, fence)
+        worker.write_part(1, part_name(0), parts[0], fence)  # a retry: the same bytes
+        with pytest.raises(CheckpointError, match="other bytes"):
+            worker.write_part(1, part_name(0), parts[1], fence)
+        files, manifest = sample_checkpoint(1)
+        body = json.loads(manifest)
+        d = checkpoint_dirname(1)
+        for i, data in parts.items():
+            body["files"][f"part:{i}"] = {"path": f"{d}/{part_name(i)}",
+                                          "sha256": sha256_hex(data), "bytes": len(data)}
+        body.pop("signature")
+        store.write_checkpoint(1, files, seal(body, SIGNING_KEY), claimed=True)
+        with pytest.raises(CheckpointError, match="already published"):
+            worker.write_part(1, part_name(2), parts[0], fence)
+        policy = guard.Policy(key=SIGNING_KEY, pipeline=PIPELINE)
+        assert guard.judge(store.evidence(1, SIGNING_KEY), None, policy).ok
+        store.claim(2)
+    # the run ended (its lease released) and another took it: the old fence is stale
+    with open_store(url, PIPELINE).locked():
+        with pytest.raises(LockHeldError, match="no longer holds the lease"):
+            worker.write_part(2, part_name(0), parts[0], fence)
+        assert store.files_of(2) == []

@@ -78,7 +78,7 @@ def restore_seconds(wd: Path, cid: int) -> tuple[float, int]:
     code = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from sealstream.checkpoint.store import LocalCheckpointStore\n"
+        "from sealstream.checkpoint.stores import LocalCheckpointStore\n"
         "from sealstream.pipeline import load_spec\n"
         "from sealstream.state import incremental\n"
         "from sealstream.windows.operator import WindowOperator\n"

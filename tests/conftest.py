@@ -165,3 +165,32 @@ def own_nats() -> Iterator[object]:
         yield server
     finally:
         server.close()
+
+
+# ------------------------------------------------------------------ object storage
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[object]:
+    """The tests' SeaweedFS S3 server (``.endpoint``, ``.bucket``, ``.env()``)."""
+    from sealstream.testing.brokers import SeaweedServer
+
+    _require_module("boto3", "the S3 tests need boto3")
+    server = SeaweedServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def own_s3() -> Iterator[object]:
+    """A SeaweedFS server of this test's own, which it may kill and restart."""
+    from sealstream.testing.brokers import SeaweedServer
+
+    _require_module("boto3", "the S3 tests need boto3")
+    server = SeaweedServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()

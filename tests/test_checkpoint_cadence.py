@@ -13,7 +13,7 @@ import pytest
 
 from sealstream._runtime import engine
 from sealstream._runtime.engine import Job
-from sealstream.checkpoint.store import LocalCheckpointStore
+from sealstream.checkpoint.stores import LocalCheckpointStore
 from sealstream.cli._progress import Progress
 from sealstream.pipeline import load_spec
 from sealstream.testing.datagen import generate

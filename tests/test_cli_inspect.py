@@ -23,7 +23,7 @@ import polars as pl
 import pytest
 
 from sealstream.checkpoint.manifest import KEY_ENV, seal
-from sealstream.checkpoint.store import LocalCheckpointStore
+from sealstream.checkpoint.stores import LocalCheckpointStore
 from sealstream.cli import main
 
 T0 = 1_700_000_000_000

@@ -11,7 +11,7 @@ import pytest
 
 from sealstream._runtime.engine import Job
 from sealstream.checkpoint.plans import judge_plan
-from sealstream.checkpoint.store import LocalCheckpointStore
+from sealstream.checkpoint.stores import LocalCheckpointStore
 from sealstream.pipeline import load_spec
 from sealstream.watermark import WatermarkState
 

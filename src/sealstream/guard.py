@@ -58,7 +58,7 @@ from sealstream.checkpoint.manifest import (
     checkpoint_key,
     signature_ok,
 )
-from sealstream.checkpoint.store import CheckpointStore, LocalCheckpointStore
+from sealstream.checkpoint.stores import CheckpointStore, LocalCheckpointStore
 from sealstream.errors import CheckpointError, SpecError
 from sealstream.sources._base import KEY, KEY_IS_INT
 from sealstream.state import incremental

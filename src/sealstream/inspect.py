@@ -1,7 +1,7 @@
 """Read-only views of checkpoints: what ``sealstream checkpoints inspect|diff|export|prune``
 compute. Nothing here writes to the checkpoint directory.
 
-Every function takes a :class:`~sealstream.checkpoint.store.CheckpointStore`
+Every function takes a :class:`~sealstream.checkpoint.stores.CheckpointStore`
 and reads through it. Verdicts come from the guard (:func:`guard.judge`) with the
 parent manifest read from the store, exactly like ``checkpoints verify``.
 
@@ -40,7 +40,7 @@ from sealstream.checkpoint.manifest import (
     load_json,
     signature_ok,
 )
-from sealstream.checkpoint.store import (
+from sealstream.checkpoint.stores import (
     PREFIX,
     CheckpointStore,
     LocalCheckpointStore,

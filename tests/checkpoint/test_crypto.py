@@ -30,7 +30,7 @@ from sealstream.checkpoint.crypto import (
     key_id,
 )
 from sealstream.checkpoint.manifest import MANIFEST_NAME, RECEIPTS_NAME, STATE_NAME, seal
-from sealstream.checkpoint.store import LocalCheckpointStore, checkpoint_dirname
+from sealstream.checkpoint.stores import LocalCheckpointStore, checkpoint_dirname
 from sealstream.errors import CheckpointError, SpecError
 from sealstream.state.codec import WATERMARK_META, encode_table
 

@@ -19,9 +19,9 @@ import pytest
 
 from sealstream.checkpoint import crypto, guard
 from sealstream.checkpoint.manifest import part_name, seal
-from sealstream.checkpoint.pg_store import PostgresCheckpointStore
-from sealstream.checkpoint.sqlite_store import SqliteCheckpointStore
-from sealstream.checkpoint.store import CheckpointStore, LocalCheckpointStore, checkpoint_dirname
+from sealstream.checkpoint.stores import CheckpointStore, LocalCheckpointStore, checkpoint_dirname
+from sealstream.checkpoint.stores.postgres import PostgresCheckpointStore
+from sealstream.checkpoint.stores.sqlite import SqliteCheckpointStore
 from sealstream.errors import CheckpointError, LockHeldError
 from sealstream.state.codec import WATERMARK_META, encode_table, sha256_hex
 from sealstream.testing.store_contract import PIPELINE, SIGNING_KEY, sample_checkpoint
@@ -55,7 +55,7 @@ def _verdict(store: CheckpointStore, cid: int) -> guard.Verdict:
 def _other_holder(lock: Path) -> subprocess.Popen[str]:
     """Another process holding the directory's lock until its stdin closes."""
     code = ("import sys; from pathlib import Path\n"
-            "from sealstream.checkpoint.store import LocalCheckpointStore\n"
+            "from sealstream.checkpoint.stores import LocalCheckpointStore\n"
             f"s = LocalCheckpointStore(Path({str(lock)!r}), encryption_key=None)\n"
             "with s.locked():\n    print('held', flush=True); sys.stdin.read()\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,

@@ -14,9 +14,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from sealstream.checkpoint.pg_store import PostgresCheckpointStore, pipelines_in
-from sealstream.checkpoint.store import CheckpointStore
-from sealstream.checkpoint.stores import open_store, redact
+from sealstream.checkpoint.stores import CheckpointStore, open_store, redact
+from sealstream.checkpoint.stores.postgres import PostgresCheckpointStore, pipelines_in
 from sealstream.errors import CheckpointError, LockHeldError, SpecError
 from sealstream.testing.store_contract import (
     PIPELINE,
@@ -83,7 +82,7 @@ class TestPostgresStore(StoreContract):
 
     def test_lock_is_held_across_processes_and_freed_by_sigkill(self, tmp_path: Path) -> None:
         code = ("import sys, time\n"
-                "from sealstream.checkpoint.pg_store import PostgresCheckpointStore\n"
+                "from sealstream.checkpoint.stores.postgres import PostgresCheckpointStore\n"
                 "s = PostgresCheckpointStore(sys.argv[1], 'job')\n"
                 "with s.locked():\n"
                 "    print('locked', flush=True)\n"
@@ -210,7 +209,7 @@ def test_driver_noise_is_never_printed(pg_url: str) -> None:
     """A COPY cut by a lost connection: psycopg logs 'error ignored terminating
     Copy ...', which Python prints on stderr unless the logger has a handler."""
     code = ("import sys, time, psycopg\n"
-            "from sealstream.checkpoint.pg_store import connect\n"
+            "from sealstream.checkpoint.stores.postgres import connect\n"
             "conn = connect(sys.argv[1], 'db')\n"
             "conn.execute('CREATE TEMP TABLE t (v INT)')\n"
             "admin = psycopg.connect(sys.argv[1], autocommit=True)\n"

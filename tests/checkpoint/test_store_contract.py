@@ -10,9 +10,15 @@ from typing import Any
 
 import pytest
 
-from sealstream.checkpoint.sqlite_store import SqliteCheckpointStore, pipelines_in
-from sealstream.checkpoint.store import REJECTED, CheckpointStore, LocalCheckpointStore
-from sealstream.checkpoint.stores import open_store, redact, sqlite_path
+from sealstream.checkpoint.stores import (
+    REJECTED,
+    CheckpointStore,
+    LocalCheckpointStore,
+    open_store,
+    redact,
+    sqlite_path,
+)
+from sealstream.checkpoint.stores.sqlite import SqliteCheckpointStore, pipelines_in
 from sealstream.errors import SpecError
 from sealstream.testing.store_contract import (
     PIPELINE,

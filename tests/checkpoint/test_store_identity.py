@@ -19,9 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from sealstream.checkpoint.sqlite_store import SqliteCheckpointStore
-from sealstream.checkpoint.store import LocalCheckpointStore
-from sealstream.checkpoint.stores import open_store
+from sealstream.checkpoint.stores import LocalCheckpointStore, open_store
+from sealstream.checkpoint.stores.sqlite import SqliteCheckpointStore
 from sealstream.errors import CheckpointError, LockHeldError
 
 HOLD = """
@@ -303,13 +302,13 @@ def test_a_database_of_the_old_layout_is_migrated_in_place(tmp_path: Path) -> No
     assert _tables(db) == {"sealstream_checkpoints", "sealstream_checkpoint_files",
                            "sealstream_checkpoint_files_by_id", "sealstream_rejected",
                            "sealstream_lock_holders", "mine"}
-    from sealstream.checkpoint.sqlite_store import pipelines_in
+    from sealstream.checkpoint.stores.sqlite import pipelines_in
 
     assert pipelines_in(db) == ["job"]
 
 
 def test_tables_that_only_share_an_old_name_are_left_alone(tmp_path: Path) -> None:
-    from sealstream.checkpoint.sqlite_store import migrate
+    from sealstream.checkpoint.stores.sqlite import migrate
 
     db = tmp_path / "results.db"
     conn = sqlite3.connect(db, isolation_level=None)

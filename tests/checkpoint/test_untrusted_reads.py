@@ -15,7 +15,7 @@ import pytest
 from sealstream import _fs
 from sealstream.checkpoint import crypto, guard
 from sealstream.checkpoint import manifest as mf
-from sealstream.checkpoint.store import LocalCheckpointStore
+from sealstream.checkpoint.stores import LocalCheckpointStore
 from sealstream.state.codec import encode_table, schema_problem
 
 KEY = b"k-untrusted"

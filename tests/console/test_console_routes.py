@@ -20,7 +20,7 @@ import pytest
 from _consolekit import emitted_window, story, tree
 
 from scenarios._story import run
-from sealstream.checkpoint.store import LocalCheckpointStore
+from sealstream.checkpoint.stores import LocalCheckpointStore
 from sealstream.inspect import judge_checkpoint
 
 

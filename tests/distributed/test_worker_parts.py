@@ -118,7 +118,7 @@ def test_sqlite_store_parts_go_through_the_coordinator(
     """An SQLite store has no direct parts (its lock is a kernel lock of the
     coordinator's process on one host's file): the coordinator writes them; the
     output is exact and the checkpoints verify."""
-    from sealstream.checkpoint.sqlite_store import SqliteCheckpointStore
+    from sealstream.checkpoint.stores.sqlite import SqliteCheckpointStore
     from sealstream.cli import main
 
     reference_run(tmp_path / "ref", window=WINDOWS["tumbling"], **STORY)

@@ -186,7 +186,7 @@ def test_signed_checkpoints_catch_tampering(tmp_path: Path) -> None:
 
 
 def test_second_run_on_the_same_directory_is_refused(tmp_path: Path) -> None:
-    from sealstream.checkpoint.store import LocalCheckpointStore
+    from sealstream.checkpoint.stores import LocalCheckpointStore
 
     names = make_input(tmp_path)
     spec = write_spec(tmp_path, names)

@@ -91,7 +91,7 @@ def test_crashed_encrypted_job_resumes_to_the_exact_output(
 def test_nothing_of_the_input_is_readable_in_the_checkpoint_files(
     encrypted: Path, expected: Path
 ) -> None:
-    from sealstream.checkpoint.store import LocalCheckpointStore
+    from sealstream.checkpoint.stores import LocalCheckpointStore
     from sealstream.state.codec import decode_table
 
     files = [f for f in (encrypted / "ckpt").rglob("*") if f.is_file() and f.name != "LOCK"]

@@ -203,7 +203,7 @@ def test_every_delta_rebuilds_the_live_state(tmp_path: Path, kind: str) -> None:
     """After every checkpoint of an incremental run, base + deltas equal the operator's
     state at that instant, row for row (the property restores rely on)."""
     from sealstream._runtime.engine import Job
-    from sealstream.checkpoint.store import LocalCheckpointStore
+    from sealstream.checkpoint.stores import LocalCheckpointStore
     from sealstream.pipeline import load_spec
 
     window = WINDOWS.get(kind, 'kind = "tumbling"\nsize_ms = 2000\nallowed_lateness_ms = 500')

@@ -31,8 +31,8 @@ import psycopg
 import pytest
 from _story import assert_same_output, make_input, run, uninterrupted, write_spec
 
-from sealstream.checkpoint.pg_store import PostgresCheckpointStore, lock_key
 from sealstream.checkpoint.stores import redact
+from sealstream.checkpoint.stores.postgres import PostgresCheckpointStore, lock_key
 
 STORY = {"errors": True, "bad_every": 97}
 expected = uninterrupted(**STORY)

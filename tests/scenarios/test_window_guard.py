@@ -25,7 +25,7 @@ from _story import (
 from test_corruption import EXPECT, _damage
 
 from sealstream.checkpoint import receipts as trees
-from sealstream.checkpoint.store import LocalCheckpointStore
+from sealstream.checkpoint.stores import LocalCheckpointStore
 from sealstream.cli._guard import export_proofs
 from sealstream.cli._report import verify_checkpoints
 from sealstream.guard import (

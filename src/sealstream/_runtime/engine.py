@@ -88,7 +88,7 @@ from sealstream.checkpoint import guard
 from sealstream.checkpoint.manifest import (
     checkpoint_key,
 )
-from sealstream.checkpoint.store import CheckpointStore
+from sealstream.checkpoint.stores import CheckpointStore
 from sealstream.errors import (
     BadRecordError,
     CheckpointError,

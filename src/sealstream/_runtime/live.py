@@ -49,7 +49,7 @@ import polars as pl
 
 from sealstream._runtime.merge import Batch, SourcePosition
 from sealstream.checkpoint.plans import StepPlan, judge_plan
-from sealstream.checkpoint.store import CheckpointStore
+from sealstream.checkpoint.stores import CheckpointStore
 from sealstream.errors import (
     CheckpointError,
     SealstreamError,

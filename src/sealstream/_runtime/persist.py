@@ -36,7 +36,7 @@ from sealstream.checkpoint.manifest import (
     SUPPRESS_NAME,
     seal,
 )
-from sealstream.checkpoint.store import CheckpointStore, checkpoint_dirname
+from sealstream.checkpoint.stores import CheckpointStore, checkpoint_dirname
 from sealstream.pipeline import Pipeline
 from sealstream.sinks._base import Sink
 from sealstream.sinks.database import DatabaseSink

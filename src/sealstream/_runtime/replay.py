@@ -68,8 +68,8 @@ PARTIAL_NOTE = (
 def live_directories(p: Pipeline) -> dict[str, Path]:
     """The live output and checkpoint directories of ``p`` (resolved); for a SQLite
     database (a results table or the checkpoint store), its file. A PostgreSQL
-    database is no place on disk: the replay never writes to it."""
-    from sealstream.checkpoint.stores import is_postgres, sqlite_path
+    database or an S3 prefix is no place on disk: the replay never writes to it."""
+    from sealstream.checkpoint.stores import is_postgres, is_s3, sqlite_path
 
     out: dict[str, Path] = {}
     for section, o in (("sink", p.sink), ("late", p.late), ("errors", p.errors)):
@@ -82,7 +82,7 @@ def live_directories(p: Pipeline) -> dict[str, Path]:
             out[section] = o.resolved.resolve()
     if p.checkpoint is not None:
         if p.checkpoint.url:
-            if not is_postgres(p.checkpoint.url):
+            if not is_postgres(p.checkpoint.url) and not is_s3(p.checkpoint.url):
                 # the database file: a destination containing it is refused
                 out["checkpoint"] = sqlite_path(p.checkpoint.url,
                                                 p.checkpoint.base_dir).resolve()

@@ -1,8 +1,8 @@
 """The emission log: an append-only Merkle log of every epoch's receipt root.
 
 Each checkpoint whose epoch committed results appends one leaf for it, ``{"count": C,
-"epoch": E, "root": R}`` (its canonical JSON: the epoch's number, how many results it committed and the
-Merkle root over their ids, :mod:`sealstream.checkpoint.receipts`), and its signed
+"epoch": E, "root": R}`` (its canonical JSON: the epoch's number, how many results it
+committed and the Merkle root over their ids, :mod:`sealstream.checkpoint.receipts`), and its signed
 manifest commits to the log's size and root (:data:`LOG_FIELD`). The leaves travel
 forward: every checkpoint's ``receipts.json`` holds the whole list (``"log"``), so
 pruning old checkpoints loses no epoch root.

@@ -23,7 +23,7 @@ checkpoints they belong to: retention deletes the records of steps at or before
 the oldest checkpoint it keeps.
 
 This module is pure: encoding, signing and the verdict on a chain. Storage is the
-store's (:meth:`~sealstream.checkpoint.store.CheckpointStore.write_plan`).
+store's (:meth:`~sealstream.checkpoint.stores.CheckpointStore.write_plan`).
 """
 
 from __future__ import annotations

@@ -385,8 +385,7 @@ def _store(directory: str, pipeline: str | None = None, *, named: bool = True) -
     """The store at ``directory`` (a path or URL). ``named``: ``pipeline`` was given
     with --pipeline, so a database without it is an error (exit 2) naming the
     pipelines it holds; else (the name of a --spec) it may have no checkpoints yet."""
-    from sealstream.checkpoint.store import LocalCheckpointStore
-    from sealstream.checkpoint.stores import is_url
+    from sealstream.checkpoint.stores import LocalCheckpointStore, is_url
 
     if is_url(directory):
         store = _url_store(directory, pipeline, named)
@@ -405,18 +404,22 @@ def _store(directory: str, pipeline: str | None = None, *, named: bool = True) -
 
 
 def _url_store(url: str, pipeline: str | None, named: bool) -> Any:
-    from sealstream.checkpoint.stores import check_url, is_postgres, redact, sqlite_path
+    from sealstream.checkpoint.stores import check_url, is_postgres, is_s3, redact, sqlite_path
 
     try:
         check_url(url, Path.cwd())
+        if is_s3(url):  # a prefix holds one job's checkpoints, as a directory does
+            from sealstream.checkpoint.stores import open_store
+
+            return open_store(url, pipeline)
         if is_postgres(url):
-            from sealstream.checkpoint import pg_store
+            from sealstream.checkpoint.stores import postgres as pg_store
 
             # a database without checkpoints is an empty store, as an empty directory
             # or SQLite file is: list and verify show none, inspect says there are none
             names = pg_store.pipelines_in(url, redact(url))
         else:
-            from sealstream.checkpoint import sqlite_store
+            from sealstream.checkpoint.stores import sqlite as sqlite_store
 
             db = sqlite_path(url, Path.cwd())
             if not db.is_file():

@@ -14,7 +14,7 @@ import click
 
 from sealstream.checkpoint import receipts as trees
 from sealstream.checkpoint.manifest import checkpoint_key, load_json
-from sealstream.checkpoint.store import CheckpointStore
+from sealstream.checkpoint.stores import CheckpointStore
 from sealstream.errors import CheckpointError, SealstreamError, SpecError
 
 
@@ -171,7 +171,7 @@ def verify_proof_files(proof_path: Path, manifest: Path | None, directory: str |
             raise SpecError(f"cannot read manifest {manifest}: {exc}") from None
     store = None
     if directory is not None:
-        from sealstream.checkpoint.store import LocalCheckpointStore
+        from sealstream.checkpoint.stores import LocalCheckpointStore
 
         store = LocalCheckpointStore(Path(directory))
     proofs = [_unwrap(p) for p in proofs]

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sealstream.checkpoint import guard
-from sealstream.checkpoint.store import LocalCheckpointStore
+from sealstream.checkpoint.stores import LocalCheckpointStore
 from sealstream.errors import SinkError, SpecError
 from sealstream.inspect import open_windows_table, typed_for_parquet, wm_iso
 from sealstream.sinks._files import fsync_dir, fsync_file, os_reason

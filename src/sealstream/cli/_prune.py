@@ -25,7 +25,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from sealstream.checkpoint.store import (
+from sealstream.checkpoint.stores import (
     REJECTED,
     CheckpointStore,
     LocalCheckpointStore,

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from sealstream.checkpoint import guard
 from sealstream.checkpoint.manifest import checkpoint_key
-from sealstream.checkpoint.store import CheckpointStore
+from sealstream.checkpoint.stores import CheckpointStore
 from sealstream.pipeline import Pipeline
 from sealstream.watermark import json_ms
 

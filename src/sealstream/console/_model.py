@@ -21,7 +21,7 @@ from typing import Any
 
 from sealstream.checkpoint import guard
 from sealstream.checkpoint.manifest import checkpoint_key, signature_ok
-from sealstream.checkpoint.store import CheckpointStore, LocalCheckpointStore
+from sealstream.checkpoint.stores import CheckpointStore, LocalCheckpointStore
 from sealstream.console._stores import READ_ERRORS, Aside, Pipeline
 from sealstream.inspect import diff_checkpoints, inspect_checkpoint, judge_checkpoint, wm_iso
 from sealstream.watermark import NEG_INF, POS_INF

@@ -24,17 +24,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sealstream.checkpoint.pg_store import PostgresCheckpointStore
-from sealstream.checkpoint.sqlite_store import SqliteCheckpointStore
-from sealstream.checkpoint.store import (
+from sealstream.checkpoint.stores import is_postgres, is_url, redact, sqlite_path
+from sealstream.checkpoint.stores.base import (
     PREFIX,
     REJECTED,
     CheckpointStore,
-    LocalCheckpointStore,
     _parse_id,
     checkpoint_dirname,
 )
-from sealstream.checkpoint.stores import is_postgres, is_url, redact, sqlite_path
+from sealstream.checkpoint.stores.directory import LocalCheckpointStore
+from sealstream.checkpoint.stores.postgres import PostgresCheckpointStore
+from sealstream.checkpoint.stores.sqlite import SqliteCheckpointStore
 from sealstream.errors import CheckpointError, SealstreamError
 
 #: what a read failure of any store raises (shown on the page, never a server error)
@@ -107,11 +107,11 @@ class Source:
 
     def _db_pipelines(self) -> list[str]:
         if is_postgres(self.where):
-            from sealstream.checkpoint import pg_store
+            from sealstream.checkpoint.stores import postgres as pg_store
 
             self.kind = "postgresql"
             return pg_store.pipelines_in(_read_only_url(self.where), self.shown)
-        from sealstream.checkpoint import sqlite_store
+        from sealstream.checkpoint.stores import sqlite as sqlite_store
 
         self.kind = "sqlite"
         db = self._sqlite_file()

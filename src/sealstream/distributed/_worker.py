@@ -31,7 +31,7 @@ import polars as pl
 from sealstream._runtime.engine import _transform_stage
 from sealstream._runtime.merge import SourcePosition
 from sealstream.checkpoint.manifest import part_name
-from sealstream.checkpoint.store import CheckpointStore
+from sealstream.checkpoint.stores import CheckpointStore
 from sealstream.distributed._plane import (
     Breaks,
     SlabReader,

@@ -54,7 +54,7 @@ from sealstream.checkpoint.manifest import (
     part_name,
     seal,
 )
-from sealstream.checkpoint.store import CheckpointStore, checkpoint_dirname
+from sealstream.checkpoint.stores import CheckpointStore, checkpoint_dirname
 from sealstream.distributed._cluster import connect
 from sealstream.distributed._plane import advance, prepare
 from sealstream.distributed._shard import (

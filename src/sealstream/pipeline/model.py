@@ -166,6 +166,8 @@ class Checkpoints:
     #: resume only from checkpoints whose manifest signs their epoch's Merkle receipt
     #: root (older ones are PARTIAL_CHECKPOINT_REJECT, reason NO_RECEIPT_ROOTS)
     require_receipts: bool = False
+    #: an ``s3://`` store's endpoint (else ``AWS_ENDPOINT_URL``, else AWS itself)
+    endpoint_url: str | None = None
 
     @property
     def resolved(self) -> Path:
@@ -175,7 +177,8 @@ class Checkpoints:
         """The checkpoint store this section names (a CheckpointStore)."""
         from sealstream.checkpoint.stores import open_store
 
-        return open_store(self.url if self.url else self.resolved, pipeline, self.base_dir)
+        return open_store(self.url if self.url else self.resolved, pipeline, self.base_dir,
+                          self.endpoint_url)
 
 
 @dataclass(frozen=True)

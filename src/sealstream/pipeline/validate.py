@@ -117,10 +117,26 @@ def _check_types(p: Pipeline) -> None:
         raise bad("source.paths", "a list of paths (strings), e.g. ['in/p0.jsonl']", paths)
 
 
+def _refuse_object_paths(p: Pipeline) -> None:
+    """Sources and outputs in object storage are not supported yet (checkpoints are:
+    ``[checkpoint] url = "s3://..."``): one line saying so, before anything is read."""
+    for i, path in enumerate(p.source.paths):
+        if path.lower().startswith("s3://"):
+            raise SpecError(f"source.paths[{i}]: {path!r}: reading inputs from S3 is not "
+                            "supported yet; copy them to a local directory (only checkpoints "
+                            "can be in S3 so far)")
+    for section, out in (("sink", p.sink), ("late", p.late), ("errors", p.errors)):
+        if out is not None and isinstance(out.path, str) and out.path.lower().startswith("s3://"):
+            raise SpecError(f"{section}.path: {out.path!r}: writing outputs to S3 is not "
+                            "supported yet; give a local directory (only checkpoints can be "
+                            "in S3 so far)")
+
+
 def validate(p: Pipeline) -> None:
     """Check a pipeline's settings; raise SpecError naming the first bad one."""
     _check_types(p)
     check_declared_types(p)
+    _refuse_object_paths(p)
     for i, path in enumerate(p.source.paths):
         _check_path(f"source.paths[{i}]", path)
     for section, out in (("sink", p.sink), ("late", p.late), ("errors", p.errors)):

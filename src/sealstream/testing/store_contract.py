@@ -17,7 +17,7 @@ behind its back::
             ...  # the stored bytes of checkpoint ``cid`` after move_aside
 
 Every ``test_*`` method then runs against that store. What is checked (the
-contract of :class:`sealstream.checkpoint.store.CheckpointStore`):
+contract of :class:`sealstream.checkpoint.stores.CheckpointStore`):
 
 * an absent store has no checkpoints, and reading it creates nothing;
 * a written checkpoint reads back (plaintext) and the guard judges it
@@ -56,7 +56,7 @@ from sealstream.checkpoint.manifest import (
     STATE_NAME,
     seal,
 )
-from sealstream.checkpoint.store import CheckpointStore, checkpoint_dirname
+from sealstream.checkpoint.stores import CheckpointStore, checkpoint_dirname
 from sealstream.errors import CheckpointError, LockHeldError
 from sealstream.state.codec import WATERMARK_META, encode_table
 

@@ -1,22 +1,11 @@
-"""Choosing a checkpoint store: a directory, or a URL.
-
-* a directory path: :class:`~sealstream.checkpoint.store.LocalCheckpointStore`;
-* ``sqlite:///relative/ckpt.db`` or ``sqlite:////absolute/ckpt.db``:
-  :class:`~sealstream.checkpoint.sqlite_store.SqliteCheckpointStore`;
-* ``postgresql://user@host:port/db`` (or ``postgres://``):
-  :class:`~sealstream.checkpoint.pg_store.PostgresCheckpointStore`.
-
-In a database the checkpoints are those of one pipeline (several jobs can share
-it). URLs are shown with any password replaced by ``***`` (:func:`redact`),
-including the ``password=`` query parameter.
-"""
+"""Store URLs: telling a URL from a directory path, their schemes, and showing them
+without a password (:func:`redact`)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from sealstream.checkpoint.store import CheckpointStore, LocalCheckpointStore
 from sealstream.errors import SpecError
 
 SQLITE = "sqlite:///"
@@ -36,6 +25,10 @@ def is_postgres(url: str) -> bool:
     return scheme(url) in POSTGRES_SCHEMES
 
 
+def is_s3(url: str) -> bool:
+    return scheme(url) == "s3"
+
+
 def redact(url: str) -> str:
     """``url`` with its password hidden: ``user:PASSWORD@`` and ``password=...``."""
     url = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/@:]*):[^/@]*@", r"\1:***@", url)
@@ -48,7 +41,7 @@ def sqlite_path(url: str, base_dir: Path = Path(".")) -> Path:
     if not url.startswith(SQLITE):
         raise SpecError(
             f"checkpoint url {redact(url)!r}: expected sqlite:///FILE, "
-            "postgresql://HOST/DB (or a directory path)"
+            "postgresql://HOST/DB, s3://BUCKET/PREFIX (or a directory path)"
         )
     rest = url[len(SQLITE):].split("?", 1)[0]
     if not rest or rest.endswith("/") or "\x00" in rest:
@@ -59,27 +52,18 @@ def sqlite_path(url: str, base_dir: Path = Path(".")) -> Path:
 
 def check_url(url: str, base_dir: Path = Path(".")) -> None:
     """SpecError naming what is wrong with a store URL (nothing is connected)."""
+    if is_s3(url):
+        from sealstream._objects import ObjectStoreError
+        from sealstream._objects.s3 import parse_url
+
+        try:
+            parse_url(url)
+        except ObjectStoreError as exc:
+            raise SpecError(f"checkpoint url {exc}") from None
+        return
     if is_postgres(url):
         rest = url.split("://", 1)[1]
         if not rest.strip("/") or "\x00" in url:
             raise SpecError(f"checkpoint url {redact(url)!r}: names no server or database")
         return
     sqlite_path(url, base_dir)
-
-
-def open_store(where: str | Path, pipeline: str | None, base_dir: Path = Path(".")
-               ) -> CheckpointStore:
-    """The store at ``where`` (a directory or a URL) for pipeline ``pipeline``."""
-    if isinstance(where, str) and is_url(where):
-        check_url(where, base_dir)
-        if pipeline is None:
-            raise SpecError(f"{redact(where)}: a pipeline name is needed")
-        if is_postgres(where):
-            from sealstream.checkpoint.pg_store import PostgresCheckpointStore
-
-            return PostgresCheckpointStore(where, pipeline)
-        from sealstream.checkpoint.sqlite_store import SqliteCheckpointStore
-
-        return SqliteCheckpointStore(sqlite_path(where, base_dir), pipeline)
-    p = Path(where)
-    return LocalCheckpointStore(p if p.is_absolute() else base_dir / p)

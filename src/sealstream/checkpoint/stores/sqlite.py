@@ -79,12 +79,8 @@ from sealstream._fs import os_reason
 from sealstream.checkpoint import crypto
 from sealstream.checkpoint._sqlite_tx import immediate as immediate  # re-exported
 from sealstream.checkpoint.manifest import MANIFEST_NAME
-from sealstream.checkpoint.store import (
-    CheckpointStore,
-    checkpoint_dirname,
-    file_lock_holder,
-    hold_file_lock,
-)
+from sealstream.checkpoint.stores.base import CheckpointStore, checkpoint_dirname
+from sealstream.checkpoint.stores.directory import file_lock_holder, hold_file_lock
 from sealstream.errors import CheckpointError, LockHeldError
 
 SCHEMA = """

@@ -67,7 +67,8 @@ from typing import Any, Protocol, TypeVar
 
 from sealstream.checkpoint import crypto
 from sealstream.checkpoint.manifest import MANIFEST_NAME
-from sealstream.checkpoint.store import CheckpointStore, checkpoint_dirname
+from sealstream.checkpoint.stores._urls import redact
+from sealstream.checkpoint.stores.base import _PART_FILE, CheckpointStore, checkpoint_dirname
 from sealstream.errors import CheckpointError, LockHeldError, SpecError
 
 T = TypeVar("T")
@@ -329,8 +330,6 @@ class PostgresCheckpointStore(CheckpointStore):
                  encryption_key: bytes | None | object = crypto.FROM_ENV) -> None:
         from pathlib import Path
 
-        from sealstream.checkpoint.stores import redact
-
         self.url = url
         self.pipeline = pipeline
         self._shown = shown or redact(url)
@@ -533,8 +532,6 @@ class PostgresCheckpointStore(CheckpointStore):
         inserts the part (fails when present). A run taking the lock over bumps the
         generation only after such a transaction ends, so no part lands in a
         checkpoint of the new holder (whose ids are above every id used)."""
-        from sealstream.checkpoint.store import _PART_FILE
-
         psycopg = _psycopg()
         if not _PART_FILE.fullmatch(name):
             raise CheckpointError(f"checkpoint {cid}: {name!r} is not a state part's name")

@@ -1,0 +1,326 @@
+"""Objects in S3-compatible storage, through boto3 (see :mod:`sealstream._objects`).
+
+Why boto3: it is the AWS SDK, kept by AWS, and its ``put_object`` and
+``complete_multipart_upload`` take ``IfNoneMatch="*"`` and ``IfMatch=ETAG`` as first
+class parameters (botocore >= 1.36), which is all the commit protocol needs; it reads
+credentials from the standard chain (environment, shared profile, instance or
+container role) and ``AWS_ENDPOINT_URL``. Checked against SeaweedFS 4.48: a second
+``If-None-Match: *`` create of a key and a stale ``If-Match`` replace are refused
+with 412, also at the completion of a multipart upload.
+
+* Create-if-absent: ``PutObject`` with ``If-None-Match: *``; an object larger than
+  :attr:`S3Objects.multipart_bytes` goes up in parts and is completed with
+  ``If-None-Match: *`` only once every part is stored (aborted otherwise), so it is
+  never visible half-written. A refused create reads what is there: the same
+  bytes are an idempotent retry (a first attempt whose answer was lost), other
+  bytes a conflict.
+* Compare-and-swap: ``PutObject`` with ``If-Match: ETAG`` (``If-None-Match: *`` for
+  "only if absent").
+* Listing: ``ListObjectsV2``, which S3 (and SeaweedFS) answer with strong
+  read-after-write consistency; nothing more is assumed of it.
+* Server faults (connection refused or reset, timeouts, 5xx, throttling) are retried
+  with backoff for :func:`retry_seconds` (``SEALSTREAM_S3_RETRY_S``, default 30 s),
+  then one line naming the endpoint, the bucket and the last reason. Refused
+  credentials, a missing bucket and other 4xx answers are not retried.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import uuid
+from typing import Any
+
+from sealstream._objects import (
+    ObjectExistsError,
+    Objects,
+    ObjectStoreError,
+    VersionConflictError,
+)
+
+__all__ = ["S3Objects", "retry_seconds"]
+
+_RETRIED_CODES = {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout",
+                  "Throttling", "ThrottlingException", "RequestTimeTooSkewed"}
+_PRECONDITION = {"PreconditionFailed", "ConditionalRequestConflict"}
+
+
+def retry_seconds() -> float:
+    """How long server faults are retried (``SEALSTREAM_S3_RETRY_S``, default 30)."""
+    raw = os.environ.get("SEALSTREAM_S3_RETRY_S", "").strip()
+    try:
+        value = float(raw) if raw else 30.0
+    except ValueError:
+        value = 30.0
+    return max(0.0, value)
+
+
+def _redact(url: str) -> str:
+    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@", r"\1***@", url)
+
+
+def parse_url(url: str) -> tuple[str, str]:
+    """``(bucket, prefix)`` of ``s3://bucket/prefix`` (the prefix without a trailing
+    slash, maybe empty); ObjectStoreError for anything else."""
+    m = re.fullmatch(r"(?i)s3://([^/?#]+)/?([^?#]*)", url)
+    if m is None or not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", m.group(1)):
+        raise ObjectStoreError(f"{_redact(url)}: expected s3://BUCKET/PREFIX "
+                               "(a bucket name of 3-63 lowercase letters, digits, . and -)")
+    prefix = m.group(2).strip("/")
+    if any(p in ("", ".", "..") for p in prefix.split("/")) and prefix:
+        raise ObjectStoreError(f"{_redact(url)}: the prefix has an empty, . or .. part")
+    return m.group(1), prefix
+
+
+class S3Objects(Objects):
+    """Objects under ``s3://bucket/prefix``; see the module docstring."""
+
+    #: objects larger than this go up in a multipart upload, in parts of this size
+    multipart_bytes = 16 * 1024 * 1024
+
+    def __init__(self, bucket: str, prefix: str = "", endpoint_url: str | None = None,
+                 client: Any = None) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
+        where = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self.location = where
+        self._shown_endpoint = _redact(self.endpoint_url) if self.endpoint_url else "AWS"
+        self._client = client
+
+    @classmethod
+    def from_url(cls, url: str, endpoint_url: str | None = None) -> S3Objects:
+        bucket, prefix = parse_url(url)
+        return cls(bucket, prefix, endpoint_url)
+
+    # ------------------------------------------------------------ plumbing
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            try:
+                import boto3
+                from botocore.config import Config
+            except ImportError:
+                raise ObjectStoreError(
+                    f"{self.location}: S3 needs boto3 (pip install 'sealstream[s3]')"
+                ) from None
+            style = "path" if self.endpoint_url else "auto"
+            self._client = boto3.session.Session().client(
+                "s3", endpoint_url=self.endpoint_url,
+                config=Config(s3={"addressing_style": style}, connect_timeout=5,
+                              read_timeout=30, retries={"mode": "standard", "max_attempts": 2}))
+        return self._client
+
+    def _key(self, key: str) -> str:
+        if not key or key.startswith("/") or any(p in ("", ".", "..") for p in key.split("/")):
+            raise ObjectStoreError(f"{self.location}: {key!r} is not an object name")
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _where(self) -> str:
+        return f"{self.location} (endpoint {self._shown_endpoint})"
+
+    def _call(self, what: str, fn: Any, **kw: Any) -> Any:
+        """``fn(Bucket=..., **kw)``, server faults retried for :func:`retry_seconds`."""
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+        deadline = time.monotonic() + retry_seconds()
+        delay = 0.1
+        while True:
+            try:
+                return fn(Bucket=self.bucket, **kw)
+            except ClientError as exc:
+                err = exc.response.get("Error", {})
+                code = str(err.get("Code", ""))
+                status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+                if code in _PRECONDITION or status == 412:
+                    raise
+                if code in ("NoSuchKey", "404", "NotFound") or status == 404 \
+                        and code != "NoSuchBucket":
+                    raise
+                if code == "InvalidRange" or status == 416:
+                    raise
+                if not (status >= 500 or code in _RETRIED_CODES):
+                    raise ObjectStoreError(self._refused(what, code, status, err)) from None
+                reason = f"{code or status}"
+            except NoCredentialsError:
+                raise ObjectStoreError(
+                    f"cannot {what} in {self._where()}: no AWS credentials found (set "
+                    "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE)") from None
+            except BotoCoreError as exc:
+                reason = type(exc).__name__
+            if time.monotonic() >= deadline:
+                raise ObjectStoreError(
+                    f"cannot {what} in {self._where()}: the server did not answer for "
+                    f"{retry_seconds():.0f} s (last: {reason}); nothing more was written"
+                ) from None
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 2.0)
+
+    def _refused(self, what: str, code: str, status: int, err: dict[str, Any]) -> str:
+        if code == "NoSuchBucket":
+            return f"cannot {what} in {self._where()}: bucket {self.bucket!r} does not exist"
+        if code in ("AccessDenied", "SignatureDoesNotMatch", "InvalidAccessKeyId") \
+                or status == 403:
+            return (f"cannot {what} in {self._where()}: access denied ({code or status}); "
+                    "check the AWS credentials and the bucket's policy")
+        return f"cannot {what} in {self._where()}: {code or status} {err.get('Message', '')}"
+
+    @staticmethod
+    def _code(exc: Exception) -> tuple[str, int]:
+        resp = getattr(exc, "response", {}) or {}
+        return (str(resp.get("Error", {}).get("Code", "")),
+                int(resp.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0))
+
+    def _is_precondition(self, exc: Exception) -> bool:
+        code, status = self._code(exc)
+        return code in _PRECONDITION or status == 412
+
+    def _is_absent(self, exc: Exception) -> bool:
+        code, status = self._code(exc)
+        return code in ("NoSuchKey", "404", "NotFound") or (status == 404 and
+                                                            code != "NoSuchBucket")
+
+    # ------------------------------------------------------------ operations
+    def create(self, key: str, data: bytes) -> bool:
+        from botocore.exceptions import ClientError
+
+        full = self._key(key)
+        try:
+            if len(data) > self.multipart_bytes:
+                self._multipart(full, data)
+            else:
+                self._call(f"create {key}", self.client.put_object, Key=full, Body=data,
+                           IfNoneMatch="*")
+        except ClientError as exc:
+            if not self._is_precondition(exc):
+                raise ObjectStoreError(f"cannot create {key} in {self._where()}: "
+                                       f"{self._code(exc)}") from None
+            if self.get(key) == data:
+                return False
+            raise ObjectExistsError(f"{self.location}/{key} exists with other bytes") from None
+        return True
+
+    def _multipart(self, full: str, data: bytes) -> None:
+        c = self.client
+        upload = self._call("start an upload", c.create_multipart_upload, Key=full)["UploadId"]
+        try:
+            parts = []
+            size = self.multipart_bytes
+            for n, at in enumerate(range(0, len(data), size), 1):
+                r = self._call(f"upload part {n} of {full}", c.upload_part, Key=full,
+                               UploadId=upload, PartNumber=n, Body=data[at:at + size])
+                parts.append({"PartNumber": n, "ETag": r["ETag"]})
+            self._call(f"complete {full}", c.complete_multipart_upload, Key=full,
+                       UploadId=upload, MultipartUpload={"Parts": parts}, IfNoneMatch="*")
+        except BaseException:
+            try:
+                c.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload)
+            except Exception:  # noqa: BLE001,S110 - the server cleans up abandoned uploads
+                pass
+            raise
+
+    def get(self, key: str, start: int = 0, length: int | None = None) -> bytes | None:
+        from botocore.exceptions import ClientError
+
+        kw: dict[str, Any] = {"Key": self._key(key)}
+        if start or length is not None:
+            if length is not None and length <= 0:
+                return b"" if self.get(key, 0, 1) is not None else None
+            kw["Range"] = f"bytes={start}-" + ("" if length is None else str(start + length - 1))
+        try:
+            resp = self._call(f"read {key}", self.client.get_object, **kw)
+            body: bytes = resp["Body"].read()
+            return body
+        except ClientError as exc:
+            if self._is_absent(exc):
+                return None
+            code, status = self._code(exc)
+            if code == "InvalidRange" or status == 416:  # past the end (or empty)
+                return b"" if self.get(key) is not None else None
+            raise ObjectStoreError(f"cannot read {key} in {self._where()}: {code}") from None
+
+    def keys(self, prefix: str = "") -> list[str]:
+        base = f"{self.prefix}/" if self.prefix else ""
+        out: list[str] = []
+        token: str | None = None
+        while True:
+            kw: dict[str, Any] = {"Prefix": base + prefix}
+            if token:
+                kw["ContinuationToken"] = token
+            resp = self._call("list", self.client.list_objects_v2, **kw)
+            out.extend(o["Key"][len(base):] for o in resp.get("Contents", []))
+            if not resp.get("IsTruncated"):
+                return sorted(out)
+            token = resp.get("NextContinuationToken")
+
+    def delete(self, key: str) -> None:
+        self._call(f"delete {key}", self.client.delete_object, Key=self._key(key))
+
+    def copy(self, src: str, dst: str) -> bool:
+        # read and create: create-if-absent and idempotent like every create
+        return super().copy(src, dst)
+
+    def read_versioned(self, key: str) -> tuple[bytes, str] | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            resp = self._call(f"read {key}", self.client.get_object, Key=self._key(key))
+        except ClientError as exc:
+            if self._is_absent(exc):
+                return None
+            raise ObjectStoreError(f"cannot read {key} in {self._where()}: "
+                                   f"{self._code(exc)[0]}") from None
+        return resp["Body"].read(), str(resp["ETag"])
+
+    def replace(self, key: str, data: bytes, version: str | None) -> str:
+        from botocore.exceptions import ClientError
+
+        cond = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
+        try:
+            resp = self._call(f"replace {key}", self.client.put_object, Key=self._key(key),
+                              Body=data, **cond)
+        except ClientError as exc:
+            if self._is_precondition(exc):
+                now = self.read_versioned(key)
+                if now is not None and now[0] == data:
+                    return now[1]  # our own write, whose answer was lost
+                raise VersionConflictError(
+                    f"{self.location}/{key} was replaced by another writer") from None
+            raise ObjectStoreError(f"cannot replace {key} in {self._where()}: "
+                                   f"{self._code(exc)[0]}") from None
+        return str(resp["ETag"])
+
+    def probe(self) -> None:
+        """Create one probe object twice (the second must be refused) and replace it
+        with a stale version (must be refused too), then remove it."""
+        from botocore.exceptions import ClientError
+
+        key = f".probe/{uuid.uuid4().hex}"
+        full = self._key(key)
+        c = self.client
+        first = self._call("write a probe object", c.put_object, Key=full, Body=b"1",
+                           IfNoneMatch="*")
+        server = first.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("server", "")
+        who = f"{self._shown_endpoint}" + (f" ({server})" if server else "")
+        missing = None
+        try:
+            self._call("write a probe object", c.put_object, Key=full, Body=b"2",
+                       IfNoneMatch="*")
+            missing = "create-if-absent (If-None-Match: *): a second create of one key succeeded"
+        except ClientError as exc:
+            if not self._is_precondition(exc):
+                raise
+        if missing is None:
+            try:
+                self._call("write a probe object", c.put_object, Key=full, Body=b"3",
+                           IfMatch='"0123456789abcdef0123456789abcdef"')
+                missing = "compare-and-swap (If-Match): a replace of a stale version succeeded"
+            except ClientError as exc:
+                if not self._is_precondition(exc):
+                    raise
+        self._call("remove the probe object", c.delete_object, Key=full)
+        if missing is not None:
+            raise ObjectStoreError(
+                f"refusing {self.location}: the S3 server at {who} does not honour "
+                f"{missing}; without it two writers could overwrite each other's checkpoints")

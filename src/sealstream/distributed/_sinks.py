@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import polars as pl
 
 from sealstream.pipeline import Pipeline
 from sealstream.sinks import open_sink
-from sealstream.sinks._base import RESULT_ID_COLUMNS, CommittedFile, Sink
+from sealstream.sinks._base import CommittedFile, Sink
 from sealstream.sinks.jsonl import JsonlDirSink
 from sealstream.sinks.parquet import ParquetDirSink
 from sealstream.sources._base import KEY, KEY_IS_INT
@@ -57,7 +58,10 @@ def stages_on_workers(sink: Sink) -> bool:
 
 
 class WorkerResults:
-    """A worker's own results sink (on the worker)."""
+    """A worker's own results sink (on the worker). Finalising and writing run on a
+    thread of their own, in order, so that the worker goes on with the next step
+    meanwhile (as the coordinator's output stage did); :meth:`prepare` waits for them
+    and raises what they raised."""
 
     def __init__(self, pipeline: Pipeline, run_token: str, sort: bool) -> None:
         funcs = {a.name: a.result_kind for a in pipeline.parsed_aggregates}
@@ -66,23 +70,39 @@ class WorkerResults:
             raise RuntimeError(f"{pipeline.sink.kind} results are not staged per worker")
         self.sink.key_fields = pipeline.source.key_fields
         self.sort = sort
+        self.op = WindowOperator(pipeline)  # its own: finalising reads no shared state
+        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="results")
+        self.pending: list[Future[None]] = []
 
-    def stage(self, op: WindowOperator, epoch: int, fired: pl.DataFrame) -> pl.DataFrame:
-        """Stage ``fired``'s result rows in ``epoch``; return their identities."""
+    def stage(self, epoch: int, fired: pl.DataFrame) -> pl.DataFrame:
+        """Stage ``fired``'s result rows in ``epoch`` (on the writer thread); return
+        their identities."""
         if self.sort:
             fired = fired.sort([KEY, KEY_IS_INT, WSTART, WEND])
-        results = op.finalize(fired)
+        self.pending.append(self.writer.submit(self._write, epoch, fired))
+        return fired.select(pl.col(KEY).alias("key"), KEY_IS_INT, WSTART, WEND)
+
+    def _write(self, epoch: int, fired: pl.DataFrame) -> None:
+        results = self.op.finalize(fired)
         if results.height:
             self.sink.write(epoch, results)
-        return results.select(RESULT_ID_COLUMNS)
+
+    def _drain(self) -> None:
+        pending, self.pending = self.pending, []
+        for f in pending:
+            f.result()
 
     def prepare(self, epoch: int) -> list[str]:
+        self._drain()
         return self.sink.prepare(epoch)
 
     def commit(self, epoch: int, tokens: list[str]) -> None:
+        self._drain()
         self.sink.commit(epoch, tokens)
 
     def close(self) -> None:
+        self.writer.shutdown(wait=True)
+        self.pending = []
         self.sink.close()
 
 

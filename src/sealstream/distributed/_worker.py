@@ -205,7 +205,7 @@ class ShardWorker:
         out = op.process(events, state.current())
         fired = out.fired
         if stage is not None and fired.height and self.results is not None:
-            fired = self.results.stage(op, stage, fired)
+            fired = self.results.stage(stage, fired)
         # nothing fired or late (most steps): nothing but None goes back
         return (to_ipc(fired) if fired.height else None,
                 to_ipc(out.late) if out.late.height else None, events.height)

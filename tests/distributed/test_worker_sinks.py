@@ -139,3 +139,35 @@ def test_coordinator_killed_after_the_manifest_before_any_commit_then_rescaled(
     assert job.resumed_from is not None
     assert not _worker_files(d, ".part-*")
     assert_same_dirs(d, tmp_path / "ref")
+
+
+def _parquet_rows(d: Path) -> list[tuple[Any, ...]]:
+    import polars as pl
+
+    files = sorted(p for p in (d / "out").glob("part-*.parquet"))
+    frame = pl.concat([pl.read_parquet(f) for f in files], how="vertical_relaxed")
+    cols = ["key", "window_start", "window_end", "n", "low", "high"]
+    return sorted(frame.select(cols).iter_rows())
+
+
+def test_parquet_results_are_staged_per_worker(ray_cluster: Any, tmp_path: Path) -> None:
+    """A Parquet results directory: files of both workers, the single-process rows."""
+    from sealstream import Job, load_spec
+    from sealstream.distributed import DistributedJob
+
+    got: dict[str, list[tuple[Any, ...]]] = {}
+    for label, workers in (("single", None), ("w2", 2)):
+        d = tmp_path / label
+        names = make_input(d, events=900)
+        spec = d / "spec.toml"
+        spec.write_text(spec_text(
+            "pq", files_source(names), batch_size=64, window=WINDOW,
+            aggregates={"n": "count", "low": "min(amount)", "high": "max(amount)"},
+            sink='kind = "parquet"\npath = "out"', every_events=300, keep=3))
+        pipeline = load_spec(spec)
+        job = Job(pipeline) if workers is None else DistributedJob(pipeline, workers=workers)
+        job.run()
+        got[label] = _parquet_rows(d)
+    assert got["single"] and got["w2"] == got["single"]
+    d = tmp_path / "w2"
+    assert list((d / "out").glob("part-*w0.parquet")) and list((d / "out").glob("part-*w1.parquet"))

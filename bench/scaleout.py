@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
 
     load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
-    ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False,
+    # address="local": a Ray of its own, even beside another one on the machine
+    ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False,
              _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False)
     ray_start = time.perf_counter() - t0
     try:
@@ -163,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         "job (Ray's threads in it included); its share is of the coordinator's plus "
         "the workers' CPU time. Bytes: what the coordinator received per event; in "
         "brackets the control part alone (summaries, references), the rest being "
-        "output rows (fired windows, late events) for the sinks it still runs.",
+        "output: the identities of the results the workers staged themselves (for "
+        "the receipts), late events and bad records.",
         "",
         "| config | worker start s | engine s | wall s | events/s | vs single (engine) | "
         "coordinator CPU s / M events | coordinator share of CPU | coordinator bytes / "

@@ -12,8 +12,9 @@ without resolving them. Every worker runs the same watermark arithmetic
 coordinator's watermark state, recorded in checkpoints, is the workers'.
 
 What the coordinator receives per step: one summary per partition, one triple per
-worker (fired windows, late events, a count) and, when there are late events, their
-raw text. No event row: :attr:`StepPlanner.step_bytes` measures it.
+worker (fired windows, or the identities of the results the worker staged itself
+(:mod:`._sinks`); late events; a count) and, when there are late events, their raw
+text. No event row: :attr:`StepPlanner.step_bytes` measures it.
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ class StepBatch(Batch):
     failed: pl.DataFrame | None = None
     infos: list[Breaks] = field(default_factory=list)
     planner: StepPlanner | None = None
+    #: the workers staged the step's results themselves (:mod:`._sinks`): what they
+    #: return in place of fired windows is the results' identities
+    staged: bool = False
 
     def raw_texts(
         self, partitions: npt.NDArray[np.int32], offsets: npt.NDArray[np.int64]
@@ -120,8 +124,9 @@ class StepPlanner:
         breaks = [ref for _, ref, _ in got]
         wm = self.job.wm.to_json()
         last = list(self.job.wm.last_offset)
+        stage = self.job.results_stage_epoch()
         pending = [a.process_step.remote(wm, last, bound, breaks,
-                                         [shards[i] for _, _, shards in got])
+                                         [shards[i] for _, _, shards in got], stage)
                    for i, a in enumerate(self.actors)]
         sums = [s for s, _, _ in got]
         self.step += 1
@@ -161,6 +166,7 @@ class StepPlanner:
             failed=pl.concat(failed, how="vertical") if failed else None,
             infos=infos,
             planner=self,
+            staged=stage is not None,
         )
         self.step_bytes.append(received)
         self.output_bytes.append(rows)

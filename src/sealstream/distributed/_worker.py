@@ -42,6 +42,7 @@ from sealstream.distributed._plane import (
     raw_texts,
     row_watermarks,
 )
+from sealstream.distributed._sinks import WorkerResults
 from sealstream.pipeline import Pipeline
 from sealstream.sources import open_partition
 from sealstream.sources._base import OFFSET, PARTITION
@@ -77,6 +78,25 @@ class ShardWorker:
         #: ahead while the late events of the one before are written)
         self.slabs: dict[int, SlabReader] = {}
         self.spans: dict[tuple[int, int], list[Any]] = {}
+        #: this worker's own results sink (a part file per epoch), see :mod:`._sinks`
+        self.results: WorkerResults | None = None
+
+    # ------------------------------------------------------------- results sink
+    def open_results(self, pipeline: Pipeline, run_token: str, sort: bool) -> None:
+        """Stage results in part files of this worker's own (``run_token``)."""
+        if self.results is not None:
+            self.results.close()
+        self.results = WorkerResults(pipeline, run_token, sort)
+
+    def prepare_results(self, epoch: int) -> list[str]:
+        """Make this worker's staged results of ``epoch`` durable; their tokens."""
+        return self.results.prepare(epoch) if self.results is not None else []
+
+    def commit_results(self, epoch: int, tokens: list[str]) -> None:
+        """Publish this worker's prepared ``tokens`` of ``epoch`` (idempotent)."""
+        if self.results is None:
+            raise RuntimeError("this worker has no results sink to commit")
+        self.results.commit(epoch, tokens)
 
     # ------------------------------------------------------------- data plane
     def open_slab(self, pipeline: Pipeline, q: int, name: str, path: str,
@@ -158,13 +178,18 @@ class ShardWorker:
         return to_ipc(texts.to_frame())
 
     def process_step(self, wm: dict[str, Any], last_offsets: list[int | None], bound: int,
-                     breaks: list[Any], shards: list[Any]
+                     breaks: list[Any], shards: list[Any], stage: int | None = None
                      ) -> tuple[bytes | None, bytes | None, int]:
         """Apply this shard's rows of a step: ``breaks`` (one reference per partition
         read in the step) and ``shards`` (this worker's rows from each partition, in
         partition order) come from the partitions' workers through the
         object store; ``wm`` is the watermark state before the step (a few numbers
-        per partition). Fires the windows the step's end closes."""
+        per partition). Fires the windows the step's end closes.
+
+        With ``stage`` (an epoch) and a results sink of this worker's own
+        (:meth:`open_results`), the fired windows become result rows here and are
+        staged in that epoch of this worker's part file; only their identities go
+        back (the coordinator's receipts), in place of the fired windows."""
         import ray
 
         got: list[Breaks] = list(ray.get(breaks))
@@ -178,8 +203,11 @@ class ShardWorker:
         events = row_watermarks(events, state, got, grid)
         advance(state, got, bound)
         out = op.process(events, state.current())
+        fired = out.fired
+        if stage is not None and fired.height and self.results is not None:
+            fired = self.results.stage(stage, fired)
         # nothing fired or late (most steps): nothing but None goes back
-        return (to_ipc(out.fired) if out.fired.height else None,
+        return (to_ipc(fired) if fired.height else None,
                 to_ipc(out.late) if out.late.height else None, events.height)
 
     # ---------------------------------------------------------------- windows

@@ -2,7 +2,9 @@
 
 The coordinator (this process) is the single-process :class:`~sealstream.Job`
 as the control plane: it plans steps, keeps the watermark state, stages output
-in the sinks and writes the checkpoints, as on one process. For bounded sources
+in the sinks and writes the checkpoints, as on one process (except results in a
+JSON Lines or Parquet directory of a bounded run, which each worker stages and
+commits itself: :mod:`._sinks`). For bounded sources
 the data plane runs on the workers (:mod:`._steps`, :mod:`._plane`): partition
 ``i`` is read and parsed by worker ``i mod N``, which sends each key's worker its
 rows and its partition's watermark breakpoints through Ray's object store; each
@@ -62,7 +64,13 @@ from sealstream.distributed._shard import (
     ShardedOperator,
     WorkerLostError,
     acquire,
+    gather,
     release,
+)
+from sealstream.distributed._sinks import (
+    WorkerPartsSink,
+    stages_on_workers,
+    worker_run_token,
 )
 from sealstream.distributed._steps import StepBatch, StepPlanner
 from sealstream.distributed._worker import from_ipc
@@ -159,6 +167,7 @@ class DistributedJob(Job):
         self._batch_cap = batch
         self.merger = StepPlanner(  # type: ignore[assignment]
             self, self.p, list(self.partitions), positions, actors, batch)
+        self._open_worker_results()
 
     def _apply(self, batch: Batch) -> int:
         """A data-plane step (:class:`StepBatch`): the workers read, watermark and
@@ -173,6 +182,12 @@ class DistributedJob(Job):
             self._handle_bad(batch.failed)
         advance(self.wm, batch.infos, batch.bound)
         got = batch.planner.gather_outputs(batch)
+        if batch.staged:  # the workers staged their results: their identities came back
+            ids = [from_ipc(f) for f, _, _ in got if f is not None]
+            if ids:
+                staged = pl.concat(ids, how="vertical")
+                self.output.submit(lambda: self._count_staged(staged))
+            got = [(None, lt, n) for _, lt, n in got]
         fires = [from_ipc(f) for f, _, _ in got if f is not None]
         lates = [from_ipc(lt) for _, lt, _ in got if lt is not None]
         fired = pl.concat(fires, how="vertical") if fires else pl.DataFrame()
@@ -200,6 +215,38 @@ class DistributedJob(Job):
             self.output.drain()
         self.crash("after_stage")
         return read
+
+    # ------------------------------------------------------------ results sinks
+    def _open_sinks(self) -> None:
+        """Bounded sources with a JSON Lines or Parquet results directory: every worker
+        stages its own results (:mod:`._sinks`); other outputs stay here."""
+        super()._open_sinks()
+        results = self.sinks["results"]
+        if not self.live and stages_on_workers(results):
+            self.sinks["results"] = WorkerPartsSink(results, self._workers, self.crash)
+
+    def _open_worker_results(self) -> None:
+        if isinstance(self.sinks.get("results"), WorkerPartsSink):
+            gather([a.open_results.remote(self.p, worker_run_token(self.run_token, i),
+                                          self.workers > 1)
+                    for i, a in enumerate(self._workers())], "open results")
+
+    def results_stage_epoch(self) -> int | None:
+        """The epoch the workers stage this step's results in, or None when the
+        coordinator stages them (another sink kind, or results to suppress)."""
+        if not isinstance(self.sinks.get("results"), WorkerPartsSink):
+            return None
+        sup = self.suppress.get("results")
+        if sup is not None and sup.height:
+            return None
+        return self.epoch
+
+    def _count_staged(self, ids: pl.DataFrame) -> None:
+        """The results the workers staged (on the output stage, like
+        :meth:`_emit_results`): counted, and their identities in the receipts."""
+        self.counters.windows_fired += ids.height
+        self.counters.results_written += ids.height
+        self._receipt("results", ids)
 
     def _close_shards(self, healthy: bool = False) -> None:
         """Let the workers go: back to this driver's pool when ``healthy`` (the job

@@ -314,6 +314,25 @@ def test_keyed_checkpoints_read_without_or_with_another_key(
     assert "console-key" not in c.get("/s/0/0/cp/1").text
 
 
+def test_ed25519_checkpoints_name_their_signer_and_verify_with_the_public_key(
+        tmp_path: Path, make_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sealstream.checkpoint import signing
+
+    kid = signing.generate(tmp_path / "keys")
+    monkeypatch.delenv(signing.SIGNING_KEY_ENV, raising=False)
+    monkeypatch.delenv(signing.SIGNING_KEY_FILE_ENV, raising=False)
+    monkeypatch.delenv(signing.VERIFY_KEYS_ENV, raising=False)
+    story(tmp_path, env={signing.SIGNING_KEY_FILE_ENV:
+                         str(tmp_path / "keys" / signing.PRIVATE_NAME)})
+    c = make_client(tmp_path / "ckpt")
+    assert {r["reason"] for r in _rows(_ok(c.get("/s/0/0/history")))} == {
+        signing.NO_PUBLIC_KEY}
+    monkeypatch.setenv(signing.VERIFY_KEYS_ENV, str(tmp_path / "keys" / signing.PUBLIC_NAME))
+    hist = _ok(c.get("/s/0/0/history"))
+    assert {r["verdict"] for r in _rows(hist)} == {"ATOMIC_CHECKPOINT"}
+    assert f"ed25519 (key {kid})" in hist and "unknown (" not in hist
+
+
 # --------------------------------------------------------------------------- moved aside
 def test_checkpoints_moved_aside_by_recovery_stay_in_the_history(
         job_copy: Path, make_client: Any) -> None:

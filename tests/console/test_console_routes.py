@@ -81,7 +81,7 @@ def _walk(c: Any, d: Path | None, n: int) -> None:
         proof = c.get(f"/s/0/0/window/proof?{q}")
         assert proof.status_code == 200
         assert "attachment" in proof.headers["content-disposition"]
-        assert json.loads(proof.content)["receipt_proof"] == 1
+        assert json.loads(proof.content)["receipt_proof"] == 2  # through the emission log
 
 
 def test_every_route_on_a_directory_store_reads_and_never_writes(

@@ -81,7 +81,7 @@ def _walk(c: Any, d: Path | None, n: int) -> None:
         proof = c.get(f"/s/0/0/window/proof?{q}")
         assert proof.status_code == 200
         assert "attachment" in proof.headers["content-disposition"]
-        assert json.loads(proof.content)["receipt_proof"] == 1
+        assert json.loads(proof.content)["receipt_proof"] == 2  # through the emission log
 
 
 def test_every_route_on_a_directory_store_reads_and_never_writes(
@@ -312,6 +312,25 @@ def test_keyed_checkpoints_read_without_or_with_another_key(
     assert {r["verdict"] for r in rows} == {"ATOMIC_CHECKPOINT"}
     assert "hmac-sha256 (keyed)" in c.get("/s/0/0/history").text
     assert "console-key" not in c.get("/s/0/0/cp/1").text
+
+
+def test_ed25519_checkpoints_name_their_signer_and_verify_with_the_public_key(
+        tmp_path: Path, make_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sealstream.checkpoint import signing
+
+    kid = signing.generate(tmp_path / "keys")
+    monkeypatch.delenv(signing.SIGNING_KEY_ENV, raising=False)
+    monkeypatch.delenv(signing.SIGNING_KEY_FILE_ENV, raising=False)
+    monkeypatch.delenv(signing.VERIFY_KEYS_ENV, raising=False)
+    story(tmp_path, env={signing.SIGNING_KEY_FILE_ENV:
+                         str(tmp_path / "keys" / signing.PRIVATE_NAME)})
+    c = make_client(tmp_path / "ckpt")
+    assert {r["reason"] for r in _rows(_ok(c.get("/s/0/0/history")))} == {
+        signing.NO_PUBLIC_KEY}
+    monkeypatch.setenv(signing.VERIFY_KEYS_ENV, str(tmp_path / "keys" / signing.PUBLIC_NAME))
+    hist = _ok(c.get("/s/0/0/history"))
+    assert {r["verdict"] for r in _rows(hist)} == {"ATOMIC_CHECKPOINT"}
+    assert f"ed25519 (key {kid})" in hist and "unknown (" not in hist
 
 
 # --------------------------------------------------------------------------- moved aside

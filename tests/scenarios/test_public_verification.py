@@ -102,6 +102,9 @@ def test_the_public_key_alone_verifies_genuine_checkpoints(signed: Path) -> None
     rc, data = _verify(signed / "job", _auditor_env(public))
     assert rc == 0 and {c["verdict"] for c in data["checkpoints"]} == {ATOMIC}, data
     assert {c["signer"] for c in data["checkpoints"]} == {"ed25519"}
+    # the report names the key it judged with, not "none (sha256)"
+    kids = sorted(signing.parse_public_keys(public.read_bytes(), str(public)))
+    assert data["key"] == f"ed25519 {kids[0]}" and len(kids) == 1
     # --public-key FILE works the same as SEALSTREAM_VERIFY_KEYS
     res = _cli("checkpoints", "verify", str(signed / "job" / "ckpt"), "--json",
                "--public-key", str(public), env=_auditor_env())

@@ -686,8 +686,8 @@ def receipts() -> None:
 def receipts_verify_cmd(proof: Path, manifest: Path | None, directory: str | None,
                         as_json: bool) -> None:
     """Check PROOF (one proof, or JSON lines of them) offline against a signed checkpoint
-    manifest, with SEALSTREAM_CHECKPOINT_KEY: the result was emitted in the epoch it names,
-    under that signature. Reads no state. Exit 1 when any proof fails."""
+    manifest (public key or SEALSTREAM_CHECKPOINT_KEY): the result was emitted in the epoch
+    it names, under that signature. Reads no state. Exit 1 when any proof fails."""
     from sealstream.cli._guard import summary_line, verify_proof_files
 
     if (manifest is None) == (directory is None):

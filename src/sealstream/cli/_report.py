@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from sealstream.checkpoint import guard
+from sealstream.checkpoint import guard, signing
 from sealstream.checkpoint.manifest import checkpoint_key
 from sealstream.checkpoint.stores import CheckpointStore
 from sealstream.pipeline import Pipeline
@@ -76,8 +76,17 @@ def verify_checkpoints(store: CheckpointStore, pipeline: Pipeline | None,
     return {
         "checkpoints": results,
         "resume_from": resume,
-        "key": "hmac-sha256 (SEALSTREAM_CHECKPOINT_KEY set)" if policy.key else "none (sha256)",
+        "key": _keys_text(policy.key),
     }
+
+
+def _keys_text(hmac_key: bytes | None) -> str:
+    """What the verdicts were judged with: the trusted public keys' ids, the HMAC key."""
+    ids = sorted(signing.trusted_keys())
+    parts = [f"ed25519 {', '.join(ids)}"] if ids else []
+    if hmac_key:
+        parts.append("hmac-sha256 (SEALSTREAM_CHECKPOINT_KEY set)")
+    return " + ".join(parts) or "none (sha256)"
 
 
 def render_list(data: dict[str, Any], directory: Path | str) -> None:

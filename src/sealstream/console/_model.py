@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from sealstream.checkpoint import guard
+from sealstream.checkpoint import guard, signing
 from sealstream.checkpoint.manifest import checkpoint_key, signature_ok
 from sealstream.checkpoint.stores import CheckpointStore, LocalCheckpointStore
 from sealstream.console._stores import READ_ERRORS, Aside, Pipeline
@@ -51,7 +51,11 @@ def _finite(v: Any) -> int | None:
 
 
 def signer_text(doc: Mapping[str, Any] | None) -> str:
-    alg = _d(doc.get("signature") if doc else None).get("alg")
+    sig = _d(doc.get("signature") if doc else None)
+    alg = sig.get("alg")
+    if alg == "ed25519":
+        kid = sig.get("key_id")
+        return f"ed25519 (key {kid})" if isinstance(kid, str) else "ed25519"
     if alg == "hmac-sha256":
         return "hmac-sha256 (keyed)"
     if alg == "sha256":
@@ -81,7 +85,9 @@ def verdict_of(store: CheckpointStore, cid: int, key: bytes | None) -> guard.Ver
     if tag is None:
         return judge_checkpoint(store, cid, key)
     # the keys in the tag, hashed: a verdict read with other keys is another verdict
-    keys = hashlib.sha256((key or b"") + b"|" + (store.encryption_key or b"")).hexdigest()
+    trusted = ",".join(sorted(signing.trusted_keys())).encode()  # public keys count too
+    keys = hashlib.sha256((key or b"") + b"|" + (store.encryption_key or b"") + b"|"
+                          + trusted).hexdigest()
     tag = (*tag, keys)
     cached = _VERDICTS.get(tag)
     if cached is None:

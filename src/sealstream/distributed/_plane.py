@@ -152,6 +152,8 @@ def row_watermarks(events: pl.DataFrame, state: WatermarkState, breaks: list[Bre
         np.minimum(w, wq, out=w)
     np.maximum(w, state.global_ms, out=w)
     w = rounded(w, grid)
+    if state.closed_ms is not None:  # windows an earlier end-of-input flush closed
+        np.maximum(w, state.closed_ms, out=w)  # (WatermarkState.judged, per row)
     return events.with_columns(pl.Series(WATERMARK, w, dtype=pl.Int64))
 
 

@@ -180,8 +180,11 @@ class DistributedJob(Job):
         prepare(self.wm, batch.infos)
         if batch.failed is not None and batch.failed.height:
             self._handle_bad(batch.failed)
+        w_before = self.wm.global_ms
         advance(self.wm, batch.infos, batch.bound)
         got = batch.planner.gather_outputs(batch)
+        if batch.finished:  # every window fired: keep the watermark the data reached
+            self.wm.end_of_input(self._reach_ms(), w_before)
         if batch.staged:  # the workers staged their results: their identities came back
             ids = [from_ipc(f) for f, _, _ in got if f is not None]
             if ids:

@@ -7,6 +7,9 @@ endpoint is a page that says so within a bounded time, and no credential is show
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -155,3 +158,64 @@ def test_an_unreachable_s3_endpoint_is_a_page_with_the_error(
     assert took < 60, took  # bounded by the retry budget, not botocore's minutes
     resp = c.get("/s/0/0/history")
     assert resp.status_code == 404 and "not found" in resp.text
+
+
+def _serve(*args: str, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+    """``sealstream console ARGS --port 0`` and the URL it prints when bound."""
+    proc = subprocess.Popen([sys.executable, "-m", "sealstream", "console", *args,
+                             "--port", "0"], stderr=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, text=True, env=env)
+    assert proc.stderr is not None
+    printed = []
+    for line in proc.stderr:  # blocks until the line (or the end: a failed start)
+        printed.append(line)
+        m = re.search(r"serving (http://\S+?:\d+/)", line)
+        if m is not None:
+            return proc, m.group(1)
+    proc.wait(timeout=60)
+    raise AssertionError(f"the console did not start: {printed}")
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if proc.stderr is not None:
+        proc.stderr.close()
+
+
+def test_the_console_command_takes_the_endpoint_and_bounds_an_unreachable_one(
+        tmp_path: Path, s3_server: Any) -> None:
+    """`--endpoint-url` instead of AWS_ENDPOINT_URL; without SEALSTREAM_S3_RETRY_S an
+    unreachable endpoint is retried for the console's 3 s, not a run's 30 s."""
+    import httpx
+
+    _, url = _story(tmp_path, s3_server)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("AWS_ENDPOINT_URL", "SEALSTREAM_S3_RETRY_S")}
+    env.update({k: v for k, v in s3_server.env().items() if k != "AWS_ENDPOINT_URL"})
+    before = _listing(s3_server)
+    proc, home = _serve(url, "--endpoint-url", s3_server.endpoint, env=env)
+    try:
+        page = httpx.get(home, timeout=120).text
+        assert "story" in page and "ATOMIC_CHECKPOINT" in page and url in page
+        assert s3_server.secret_key not in page
+    finally:
+        _stop(proc)
+    assert _listing(s3_server) == before
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.monotonic()
+    proc, home = _serve(url, "--endpoint-url", f"http://127.0.0.1:{port}", env=env)
+    try:
+        page = httpx.get(home, timeout=120).text
+        took = time.monotonic() - started
+        assert "cannot read this store" in page and "did not answer for 3 s" in page
+        assert took < 30, took  # well under a run's 30 s budget
+    finally:
+        _stop(proc)

@@ -24,6 +24,7 @@ from _consolekit import emitted_window, story
 
 from scenarios._story import run
 from sealstream.checkpoint import manifest as mf
+from sealstream.errors import CheckpointError
 
 
 def _client(server: Any) -> Any:
@@ -97,6 +98,17 @@ def test_every_route_on_an_s3_store_reads_and_never_writes(
     page = _pages(c)
     assert s3_env.secret_key not in page and s3_env.access_key not in page
     assert _listing(s3_env) == before  # read-only: not an object created, replaced, deleted
+    # the store the console opens refuses the writes a run makes, before any request
+    from sealstream.console._objstores import open_s3
+
+    store = open_s3(url)
+    for write in (lambda: store.move_aside(n, "TEST"),
+                  lambda: store.delete(1), lambda: store.claim(n + 1)):
+        with pytest.raises(CheckpointError, match="the console never writes"):
+            write()
+    with pytest.raises(CheckpointError, match="the console never writes"), store.locked():
+        pass
+    assert _listing(s3_env) == before
 
 
 def test_a_damaged_checkpoint_in_s3_is_a_verdict_and_stays_in_the_history_moved_aside(

@@ -1,6 +1,9 @@
-"""``sealstream console STORE... [--host] [--port] [--job URL]`` (see docs/console.md)."""
+"""``sealstream console STORE... [--host] [--port] [--job URL] [--endpoint-url URL]``
+(see docs/console.md)."""
 
 from __future__ import annotations
+
+import os
 
 import click
 
@@ -15,11 +18,17 @@ import click
 @click.option("--job", "job", default=None, metavar="URL",
               help="The metrics endpoint of a running job (sealstream run --metrics-port), "
                    "shown live.")
-def console_cmd(stores: tuple[str, ...], host: str, port: int, job: str | None) -> None:
+@click.option("--endpoint-url", default=None, metavar="URL",
+              help="The S3 endpoint of s3:// stores (else AWS_ENDPOINT_URL); credentials "
+                   "come from the standard AWS environment.")
+def console_cmd(stores: tuple[str, ...], host: str, port: int, job: str | None,
+                endpoint_url: str | None) -> None:
     """Serve a read-only web console over checkpoint STORES (directories, sqlite:///FILE,
-    postgresql://HOST/DB, agent stores): pipelines, checkpoint history and verdicts,
-    charts, checkpoint detail and diff, window lookup, agent threads, a running job.
-    Needs the console extra: pip install 'sealstream[console]'."""
+    postgresql://HOST/DB, s3://BUCKET/PREFIX, agent stores): pipelines, checkpoint
+    history and verdicts, charts, checkpoint detail and diff, window lookup, agent
+    threads, a running job. Needs the console extra: pip install 'sealstream[console]'."""
     from sealstream.console._serve import serve
 
+    if endpoint_url:
+        os.environ["AWS_ENDPOINT_URL"] = endpoint_url  # what every S3 store here reads
     serve(list(stores), host=host, port=port, job=job)

@@ -14,6 +14,8 @@ from sealstream.errors import SpecError
 LOOPBACK_NAMES = ("localhost",)
 #: how long a page waits for an unreachable PostgreSQL (``SEALSTREAM_PG_RETRY_S`` wins)
 PG_RETRY_S = 3.0
+#: how long a page waits for an unreachable S3 endpoint (``SEALSTREAM_S3_RETRY_S`` wins)
+S3_RETRY_S = 3.0
 
 
 def is_loopback(host: str) -> bool:
@@ -61,6 +63,7 @@ def serve(stores: list[str], *, host: str = "127.0.0.1", port: int = 8080,
                         ) from None
     # a page waits for a store: an unreachable PostgreSQL is retried for 3 s, not 30
     os.environ.setdefault("SEALSTREAM_PG_RETRY_S", str(PG_RETRY_S))
+    os.environ.setdefault("SEALSTREAM_S3_RETRY_S", str(S3_RETRY_S))
     token = None if is_loopback(host) else secrets.token_urlsafe(24)
     # on loopback, only loopback names: a page elsewhere cannot reach it by DNS rebinding
     hosts = None if token is not None else ["127.0.0.1", "localhost", "[::1]", "::1",

@@ -1,13 +1,15 @@
 """The stores a console shows, opened for reading only.
 
 Each ``STORE`` argument of ``sealstream console`` becomes one :class:`Source`: a
-checkpoint directory, a SQLite file, a PostgreSQL database (one pipeline or several) or
-an agent store. Opening never writes:
+checkpoint directory, a SQLite file, a PostgreSQL database (one pipeline or several), an
+S3 prefix (one pipeline) or an agent store. Opening never writes:
 
 * a directory is only listed and read (no lock, no ``rejected/`` created);
 * SQLite is opened ``mode=ro`` (no WAL switch, no schema, no migration);
 * PostgreSQL sessions run with ``default_transaction_read_only = on``, so the server
-  itself refuses any write.
+  itself refuses any write;
+* an S3 prefix is read through objects that refuse every write (no probe, no lease,
+  no claim, no ``STORE`` created): :mod:`sealstream.console._objstores`.
 
 Checkpoints moved aside as evidence (``rejected/`` in a directory, the
 ``sealstream_rejected`` table in a database) are read through an *evidence view*: a
@@ -24,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sealstream.checkpoint.stores import is_postgres, is_url, redact, sqlite_path
+from sealstream._objects import ObjectStoreError
+from sealstream.checkpoint.stores import is_postgres, is_s3, is_url, redact, sqlite_path
 from sealstream.checkpoint.stores.base import (
     PREFIX,
     REJECTED,
@@ -35,11 +38,12 @@ from sealstream.checkpoint.stores.base import (
 from sealstream.checkpoint.stores.directory import LocalCheckpointStore
 from sealstream.checkpoint.stores.postgres import PostgresCheckpointStore
 from sealstream.checkpoint.stores.sqlite import SqliteCheckpointStore
+from sealstream.console import _objstores
 from sealstream.errors import CheckpointError, SealstreamError
 
 #: what a read failure of any store raises (shown on the page, never a server error)
 READ_ERRORS: tuple[type[BaseException], ...] = (SealstreamError, OSError, sqlite3.Error,
-                                                ValueError)
+                                                ValueError, ObjectStoreError)
 
 
 @dataclass
@@ -76,7 +80,7 @@ class Source:
 
     index: int
     where: str
-    kind: str = "directory"  # directory | sqlite | postgresql | agents
+    kind: str = "directory"  # directory | sqlite | postgresql | s3 | agents
     shown: str = ""
     error: str | None = None
     pipelines: list[Pipeline] = field(default_factory=list)
@@ -90,7 +94,10 @@ class Source:
         self.error = None
         self.pipelines = []
         try:
-            if is_url(self.where) or Path(self.where).is_file():
+            if is_s3(self.where):
+                self.kind = "s3"
+                names = [_objstores.s3_pipeline(self.where)]
+            elif is_url(self.where) or Path(self.where).is_file():
                 if is_agent_store(self.where):
                     self.kind = "agents"
                     return
@@ -128,10 +135,15 @@ class Source:
             return ReadOnlyPostgresStore(self.where, pipeline)
         if self.kind == "sqlite":
             return ReadOnlySqliteStore(self._sqlite_file(), pipeline)
+        if self.kind == "s3":
+            return _objstores.open_s3(self.where)
         return DirectoryStore(Path(self.where))
 
     def asides(self, pipeline: str) -> list[Aside]:
         """The checkpoints moved aside, oldest move first."""
+        if self.kind == "s3":
+            return _by_move([_aside(cid, name) for cid, name in
+                             _objstores.s3_asides(self.where)])
         if self.kind == "directory":
             rej = Path(self.where) / REJECTED
             if not rej.is_dir():
@@ -141,10 +153,8 @@ class Source:
                 cid = _aside_id(entry.name)
                 if cid is None or not entry.is_dir():
                     continue
-                rest = entry.name[len(checkpoint_dirname(cid)) + 1:]
-                reason, _, stamp = rest.rpartition("-")
-                out.append(Aside(cid, reason or rest, stamp or None, entry.name))
-            return sorted(out, key=lambda a: (a.moved_at or "", a.id))
+                out.append(_aside(cid, entry.name))
+            return _by_move(out)
         store = self.open(pipeline)
         try:
             rows = store.rejected()  # type: ignore[attr-defined]
@@ -157,6 +167,8 @@ class Source:
     def open_aside(self, pipeline: str, aside: Aside) -> CheckpointStore:
         if self.kind == "directory":
             return AsideDirectoryStore(Path(self.where), aside)
+        if self.kind == "s3":
+            return _objstores.AsideObjectStore(self.where, aside)
         if self.kind == "sqlite":
             return AsideSqliteStore(self._sqlite_file(), pipeline, aside)
         return AsidePostgresStore(self.where, pipeline, aside)
@@ -168,6 +180,17 @@ def _aside_id(name: str) -> int | None:
             len(name) <= len(head) or name[len(head)] != "-":
         return None
     return int(head[len(PREFIX):])
+
+
+def _aside(cid: int, name: str) -> Aside:
+    """The checkpoint moved aside as ``rejected/NAME`` (``cp-N-<reason>-<time>``)."""
+    rest = name[len(checkpoint_dirname(cid)) + 1:]
+    reason, _, stamp = rest.rpartition("-")
+    return Aside(cid, reason or rest, stamp or None, name)
+
+
+def _by_move(asides: list[Aside]) -> list[Aside]:
+    return sorted(asides, key=lambda a: (a.moved_at or "", a.id))
 
 
 def _directory_pipeline(store: LocalCheckpointStore) -> str:

@@ -376,10 +376,11 @@ def test_the_base_spec_runs_and_its_checkpoints_verify(
     assert set(doc) == {
         "format", "id", "parent", "pipeline", "fingerprint", "definition", "created_ms",
         "epoch", "lateness_ms", "watermark", "positions", "files", "state", "receipts",
-        "sinks", "counters", "aggregate_order", "receipt_roots", "signature",
+        "sinks", "counters", "aggregate_order", "receipt_roots", "emission_log", "signature",
     }
+    # the last checkpoint follows the end-of-input flush: closed_ms says what it closed
     assert set(doc["watermark"]) == {
-        "global_ms", "partition_ms", "max_time", "exhausted", "max_delay_ms"}
+        "global_ms", "partition_ms", "max_time", "exhausted", "max_delay_ms", "closed_ms"}
 
 
 def test_verify_against_a_changed_spec_reports_the_fingerprint(

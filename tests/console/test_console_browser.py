@@ -221,7 +221,7 @@ def test_a_window_lookup_downloads_a_proof_that_verifies(
     target = tmp_path / "proof.json"
     info.value.save_as(str(target))
     proof = json.loads(target.read_text())
-    assert proof["receipt_proof"] == 1 and proof["checkpoint"] == n
+    assert proof["receipt_proof"] == 2 and proof["checkpoint"] == n
     res = subprocess.run([sys.executable, "-m", "sealstream", "receipts", "verify", str(target),
                           "--checkpoints", str(damaged_job / "ckpt")], capture_output=True,
                          text=True, timeout=60)

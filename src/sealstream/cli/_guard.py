@@ -8,14 +8,24 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from sealstream.checkpoint import receipts as trees
 from sealstream.checkpoint.manifest import checkpoint_key, load_json
-from sealstream.checkpoint.stores import CheckpointStore
 from sealstream.errors import CheckpointError, SealstreamError, SpecError
+
+if TYPE_CHECKING:
+    from sealstream.checkpoint.stores import CheckpointStore
+
+
+def _trees() -> ModuleType:
+    """The receipts module, imported when a command needs it: ``sealstream --help``
+    imports no columnar library (tests/test_cli_startup.py)."""
+    from sealstream.checkpoint import receipts
+
+    return receipts
 
 
 def results_sink(spec: Path) -> Any:
@@ -113,7 +123,7 @@ def export_proofs(store: CheckpointStore, cid: int, to: Path, *, replace: bool,
     if not ok:
         raise CheckpointError(f"checkpoint {cid}: its manifest does not verify ({code}); "
                               "no proof is written against it")
-    roots = doc.get(trees.ROOTS_FIELD)
+    roots = doc.get(_trees().ROOTS_FIELD)
     if not isinstance(roots, dict):
         raise CheckpointError(f"checkpoint {cid} predates Merkle receipts (NO_RECEIPT_ROOTS): "
                               "its manifest signs no receipt root")
@@ -123,20 +133,20 @@ def export_proofs(store: CheckpointStore, cid: int, to: Path, *, replace: bool,
         if hashlib.sha256(data).hexdigest() != entry.get("sha256"):
             raise CheckpointError(f"checkpoint {cid}: {entry['path']} does not match its "
                                   "SHA-256 in the manifest")
-        ids = trees.decode_ids(data)
+        ids = _trees().decode_ids(data)
     else:
-        ids = trees.decode_ids(trees.encode_ids(_empty()))
-    if trees.root(ids) != roots["results"]["root"]:
+        ids = _trees().decode_ids(_trees().encode_ids(_empty()))
+    if _trees().root(ids) != roots["results"]["root"]:
         raise CheckpointError(f"checkpoint {cid}: its receipt ids do not give the signed root")
-    tree = [s.to_list() for s in trees.levels(ids)]
+    tree = [s.to_list() for s in _trees().levels(ids)]
     epoch, n = int(roots["epoch"]), ids.len()
     tmp = to.parent / f".{to.name}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
         for i, rid in enumerate(ids.to_list()):  # one proof per result: a file, not a hot path
-            proof = trees.make_proof(str(doc["pipeline"]), cid, epoch, rid, i, n,
-                                     trees.path(tree, i))
-            f.write(trees.proof_bytes(proof) + b"\n")
+            proof = _trees().make_proof(str(doc["pipeline"]), cid, epoch, rid, i, n,
+                                     _trees().path(tree, i))
+            f.write(_trees().proof_bytes(proof) + b"\n")
     os.replace(tmp, to)
     return {"checkpoint": cid, "epoch": epoch, "proofs": n, "to": str(to),
             "root": roots["results"]["root"]}
@@ -183,7 +193,7 @@ def verify_proof_files(proof_path: Path, manifest: Path | None, directory: str |
                 doc = store.read_manifest(int(proof.get("checkpoint", -1)))
             except (SealstreamError, OSError, ValueError, TypeError):
                 doc = None
-        check = trees.verify_proof(proof, doc, key)
+        check = _trees().verify_proof(proof, doc, key)
         results.append({"line": n, "ok": check.ok, "reason": check.reason,
                         "message": check.message})
     return {"proofs": len(results), "verified": sum(r["ok"] for r in results),
@@ -270,11 +280,11 @@ def _epoch_ids(store: CheckpointStore, sink: Any) -> dict[int, Any]:
     out: dict[int, Any] = {}
     for c in store.ids():
         r = _read(store, c, checkpoint_key())
-        roots = r.doc.get(trees.ROOTS_FIELD) if r.doc is not None else None
+        roots = r.doc.get(_trees().ROOTS_FIELD) if r.doc is not None else None
         if isinstance(roots, dict):
             def ids(doc: Any = r.doc) -> Any:
                 data = _verified_file(store, doc, "receipt_ids")
-                return trees.decode_ids(data) if data is not None else _empty()
+                return _trees().decode_ids(data) if data is not None else _empty()
             out[int(roots["epoch"])] = ids
     if sink is not None:
         by_epoch: dict[int, list[Any]] = {}
@@ -324,7 +334,7 @@ def export_log_proofs(store: CheckpointStore, to: Path, *, epochs: tuple[int, in
             ids = prover.ids.to_list()
             for i, rid in enumerate(ids):  # one proof per result: a file, not a hot path
                 if key is None or rid.startswith(f"{key}|"):
-                    f.write(trees.proof_bytes(prover.proof(i)) + b"\n")
+                    f.write(_trees().proof_bytes(prover.proof(i)) + b"\n")
                     written += 1
     if missing:
         tmp.unlink()

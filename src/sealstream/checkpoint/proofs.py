@@ -27,7 +27,6 @@ import polars as pl
 
 from sealstream.checkpoint import emission_log as log
 from sealstream.checkpoint import receipts as trees
-from sealstream.checkpoint.manifest import signature_ok
 
 FORMAT = 2
 
@@ -107,16 +106,9 @@ def verify(proof: dict[str, Any], manifest: Any, key: bytes | None) -> trees.Pro
         log_path = [bytes.fromhex(h) for h in trees._unb64(str(proof["log_path"]))]
     except (KeyError, TypeError, ValueError) as exc:
         return no("PROOF_MALFORMED", f"proof has a malformed field ({exc})")
-    if not isinstance(manifest, dict):
-        return no("MANIFEST_UNREADABLE", "manifest is not a JSON object")
-    ok, code = signature_ok(manifest, key)
-    if not ok:
-        return no(code, f"the manifest's signature does not verify ({code})")
-    if manifest.get("id") != cid or manifest.get("pipeline") != proof.get("pipeline"):
-        return no("OTHER_CHECKPOINT",
-                  f"the proof is for checkpoint {cid} of pipeline {proof.get('pipeline')!r}, "
-                  f"the manifest is checkpoint {manifest.get('id')} of "
-                  f"{manifest.get('pipeline')!r}")
+    problem = trees.manifest_problem(proof, manifest, key, cid)
+    if problem is not None:
+        return problem
     signed = manifest.get(log.LOG_FIELD)
     if not isinstance(signed, dict):
         return no("NO_EMISSION_LOG", f"checkpoint {cid} predates the emission log")

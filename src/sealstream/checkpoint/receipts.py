@@ -195,6 +195,24 @@ class ProofCheck:
     message: str
 
 
+def manifest_problem(proof: dict[str, Any], manifest: Any, key: bytes | None,
+                     cid: int) -> ProofCheck | None:
+    """Why ``manifest`` cannot vouch for ``proof`` (of checkpoint ``cid``), whatever
+    the proof's format: not a JSON object, a signature that does not verify under
+    ``key``, another checkpoint or pipeline. None when it can."""
+    if not isinstance(manifest, dict):
+        return ProofCheck(False, "MANIFEST_UNREADABLE", "manifest is not a JSON object")
+    ok, code = signature_ok(manifest, key)
+    if not ok:
+        return ProofCheck(False, code, f"the manifest's signature does not verify ({code})")
+    if manifest.get("id") != cid or manifest.get("pipeline") != proof.get("pipeline"):
+        return ProofCheck(False, "OTHER_CHECKPOINT",
+                          f"the proof is for checkpoint {cid} of pipeline "
+                          f"{proof.get('pipeline')!r}, the manifest is checkpoint "
+                          f"{manifest.get('id')} of {manifest.get('pipeline')!r}")
+    return None
+
+
 def verify_proof(proof: Any, manifest: Any, key: bytes | None) -> ProofCheck:
     """Check an inclusion proof against a checkpoint manifest (parsed), offline: the
     manifest's signature under ``key``, that it is the checkpoint and epoch the proof
@@ -214,16 +232,9 @@ def verify_proof(proof: Any, manifest: Any, key: bytes | None) -> ProofCheck:
         siblings = _unb64(str(proof["path"]))
     except (KeyError, TypeError, ValueError) as exc:
         return no("PROOF_MALFORMED", f"proof has a malformed field ({exc})")
-    if not isinstance(manifest, dict):
-        return no("MANIFEST_UNREADABLE", "manifest is not a JSON object")
-    ok, code = signature_ok(manifest, key)
-    if not ok:
-        return no(code, f"the manifest's signature does not verify ({code})")
-    if manifest.get("id") != cid or manifest.get("pipeline") != proof.get("pipeline"):
-        return no("OTHER_CHECKPOINT",
-                  f"the proof is for checkpoint {cid} of pipeline {proof.get('pipeline')!r}, "
-                  f"the manifest is checkpoint {manifest.get('id')} of "
-                  f"{manifest.get('pipeline')!r}")
+    problem = manifest_problem(proof, manifest, key, cid)
+    if problem is not None:
+        return problem
     roots = manifest.get(ROOTS_FIELD)
     if not isinstance(roots, dict):
         return no("NO_RECEIPT_ROOTS", f"checkpoint {cid} predates Merkle receipts: its "

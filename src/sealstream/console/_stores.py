@@ -290,15 +290,36 @@ class AsideDirectoryStore(LocalCheckpointStore):
                       if f.is_file() and not f.name.startswith("."))
 
 
-class AsideSqliteStore(ReadOnlySqliteStore):
+class _AsideRows(CheckpointStore):
+    """What the SQLite and PostgreSQL aside views share: one checkpoint, the moved-aside
+    one, whose files are the rows :meth:`_moved` selects (each database's own SQL)."""
+
+    aside: Aside
+
+    def _moved(self, rel: str | None) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def ids(self) -> list[int]:
+        return [self.aside.id]
+
+    def _raw(self, rel: str) -> bytes | None:
+        rows = self._moved(rel)
+        if rows:
+            return bytes(rows[0][1]) if rows[0][1] is not None else b""
+        return super()._raw(rel)  # type: ignore[safe-super]  # the store class after us in the MRO
+
+    def _names(self, cid: int) -> list[str]:
+        if cid != self.aside.id:
+            return super()._names(cid)  # type: ignore[safe-super]
+        return [str(r[0]) for r in self._moved(None)]
+
+
+class AsideSqliteStore(_AsideRows, ReadOnlySqliteStore):
     """A checkpoint in ``sealstream_rejected`` shown under its own id."""
 
     def __init__(self, db: Path, pipeline: str, aside: Aside) -> None:
         super().__init__(db, pipeline)
         self.aside = aside
-
-    def ids(self) -> list[int]:
-        return [self.aside.id]
 
     def _moved(self, rel: str | None) -> list[tuple[Any, ...]]:
         reason, _, moved = self.aside.handle.partition("|")
@@ -310,27 +331,13 @@ class AsideSqliteStore(ReadOnlySqliteStore):
             args.append(rel)
         return self._query(sql + " ORDER BY name", *args)
 
-    def _raw(self, rel: str) -> bytes | None:
-        rows = self._moved(rel)
-        if rows:
-            return bytes(rows[0][1]) if rows[0][1] is not None else b""
-        return super()._raw(rel)
 
-    def _names(self, cid: int) -> list[str]:
-        if cid != self.aside.id:
-            return super()._names(cid)
-        return [str(r[0]) for r in self._moved(None)]
-
-
-class AsidePostgresStore(ReadOnlyPostgresStore):
+class AsidePostgresStore(_AsideRows, ReadOnlyPostgresStore):
     """A checkpoint in ``sealstream_rejected`` shown under its own id."""
 
     def __init__(self, url: str, pipeline: str, aside: Aside) -> None:
         super().__init__(url, pipeline)
         self.aside = aside
-
-    def ids(self) -> list[int]:
-        return [self.aside.id]
 
     def _moved(self, rel: str | None) -> list[tuple[Any, ...]]:
         reason, _, moved = self.aside.handle.partition("|")
@@ -342,17 +349,6 @@ class AsidePostgresStore(ReadOnlyPostgresStore):
             sql += " AND name = %s"
             args.append(rel)
         return self._query(sql + " ORDER BY name", *args)
-
-    def _raw(self, rel: str) -> bytes | None:
-        rows = self._moved(rel)
-        if rows:
-            return bytes(rows[0][1]) if rows[0][1] is not None else b""
-        return super()._raw(rel)
-
-    def _names(self, cid: int) -> list[str]:
-        if cid != self.aside.id:
-            return super()._names(cid)
-        return [str(r[0]) for r in self._moved(None)]
 
 
 def discover(stores: list[str]) -> list[Source]:

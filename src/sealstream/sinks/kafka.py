@@ -69,7 +69,8 @@ staged epoch again. Nothing is lost and nothing is doubled.
 transaction error): the producer is thrown away, a new one is created
 (``init_transactions`` settles what the old one left), then the topic is read
 back from the last known end to see whether the epoch made it, and the epoch is
-produced again if not; for ``retry_s`` seconds at most (default 60), then a
+produced again if not; for ``retry_s`` seconds at most (default 60, or
+``SEALSTREAM_KAFKA_RETRY_S``), then a
 one-line :class:`SinkError` naming the topic and the broker's reason.
 """
 
@@ -148,6 +149,16 @@ def parse_location(value: object) -> tuple[str, dict[int, int]] | None:
     return str(doc["topic"]), out
 
 
+def retry_seconds() -> float:
+    """How long broker faults are retried: ``SEALSTREAM_KAFKA_RETRY_S``, default 60."""
+    raw = os.environ.get("SEALSTREAM_KAFKA_RETRY_S", "").strip()
+    try:
+        value = float(raw) if raw else 60.0
+    except ValueError:
+        value = 60.0
+    return max(1.0, value)
+
+
 class KafkaSink(Sink):
     """Rows of each epoch produced to ``topic`` in one Kafka transaction.
 
@@ -162,7 +173,7 @@ class KafkaSink(Sink):
 
     def __init__(self, bootstrap: str, topic: str, role: SinkRole, run_token: str,
                  staging: str | os.PathLike[str], settings: Mapping[str, str] | None = None,
-                 *, transactional_id: str | None = None, retry_s: float = 60.0,
+                 *, transactional_id: str | None = None, retry_s: float | None = None,
                  shared_staging: bool = False) -> None:
         if not _TOPIC_RE.fullmatch(topic) or topic in (".", ".."):
             raise SinkError(f"topic: {topic!r} is not a valid Kafka topic name "
@@ -177,7 +188,7 @@ class KafkaSink(Sink):
         self._shared_staging = shared_staging
         self._legacy: Path | None = None  # where an older version staged (read only)
         self.settings = {str(k): str(v) for k, v in (settings or {}).items()}
-        self.retry_s = retry_s
+        self.retry_s = retry_seconds() if retry_s is None else retry_s
         self._tid = self.settings.pop("transactional.id", "") or transactional_id \
             or f"sealstream-{topic}-{role}"
         try:

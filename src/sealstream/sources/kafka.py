@@ -48,6 +48,7 @@ Faults:
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -637,11 +638,20 @@ class KafkaSource:
         self._finish_commits()
         committer, self._committer = self._committer, None
         if committer is not None:
-            with contextlib.suppress(Exception):
-                committer.close()
+            # librdkafka's close waits about 40 s for a group coordinator that is gone;
+            # the group only serves lag tools, so the run waits a request timeout at most
+            closer = threading.Thread(target=_close_quietly, args=(committer,),
+                                      daemon=True, name="kafka-group-close")
+            closer.start()
+            closer.join(_QUERY_TIMEOUT_S)
         if self._meta is not None:
             self._meta.close()
             self._meta = None
+
+
+def _close_quietly(client: Any) -> None:
+    with contextlib.suppress(Exception):
+        client.close()
 
 
 def is_message_field(name: str) -> bool:

@@ -359,3 +359,21 @@ def test_render_live_source_status_and_watermark_holder() -> None:
     assert 'sealstream_source_lag{pipeline="p",partition="orders/0"} 12' in text
     assert 'sealstream_watermark_holder{pipeline="p",partition="orders/0"} 1' in text
     assert "sealstream_source_connected{" not in render(Snapshot(pipeline="p"))
+
+
+def test_a_narrow_terminal_never_splits_a_partitions_watermark(tmp_path: Path) -> None:
+    """On a 48-column terminal the watermark was cut ('2026-11-30T00:53:19.00…'):
+    the timestamp stays whole; the partition's name is shortened instead."""
+    from sealstream.cli._progress import Progress
+
+    job = _panel_job(tmp_path, 2)
+    job.wm.max_time = [1_796_000_000_000, 1_796_000_050_000]
+    progress = Progress(tty=True, stream=io.StringIO())
+    console = Console(file=io.StringIO(), width=48, color_system=None)
+    console.print(progress._partition_table(job, [None, None]))
+    assert isinstance(console.file, io.StringIO)
+    lines = console.file.getvalue().splitlines()
+    body = [ln for ln in lines[1:] if ln.strip()]
+    assert len(body) == 2, lines  # one line per partition
+    for ln in body:
+        assert re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", ln), lines

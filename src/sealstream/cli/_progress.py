@@ -291,10 +291,11 @@ class Progress:
         from rich.table import Table
 
         table = Table(box=None, pad_edge=False, show_edge=False, header_style="dim")
-        table.add_column("partition")
-        table.add_column("watermark")
-        table.add_column("lag", justify="right")
-        table.add_column("left", justify="right")
+        # a narrow terminal shortens the partition's name, never splits a timestamp
+        table.add_column("partition", overflow="ellipsis", no_wrap=True)
+        table.add_column("watermark", no_wrap=True, min_width=24)
+        table.add_column("lag", justify="right", no_wrap=True)
+        table.add_column("left", justify="right", no_wrap=True)
         lags = partition_lags(job)
         # spec order, always: rows that moved between refreshes could not be followed
         for q in range(min(len(lags), MAX_PARTITION_ROWS)):

@@ -104,3 +104,35 @@ def test_writes_ahead_of_their_checkpoint_wait_for_the_save_not_the_database(
     # every write once: the input's, then two tasks a step (the last step: one)
     assert attempts.count(True) == RUNS * (2 * STEPS - 1) + RUNS, (failed, len(attempts))
     assert failed <= attempts.count(True) // 10, (failed, len(attempts))
+
+
+def test_a_write_waits_for_a_save_still_queued_behind_other_threads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a loaded machine the one SQLite worker's queue of saves grew past
+    ``writes_wait_s``: writes whose checkpoint was still queued failed with "was not
+    committed within 10.0 s" (the suite's concurrency tests failed at load 30). Here
+    every save takes 30 ms and writes_wait_s is 0.1 s, so with 8 runs a save waits
+    longer than that in the queue: every run still completes, as a save that is
+    coming is waited for."""
+    import sys
+    import time as _time
+
+    here = sys.modules[__name__]
+    monkeypatch.setattr(here, "RUNS", 8)
+    monkeypatch.setattr(here, "STEPS", 6)
+
+    real = SealstreamSaver.put
+
+    def slow(self: SealstreamSaver, *args: Any, **kw: Any) -> Any:
+        _time.sleep(0.03)
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(SealstreamSaver, "put", slow)
+    saver = SealstreamSaver(tmp_path / "a.db", key=KEY, encryption_key=None,
+                            writes_wait_s=0.1)
+    try:
+        results = asyncio.run(_many(saver, "async"))
+        assert len(results) == 8
+        assert all(out == {"n": 6, "log": list(range(6))} for out in results)
+    finally:
+        saver.close()

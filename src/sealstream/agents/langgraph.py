@@ -544,8 +544,13 @@ class SealstreamSaver(BaseCheckpointSaver[Any]):
 
     def _overdue(self, thread: str, ns: str, start: float) -> bool:
         """Whether a write has waited ``writes_wait_s`` since it began or since this
-        saver last committed a checkpoint of its thread, whichever is later."""
+        saver last committed a checkpoint of its thread, whichever is later. Never
+        while this saver is still saving checkpoints of the thread: on a busy machine
+        a save can wait in the queue longer than ``writes_wait_s``, and the checkpoint
+        the write belongs to is then coming, not lost."""
         with self._workers_lock:
+            if (thread, ns) in self._inflight:
+                return False
             last = max(start, self._progress.get((thread, ns), start))
         return time.monotonic() > last + self.writes_wait_s
 

@@ -114,13 +114,33 @@ def ed25519_with_log(key_file: Path) -> Iterator[None]:
         os.environ.pop("SEALSTREAM_SIGNING_KEY_FILE", None)
 
 
-def signed_run(spec: Path, events: int, key_file: Path | None) -> float:
+@contextlib.contextmanager
+def unsigned_without_log() -> Iterator[None]:
+    """No key at all (the unkeyed SHA-256 digest) and no emission log (bench only)."""
+    import os
+
+    from sealstream.checkpoint import emission_log
+
+    real_head = emission_log.head
+    saved = {k: os.environ.pop(k) for k in ("SEALSTREAM_SIGNING_KEY", "SEALSTREAM_CHECKPOINT_KEY",
+                                             "SEALSTREAM_SIGNING_KEY_FILE") if k in os.environ}
+    emission_log.head = lambda entries: {"size": 0, "root": ""}  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        emission_log.head = real_head  # type: ignore[assignment]
+        os.environ.update(saved)
+
+
+def signed_run(spec: Path, events: int, key_file: Path | None,
+               unsigned: bool = False) -> float:
     from sealstream import run
 
     d = spec.parent
     for sub in ("out", "ckpt"):
         shutil.rmtree(d / sub, ignore_errors=True)
-    ctx = hmac_without_log() if key_file is None else ed25519_with_log(key_file)
+    ctx = (unsigned_without_log() if unsigned else
+           hmac_without_log() if key_file is None else ed25519_with_log(key_file))
     with ctx:
         t0 = time.perf_counter()
         run(spec)
@@ -160,6 +180,10 @@ def main() -> None:
     ap.add_argument("--keys", type=int, default=10_000)
     ap.add_argument("--every", type=int, default=200_000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--signatures-only", action="store_true",
+                    help="Only the throughput of Ed25519 + the emission log against unsigned "
+                         "and HMAC runs without the log (alternating); the section is "
+                         "appended to bench/results/receipts.md.")
     args = ap.parse_args()
     from sealstream.testing.datagen import generate
     from sealstream.testing.specs import files_source, spec_text
@@ -172,6 +196,9 @@ def main() -> None:
     spec = WORK / "spec.toml"
     spec.write_text(spec_text("receipts_bench", files_source(paths), batch_size=20000,
                               every_events=args.every, keep=2))
+    if args.signatures_only:
+        signatures_only(spec, args)
+        return
     rates: dict[bool, list[float]] = {True: [], False: []}
     for _ in range(args.rounds):
         for roots in (False, True):
@@ -230,6 +257,51 @@ def main() -> None:
     ]
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "receipts.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+def signatures_only(spec: Path, args: argparse.Namespace) -> None:
+    """Ed25519 + log vs unsigned and vs HMAC, both without the log: in this process,
+    alternating within each round, median of ``--rounds``; appended to receipts.md."""
+    import os
+
+    from sealstream.checkpoint import signing
+
+    keydir = WORK / "keys"
+    shutil.rmtree(keydir, ignore_errors=True)
+    signing.generate(keydir)
+    key = keydir / signing.PRIVATE_NAME
+    runs: dict[str, list[float]] = {"unsigned": [], "hmac": [], "ed25519": []}
+    for _ in range(args.rounds):
+        runs["unsigned"].append(signed_run(spec, args.events, None, unsigned=True))
+        runs["ed25519"].append(signed_run(spec, args.events, key))
+        runs["hmac"].append(signed_run(spec, args.events, None))
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    lines = [
+        "",
+        f"## {time.strftime('%Y-%m-%d', time.gmtime())}: Ed25519 + emission log segments "
+        "against unsigned (`--signatures-only`)",
+        "",
+        f"`python -m bench.receipts --signatures-only --events {args.events} --every "
+        f"{args.every} --rounds {args.rounds}`: {args.events:,} events, {args.keys:,} keys, "
+        f"a checkpoint every {args.every:,} events; the three configurations alternate in "
+        f"each round, in one process; load average at the end: {load}.",
+        "",
+        "| signatures | runs (events/s) | median |",
+        "| --- | --- | --- |",
+        *(f"| {name} | {', '.join(f'{r:,.0f}' for r in runs[k])} | {med[k]:,.0f} |"
+          for k, name in (("unsigned", "unsigned (sha256), no emission log"),
+                          ("hmac", "HMAC, no emission log"),
+                          ("ed25519", "Ed25519 + emission log (segments)"))),
+        "",
+        f"Ratio Ed25519 + log / unsigned: **{med['ed25519'] / med['unsigned']:.3f}**; "
+        f"/ HMAC: **{med['ed25519'] / med['hmac']:.3f}** (target >= 0.97).",
+        "",
+    ]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with open(RESULTS / "receipts.md", "a", encoding="utf-8") as f:
+        f.write("\n".join(lines))
     print("\n".join(lines))
 
 

@@ -484,7 +484,17 @@ class _Evaluation:
             return self._refuse(P, "NO_STATE_HASH", "no aggregation state hash")
         if cp.watermark_epoch is None or math.isnan(cp.watermark_epoch):
             return self._refuse(P, "NO_WATERMARK", "no watermark epoch")
+        v = None
+        if cp.source is not None:
+            src = cp.source
+            v = _guard.judge_resumable(src.store.evidence(src.checkpoint_id, self.key),
+                                       src.store.verified_parent(src.checkpoint_id, self.key),
+                                       _guard.Policy(key=self.key))
         if pol.require_output_emission_receipt and not cp.output_emission_receipt:
+            if v is not None and not v.resumable:
+                # the receipt is missing because the checkpoint could not be read (no
+                # public key, a bad signature...): that is the reason to give
+                return self._refuse(CheckpointVerdict(v.verdict), v.reason, v.message)
             return self._refuse(P, "NO_RECEIPT", "no output emission receipt, and the "
                                 "policy requires one (the window is open or its receipt "
                                 "is not retained)")
@@ -492,9 +502,7 @@ class _Evaluation:
         # ---- the checkpoint, then the window's coherence with it (decision rule 3)
         if cp.source is not None:
             src = cp.source
-            v = _guard.judge_resumable(src.store.evidence(src.checkpoint_id, self.key),
-                                       src.store.verified_parent(src.checkpoint_id, self.key),
-                                       _guard.Policy(key=self.key))
+            assert v is not None
             if not v.resumable:
                 return self._refuse(CheckpointVerdict(v.verdict), v.reason, v.message)
             rebuild = v.rebuild

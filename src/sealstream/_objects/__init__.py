@@ -34,6 +34,7 @@ import re
 
 __all__ = [
     "LocalObjects",
+    "NoSuchBucketError",
     "ObjectExistsError",
     "ObjectStoreError",
     "Objects",
@@ -46,6 +47,10 @@ __all__ = [
 class ObjectStoreError(Exception):
     """The object store could not do what was asked (the message says why, in one
     line, naming the store without credentials)."""
+
+
+class NoSuchBucketError(ObjectStoreError):
+    """The bucket does not exist (a store there does not exist: a usage error)."""
 
 
 class ObjectExistsError(ObjectStoreError):

@@ -33,6 +33,7 @@ import uuid
 from typing import Any
 
 from sealstream._objects import (
+    NoSuchBucketError,
     ObjectExistsError,
     Objects,
     ObjectStoreError,
@@ -141,7 +142,8 @@ class S3Objects(Objects):
                 if code == "InvalidRange" or status == 416:
                     raise
                 if not (status >= 500 or code in _RETRIED_CODES):
-                    raise ObjectStoreError(self._refused(what, code, status, err)) from None
+                    error = NoSuchBucketError if code == "NoSuchBucket" else ObjectStoreError
+                    raise error(self._refused(what, code, status, err)) from None
                 reason = f"{code or status}"
             except NoCredentialsError:
                 raise ObjectStoreError(

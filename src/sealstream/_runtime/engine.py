@@ -87,6 +87,7 @@ from sealstream._runtime.summary import CheckpointStats, Counters, RunSummary
 from sealstream.checkpoint import guard
 from sealstream.checkpoint.manifest import (
     checkpoint_key,
+    load_json,
 )
 from sealstream.checkpoint.stores import CheckpointStore
 from sealstream.errors import (
@@ -391,6 +392,7 @@ class Job(Checkpointing):
                 "results": 0, "late": 0, "errors": 0, "digest": ""
             }
             self.emission_log = []
+            self._log_segments = []
             self._log_committed(None)
         else:
             cid, doc = resume
@@ -534,9 +536,11 @@ class Job(Checkpointing):
         for k in Counters().to_json():
             setattr(self.counters, k, int(c.get(k, 0)))
         self.run_base = self.counters.minus(Counters())
-        receipts = json.loads(store.read(doc["files"]["receipts"]["path"]))
+        receipts = load_json(store.read(doc["files"]["receipts"]["path"]), "receipts")
         self.receipts_total = dict(receipts["summary"])
-        self.emission_log = list(receipts.get("log", []))  # verified by the guard
+        # verified by the guard: its shared segments, then the tail
+        log, self._log_segments = store.read_log(receipts)
+        self.emission_log = list(log)
         # sinks: finish what the checkpoint prepared, drop unreferenced staging
         restored_epoch = int(doc["epoch"])
         for role, sink in self.sinks.items():

@@ -25,7 +25,7 @@ from sealstream._runtime.crash import CrashPoints
 from sealstream._runtime.merge import SourcePosition
 from sealstream._runtime.output import OutputStage
 from sealstream._runtime.summary import CheckpointStats, Counters
-from sealstream.checkpoint import emission_log, guard, proofs
+from sealstream.checkpoint import emission_log, guard, log_segments, proofs
 from sealstream.checkpoint import receipts as trees
 from sealstream.checkpoint.manifest import (
     DELTA_NAME,
@@ -91,6 +91,9 @@ class Checkpointing:
     receipts_total: dict[str, Any]
     #: the emission log's leaves, ``[epoch, count, root]`` (checkpoint.emission_log)
     emission_log: list[list[Any]]
+    #: the hashes of the log's full segments already in the store (a prefix of
+    #: ``emission_log``, cut by checkpoint.log_segments)
+    _log_segments: list[tuple[str, int]]
     # owned here
     _receipts_now: dict[str, dict[str, Any]]
     _incremental: bool
@@ -295,9 +298,17 @@ class Checkpointing:
             if int(res["count"]):
                 self.emission_log.append([int(receipt["epoch"]), int(res["count"]),
                                           res["root"]])
+            # its leaves: full segments shared between checkpoints (each written once,
+            # before the manifest naming it), then the tail (log_segments)
+            names, new, tail = log_segments.split(self.emission_log, self._log_segments)
+            for sha, data in new:
+                store.write_shared(log_segments.segment_name(sha), data)
+            self._log_segments = names
             receipts_doc = json.dumps(
                 {"summary": self.receipts_total, "epochs": [receipt],
-                 emission_log.LEAVES_KEY: self.emission_log}, sort_keys=True, indent=1
+                 log_segments.SEGMENTS_KEY: [sha for sha, _ in names],
+                 emission_log.LEAVES_KEY: tail},
+                sort_keys=True, indent=1
             ).encode()
             body["receipts"] = dict(self.receipts_total)
             # the epoch's Merkle root over its result ids, signed with the manifest

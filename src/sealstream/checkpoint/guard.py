@@ -99,6 +99,10 @@ class Evidence:
     #: why an Arrow file (state, base, delta, suppression) has columns a state does
     #: not have (an extension type, an unexpected type): "<path>: <problem>"
     schema_error: str | None = None
+    #: (reason code, message) when a segment of the emission log that ``receipts``
+    #: names is missing or altered (checkpoint.log_segments); ``receipts["log"]`` is
+    #: otherwise the whole log, segments resolved
+    log_problem: tuple[str, str] | None = None
 
 
 #: ``store.evidence(cid, key=UNCHECKED)``: read the files without checking the
@@ -347,6 +351,10 @@ def _judge(ev: Evidence, parent: Mapping[str, Any] | None, policy: Policy) -> Ve
                             f"checkpoint {cid}: the signed receipt root does not match the "
                             "epoch's receipts", doc)
     signed_log = doc.get(emission_log.LOG_FIELD)
+    if ev.log_problem is not None:
+        code, text = ev.log_problem
+        return _verdict(ev, PARTIAL if code == "LOG_SEGMENT_MISSING" else INCONSISTENT, code,
+                        f"checkpoint {cid}: {text}", doc)
     if signed_log is not None:
         log_why = emission_log.problem(ev.receipts.get(emission_log.LEAVES_KEY), signed_log,
                                        roots)

@@ -411,7 +411,10 @@ def _url_store(url: str, pipeline: str | None, named: bool) -> Any:
         if is_s3(url):  # a prefix holds one job's checkpoints, as a directory does
             from sealstream.checkpoint.stores import open_store
 
-            return open_store(url, pipeline)
+            s3 = open_store(url, pipeline)
+            if not s3.exists():  # as a missing directory: exit 2 (section 8)
+                raise SpecError(f"checkpoint store {redact(url)} does not exist")
+            return s3
         if is_postgres(url):
             from sealstream.checkpoint.stores import postgres as pg_store
 
@@ -680,11 +683,13 @@ def receipts() -> None:
 @click.option("--manifest", type=click.Path(dir_okay=False, path_type=Path),
               help="The signed MANIFEST.json of the checkpoint the proof names.")
 @click.option("--checkpoints", "directory", type=str,
-              help="Or the checkpoint directory holding it.")
+              help="Or the checkpoint store holding it (a directory or a store URL).")
+@click.option("--pipeline", "pipeline_name", default=None,
+              help="With a database URL: whose checkpoints (default: the proofs').")
 @_JSON_OPT
 @public_key_option
 def receipts_verify_cmd(proof: Path, manifest: Path | None, directory: str | None,
-                        as_json: bool) -> None:
+                        as_json: bool, pipeline_name: str | None = None) -> None:
     """Check PROOF (one proof, or JSON lines of them) offline against a signed checkpoint
     manifest (public key or SEALSTREAM_CHECKPOINT_KEY): the result was emitted in the epoch
     it names, under that signature. Reads no state. Exit 1 when any proof fails."""
@@ -693,7 +698,8 @@ def receipts_verify_cmd(proof: Path, manifest: Path | None, directory: str | Non
     if (manifest is None) == (directory is None):
         _fail(SpecError("give exactly one of --manifest FILE or --checkpoints DIR"))
     try:
-        data = verify_proof_files(proof, manifest, directory, checkpoint_key())
+        data = verify_proof_files(proof, manifest, directory, checkpoint_key(),
+                                  pipeline_name)
     except SealstreamError as err:
         _fail(err)
         return

@@ -159,9 +159,12 @@ def _empty() -> Any:
 
 
 def verify_proof_files(proof_path: Path, manifest: Path | None, directory: str | None,
-                       key: bytes | None) -> dict[str, Any]:
+                       key: bytes | None, pipeline_name: str | None = None
+                       ) -> dict[str, Any]:
     """Check every proof in ``proof_path`` (one JSON object, or JSON lines) against the
-    manifest file, or the manifest of the checkpoint each names in ``directory``."""
+    manifest file, or the manifest of the checkpoint each names in the store
+    ``directory`` (a directory or any store URL; in a database, the checkpoints of
+    ``pipeline_name``, default the pipeline the proofs name)."""
     try:
         text = proof_path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -179,12 +182,16 @@ def verify_proof_files(proof_path: Path, manifest: Path | None, directory: str |
             fixed = load_json(manifest.read_bytes(), "manifest")
         except (OSError, ValueError) as exc:
             raise SpecError(f"cannot read manifest {manifest}: {exc}") from None
+    proofs = [_unwrap(p) for p in proofs]
     store = None
     if directory is not None:
-        from sealstream.checkpoint.stores import LocalCheckpointStore
+        from sealstream.cli import _store
 
-        store = LocalCheckpointStore(Path(directory))
-    proofs = [_unwrap(p) for p in proofs]
+        named = {str(p.get("pipeline")) for p in proofs
+                 if isinstance(p, dict) and isinstance(p.get("pipeline"), str)}
+        if pipeline_name is None and len(named) == 1:
+            pipeline_name = named.pop()
+        store = _store(directory, pipeline_name, named=False)
     results = []
     for n, proof in enumerate(proofs, 1):
         doc = fixed
@@ -234,8 +241,10 @@ def _target(store: CheckpointStore, cid: int | None, allow: tuple[str, ...] = ()
     if r.doc is None and r.verdict.reason in allow:
         r = replace(r, verdict=replace(r.verdict, verdict="ATOMIC_CHECKPOINT"))
     if r.doc is None:
+        # the guard's message names the checkpoint itself: say it once
+        why = r.verdict.message.removeprefix(f"checkpoint {cid}: ")
         raise CheckpointError(f"checkpoint {cid}: {r.verdict.verdict} ({r.verdict.reason}): "
-                              f"{r.verdict.message}")
+                              f"{why}")
     if r.log is None:
         raise CheckpointError(f"checkpoint {cid} predates the emission log (NO_EMISSION_LOG): "
                               "its manifest signs no log")

@@ -26,7 +26,8 @@ def list_checkpoints(store: CheckpointStore) -> dict[str, Any]:
         doc = store.read_manifest(cid)
         entry: dict[str, Any] = {
             "id": cid,
-            "files": store.files_of(cid),
+            # with the emission log segments it names (shared with other checkpoints)
+            "files": sorted(store.files_of(cid) + store.shared_files_of(cid)),
             "complete": doc is not None,
         }
         if doc is None and store.has_manifest(cid):

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from sealstream._fs import os_reason
-from sealstream.checkpoint import crypto
+from sealstream.checkpoint import crypto, log_segments
+from sealstream.checkpoint.emission_log import LEAVES_KEY
 from sealstream.checkpoint.guard import UNCHECKED, Evidence, FileFact
 from sealstream.checkpoint.manifest import (
     MANIFEST_NAME,
@@ -127,6 +128,17 @@ class CheckpointStore(abc.ABC):
 
     def move_plan_aside(self, step: int, reason: str) -> None:  # noqa: B027 - as above
         """Keep a rejected record as evidence, out of :meth:`plan_steps`."""
+
+    # ------------------------------------------------------------ shared blobs
+    # Immutable blobs outside every checkpoint, named by their content's SHA-256 (the
+    # emission log's segments, sealstream.checkpoint.log_segments): many checkpoints
+    # name one, none owns it, retention never deletes it. Read with :meth:`read`.
+    def write_shared(self, rel: str, data: bytes) -> None:
+        """Write blob ``rel`` durably, create-if-absent, before returning. One already
+        there is left as it is: its name is its content's hash, and every reader checks
+        that hash. CheckpointError when it cannot be written."""
+        raise CheckpointError(f"{self.location}: this checkpoint store cannot hold shared "
+                              "blobs (emission log segments)")
 
     # ------------------------------------------------------------ primitives
     @abc.abstractmethod
@@ -310,6 +322,28 @@ class CheckpointStore(abc.ABC):
                     rel.add(entry["path"])
         return sorted(rel)
 
+    def shared_files_of(self, cid: int) -> list[str]:
+        """The shared blobs checkpoint ``cid``'s validity depends on besides
+        :meth:`files_of`: the emission log segments its receipts name (when its receipts
+        file matches the manifest's hash)."""
+        doc = self.read_manifest(cid)
+        if doc is None or not isinstance(doc.get("files"), dict):
+            return []
+        entry = doc["files"].get("receipts")
+        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str) \
+                or path_problem(cid, "receipts", entry["path"]) is not None:
+            return []
+        try:
+            data = self.read(entry["path"])
+        except (OSError, CheckpointError):
+            return []
+        if hashlib.sha256(data).hexdigest() != entry.get("sha256"):
+            return []
+        try:
+            return log_segments.names_in(load_json(data, "receipts"))
+        except ValueError:
+            return []
+
     def evidence(self, cid: int, key: bytes | None | object = UNCHECKED) -> Evidence:
         """Read everything the guard needs about checkpoint ``cid``.
 
@@ -404,8 +438,35 @@ class CheckpointStore(abc.ABC):
                         receipts = parsed if isinstance(parsed, dict) else None
                     except ValueError:
                         receipts = None
+        log_problem = None
+        if receipts is not None and log_segments.SEGMENTS_KEY in receipts:
+            try:  # the whole log: its shared segments, then the tail
+                receipts = {**receipts, LEAVES_KEY: log_segments.resolve(
+                    receipts, self.read_shared)[0]}
+            except log_segments.SegmentError as exc:
+                log_problem = (exc.code, str(exc))
         return Evidence(cid, manifest, facts, state_meta, state_error, receipts,
-                        manifest_problem, schema_error=schema_error)
+                        manifest_problem, schema_error=schema_error, log_problem=log_problem)
+
+    def read_shared(self, rel: str) -> bytes | None:
+        """A shared blob's plaintext (:meth:`write_shared`), None when absent or not
+        readable (CheckpointError when the store cannot be read)."""
+        try:
+            raw = self._bounded(rel, MAX_JSON_BYTES + crypto.OVERHEAD)
+        except OSError:
+            return None
+        if raw is None:
+            return None
+        try:
+            return self._open(rel, raw)
+        except crypto.EnvelopeError:
+            return b""  # not its hash: the reader says it was altered
+
+    def read_log(self, receipts: dict[str, Any]) -> tuple[list[Any], list[tuple[str, int]]]:
+        """The whole emission log of a checkpoint whose ``receipts.json`` (already
+        verified) is ``receipts``, and its segments (hash, leaf count); SegmentError
+        when a segment is missing or altered."""
+        return log_segments.resolve(receipts, self.read_shared)
 
 
 _ARROW_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"

@@ -379,6 +379,35 @@ class LocalCheckpointStore(CheckpointStore):
                 if entry.name.startswith(TRASH) and entry.is_dir():
                     shutil.rmtree(entry, ignore_errors=True)
 
+    # ------------------------------------------------------------ shared blobs
+    def write_shared(self, rel: str, data: bytes) -> None:
+        target = self._path(rel)
+        if target is None or len(Path(rel).parts) != 2:
+            raise CheckpointError(f"{rel!r} is not a shared blob name")
+        d = target.parent
+        try:
+            if target.exists():
+                return  # content-addressed: already written
+            if not d.is_dir():
+                d.mkdir(mode=0o700, exist_ok=True)
+                fsync_dir(self.root)
+            tmp = d / f".{target.name}.{os.getpid()}.tmp"
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)  # a crashed writer's
+            fd = open_no_follow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            with os.fdopen(fd, "wb") as f:
+                f.write(self._seal(rel, data))
+                fsync_file(f)
+            try:
+                os.link(tmp, target)  # never overwritten
+            except FileExistsError:
+                pass  # another writer's: the same content
+            os.unlink(tmp)
+            fsync_dir(d)
+        except OSError as exc:
+            raise CheckpointError(f"cannot write {rel} in {self.root}: {os_reason(exc)}"
+                                  ) from None
+
     # ------------------------------------------------------------ step plans
     def write_plan(self, step: int, data: bytes) -> None:
         from sealstream.checkpoint.plans import PLANS_DIR, plan_name

@@ -48,7 +48,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from sealstream._objects import Objects, ObjectStoreError, VersionConflictError
+from sealstream._objects import (
+    NoSuchBucketError,
+    ObjectExistsError,
+    Objects,
+    ObjectStoreError,
+    VersionConflictError,
+)
 from sealstream.checkpoint import crypto
 from sealstream.checkpoint.manifest import MANIFEST_NAME
 from sealstream.checkpoint.stores.base import (
@@ -121,6 +127,8 @@ class ObjectCheckpointStore(CheckpointStore):
     def exists(self) -> bool:
         try:
             return self.objects.get(STORE_KEY, 0, 1) is not None
+        except NoSuchBucketError:
+            return False  # no bucket: no store in it either
         except ObjectStoreError as exc:
             raise self._fail(f"cannot read {self.location}", exc) from None
 
@@ -304,6 +312,16 @@ class ObjectCheckpointStore(CheckpointStore):
                                   f"{exc}") from None
 
     # ------------------------------------------------------------ step plans
+    def write_shared(self, rel: str, data: bytes) -> None:
+        if not self._valid(rel):
+            raise CheckpointError(f"{rel!r} is not a shared blob name")
+        try:
+            self.objects.create(rel, self._seal(rel, data))
+        except ObjectExistsError:
+            pass  # content-addressed: the same plaintext (sealed with another nonce)
+        except ObjectStoreError as exc:
+            raise self._fail(f"cannot write {rel}", exc) from None
+
     def write_plan(self, step: int, data: bytes) -> None:
         from sealstream.checkpoint.plans import plan_name
 

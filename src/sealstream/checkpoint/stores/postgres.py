@@ -59,6 +59,7 @@ import json
 import logging
 import math
 import os
+import re
 import socket
 import time
 import weakref
@@ -107,6 +108,8 @@ CREATE TABLE IF NOT EXISTS sealstream_lock_holders (
 """
 #: the id of step-plan rows (never a checkpoint's: those start at 1)
 PLAN_ID = -1
+#: the id of shared blobs' rows (emission log segments), outside every checkpoint
+SHARED_ID = -2
 #: columns added to ``sealstream_lock_holders`` since its first version
 _LOCK_COLUMNS = {"generation": "BIGINT NOT NULL DEFAULT 0", "backend_pid": "INTEGER"}
 
@@ -307,8 +310,20 @@ def _reason(exc: BaseException) -> str:
 
 
 def pipelines_in(url: str, what: str) -> list[str]:
-    """The pipeline names with checkpoints (present or rejected) in the database."""
-    conn = connect(url, what)
+    """The pipeline names with checkpoints (present or rejected) in the database;
+    SpecError when the database does not exist (a missing store, as a missing
+    directory: exit 2)."""
+    psycopg = _psycopg()
+    try:
+        conn = connect_raw(url, None, what=what)
+    except psycopg.Error as exc:
+        # psycopg gives no SQLSTATE for a refused connection: the server's words
+        if getattr(exc, "sqlstate", None) == "3D000" or re.search(
+                r'database "[^"]*" does not exist', str(exc)):
+            raise SpecError(f"checkpoint database {what} does not exist "
+                            f"({_reason(exc)})") from None
+        more = retried_for() if transient(exc) else ""
+        raise CheckpointError(f"cannot connect to {what}: {_reason(exc)}{more}") from None
     try:
         exists = conn.execute("SELECT to_regclass('sealstream_checkpoints') IS NOT NULL, "
                               "to_regclass('sealstream_rejected') IS NOT NULL").fetchone()
@@ -696,6 +711,25 @@ class PostgresCheckpointStore(CheckpointStore):
 
     def clear_trash(self) -> None:
         """Nothing to finish: a deletion is one transaction."""
+
+    # ------------------------------------------------------------ shared blobs
+    def write_shared(self, rel: str, data: bytes) -> None:
+        psycopg = _psycopg()
+        self.ensure_root()
+        blob = self._seal(rel, data)
+
+        def run(conn: Any, _attempt: int) -> None:
+            with conn.transaction():
+                self._check_fence(conn)
+                conn.execute(  # content-addressed: one already there is the same
+                    "INSERT INTO sealstream_checkpoint_files (pipeline, id, name, data) "
+                    "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    (self.pipeline, SHARED_ID, rel, blob))
+
+        try:
+            self._retrying(run)
+        except psycopg.Error as exc:
+            raise self._failed(f"write {rel} in", exc) from None
 
     # ------------------------------------------------------------ step plans
     # rows of sealstream_checkpoint_files with id PLAN_ID, named plans/step-N.json

@@ -116,6 +116,8 @@ CREATE TABLE IF NOT EXISTS sealstream_lock_holders (
 
 #: the id of step-plan rows (never a checkpoint's: those start at 1)
 PLAN_ID = -1
+#: the id of shared blobs' rows (emission log segments), outside every checkpoint
+SHARED_ID = -2
 
 #: the tables of the layout before the ``sealstream_`` prefix, with their columns
 _OLD_TABLES = {
@@ -432,6 +434,18 @@ class SqliteCheckpointStore(CheckpointStore):
 
     # ------------------------------------------------------------ step plans
     # rows of sealstream_checkpoint_files with id PLAN_ID, named plans/step-N.json
+    def write_shared(self, rel: str, data: bytes) -> None:
+        conn = self._db(create=True)
+        assert conn is not None
+        try:
+            with immediate(conn):
+                conn.execute(
+                    "INSERT OR IGNORE INTO sealstream_checkpoint_files (pipeline, id, name, "
+                    "data) VALUES (?, ?, ?, ?)", (self.pipeline, SHARED_ID, rel,
+                                                  self._seal(rel, data)))
+        except sqlite3.Error as exc:
+            raise CheckpointError(f"cannot write {rel} in {self.location}: {exc}") from None
+
     def write_plan(self, step: int, data: bytes) -> None:
         from sealstream.checkpoint.plans import plan_name
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from sealstream.pipeline import Aggregate
+from sealstream.aggspec import Aggregate, condition_field
 from sealstream.pipeline.types import mean_scale
 from sealstream.sources._base import (
     KEY,
@@ -56,15 +56,8 @@ WSTART = "window_start"
 WEND = "window_end"
 GROUP = [KEY, KEY_IS_INT, WSTART, WEND]
 COUNT = "#n"
-CONDITION_PREFIX = "?if:"
-"""count_if's condition is a derived 0/1 field ``?if:<output name>`` (see transforms)."""
 LIST_STATES = ("#cd:", "#hll:", "#qv:")
 """Accumulators holding a list per window (distinct values, sketch codes, values)."""
-
-
-def condition_field(name: str) -> str:
-    """The derived field holding count_if ``name``'s condition (1 or 0)."""
-    return CONDITION_PREFIX + name
 
 
 def _float_json(expr: pl.Expr) -> pl.Expr:

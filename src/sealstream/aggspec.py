@@ -50,9 +50,14 @@ class Aggregate:
     q: float | None = None
     #: count_if: the condition, an SQL expression over the record
     condition: str | None = None
+    #: a several-source job (docs/joins.md): the source whose events this aggregate
+    #: reads; a count_if with a source and no condition counts that source's events
+    source: str | None = None
 
     @property
     def expr(self) -> str:
+        if self.func == "count_if" and self.condition is None:
+            return f"count(source {self.source})"
         if self.func == "count_if":
             return f"count_if({self.condition})"
         if self.func == "quantile":

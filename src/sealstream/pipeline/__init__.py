@@ -22,6 +22,7 @@ Example::
     'tumbling'
 """
 
+from sealstream.pipeline.join import Join
 from sealstream.pipeline.kafka import KafkaSourceSpec
 from sealstream.pipeline.model import (
     ABSENT,
@@ -46,7 +47,7 @@ from sealstream.pipeline.model import (
     parse_aggregate,
 )
 from sealstream.pipeline.nats import NatsSourceSpec
-from sealstream.pipeline.source import FileSource, SourceKind
+from sealstream.pipeline.source import FileSource, SourceKind, Sources
 from sealstream.pipeline.spec import (
     load_spec,
     pipeline_from_dict,
@@ -69,6 +70,7 @@ __all__ = [
     "Checkpoints",
     "DEFAULT_BATCH_SIZE",
     "FileSource",
+    "Join",
     "KafkaSourceSpec",
     "MAX_SETTING",
     "NUMERIC_FUNCTIONS",
@@ -80,6 +82,7 @@ __all__ = [
     "Session",
     "Sliding",
     "SourceKind",
+    "Sources",
     "Tumbling",
     "WARN_BAD_RATIO",
     "Watermark",

@@ -22,9 +22,11 @@ from sealstream.aggspec import Aggregate as Aggregate
 from sealstream.aggspec import field_kinds as field_kinds
 from sealstream.aggspec import parse_aggregate as parse_aggregate
 from sealstream.errors import SpecError
+from sealstream.pipeline import join as _join
+from sealstream.pipeline.join import Join
 from sealstream.pipeline.kafka import KafkaSourceSpec
 from sealstream.pipeline.nats import NatsSourceSpec
-from sealstream.pipeline.source import FileSource
+from sealstream.pipeline.source import FileSource, Sources
 from sealstream.sources._base import FieldPlan
 
 if TYPE_CHECKING:
@@ -151,7 +153,8 @@ class Pipeline:
     """A complete, validated pipeline definition. See the module docstring."""
 
     name: str
-    source: FileSource | KafkaSourceSpec | NatsSourceSpec
+    #: one source, or several (:class:`Sources`, joined: see ``join`` and docs/joins.md)
+    source: FileSource | KafkaSourceSpec | NatsSourceSpec | Sources
     window: Window
     aggregates: Mapping[str, str]
     sink: Output
@@ -176,6 +179,8 @@ class Pipeline:
     #: declared field types (``[source] types``): field -> ``"decimal(P, S)"``; see
     #: docs/types.md
     types: Mapping[str, str] = field(default_factory=dict)
+    #: several sources: how their windowed aggregates join (default: inner)
+    join: Join | None = None
 
     def __post_init__(self) -> None:
         from sealstream.pipeline.validate import validate
@@ -189,6 +194,10 @@ class Pipeline:
 
     @property
     def parsed_aggregates(self) -> list[Aggregate]:
+        """The aggregates the windows keep (several sources: per source, see
+        :mod:`sealstream.pipeline.join`)."""
+        if isinstance(self.source, Sources):
+            return _join.lowered_aggregates(self.aggregates, self.source)
         return [parse_aggregate(n, e) for n, e in self.aggregates.items()]
 
     def field_plan(self) -> FieldPlan:
@@ -196,6 +205,8 @@ class Pipeline:
         transform reads (a field that a transform derives is not read from the source)."""
         from sealstream.transforms import compile_transform
 
+        if isinstance(self.source, Sources):
+            return _join.union_plan(self.parsed_aggregates, self.source)
         tf = compile_transform(self)
         if tf is None:
             assert isinstance(self.source.key, str)  # a compound key is a transform's
@@ -222,12 +233,24 @@ class Pipeline:
         """Output name -> the kind of its typed value for typed outputs (database
         columns): the function's (:attr:`Aggregate.result_kind`), or ``decimal`` for
         sum, min, max and mean of a decimal field."""
+        if isinstance(self.source, Sources):  # counts, functions, derived fields: floats
+            kinds = {n: parse_aggregate(n, e).result_kind for n, e in self.aggregates.items()}
+            return kinds | {n: "mean" for n, _, _ in _join.derived_exprs(self)}
         decimals = self.decimals()
         return {a.name: "decimal" if a.field in decimals else a.result_kind
                 for a in self.parsed_aggregates}
 
     def fingerprint_fields(self) -> dict[str, Any]:
         """What the saved state depends on; changing any of these changes the fingerprint."""
+        if isinstance(self.source, Sources):
+            return {
+                "format": STATE_FORMAT_VERSION,
+                "pipeline": self.name,
+                **_join.join_fingerprint(self),
+                "watermark": {"max_delay_ms": self.watermark.max_delay_ms},
+                "window": _window_dict(self.window),
+                "aggregates": {a.name: a.expr for a in self.parsed_aggregates},
+            }
         return {
             "format": STATE_FORMAT_VERSION,
             "pipeline": self.name,

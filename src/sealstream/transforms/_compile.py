@@ -129,7 +129,8 @@ def compile_transform(p: TransformSettings) -> CompiledTransform | None:
     """The transform of ``p`` (None when it has no filter, derived field or count_if).
 
     Raises SpecError naming the setting of the first bad expression."""
-    conditions = [a for a in p.parsed_aggregates if a.func == "count_if"]
+    conditions = [a for a in p.parsed_aggregates
+                  if a.func == "count_if" and a.condition is not None]
     key_fields = p.key_fields
     if (p.where is None and not p.fields and not conditions and key_fields is None
             and p.map_batches is None):

@@ -82,6 +82,9 @@ class WindowOperator:
         self.lateness = pipeline.window.allowed_lateness_ms
         self.acc = Accumulators(tuple(pipeline.parsed_aggregates), pipeline.event_plan(),
                                 named_key=pipeline.source.key_fields is not None)
+        from sealstream.windows.join import JoinRule
+
+        self.join = JoinRule.of(pipeline)
         self.schema: dict[str, pl.DataType] = {
             KEY: pl.String(),
             KEY_IS_INT: pl.Boolean(),
@@ -220,6 +223,8 @@ class WindowOperator:
         return Output(fired=fired, late=late)
 
     def finalize(self, fired: pl.DataFrame) -> pl.DataFrame:
+        if self.join is not None:  # several sources: the join rule (windows/join.py)
+            return self.join.finalize(self.acc, fired)
         return self.acc.finalize(fired)
 
     # ----------------------------------------------------- tumbling / sliding

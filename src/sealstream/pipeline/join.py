@@ -9,7 +9,8 @@ It runs as one job over the union of the sources' events:
   aggregate of a source reads only that source's events (the other rows carry a null
   there, and aggregates ignore nulls); a source's ``count`` counts the rows tagged
   with it;
-* a hidden count per source (``?seen:SOURCE``) says which sides a window saw;
+* a count per source says which sides a window saw: the user's own ``count`` of that
+  source when there is one, else a hidden one (``?seen:SOURCE``);
 * when a window fires, the join rule keeps or drops it and nulls the aggregates of a
   side that was not seen, then the derived fields (``[join.fields]``) are computed.
 
@@ -29,7 +30,7 @@ import polars as pl
 from sealstream.aggspec import Aggregate, condition_field, field_kinds, parse_aggregate
 from sealstream.errors import SpecError
 from sealstream.pipeline.source import Sources
-from sealstream.sources._base import FieldKind, FieldPlan
+from sealstream.sources._base import FieldKind, FieldPlan, int_col
 
 if TYPE_CHECKING:
     from sealstream.pipeline.model import Pipeline
@@ -92,8 +93,16 @@ def lowered_aggregates(aggregates: Mapping[str, str], sources: Sources) -> list[
             assert a.field is not None
             out.append(Aggregate(name, a.func, f"{src}.{a.field}", q=a.q, source=src))
     for src in sources.names:
-        out.append(Aggregate(seen_name(src), "count_if", None, source=src))
+        if seen_aggregate(out, src) == seen_name(src):  # no count of its own to read
+            out.append(Aggregate(seen_name(src), "count_if", None, source=src))
     return out
+
+
+def seen_aggregate(aggs: list[Aggregate], source: str) -> str:
+    """The aggregate that counts ``source``'s events in a window: the user's first
+    ``count`` of that source, else the hidden ``?seen:SOURCE``."""
+    return next((a.name for a in aggs if a.source == source and a.func == "count_if"
+                 and not a.name.startswith("?")), seen_name(source))
 
 
 def source_plan(aggs: list[Aggregate], sources: Sources, name: str) -> FieldPlan:
@@ -115,14 +124,25 @@ def condition_names(aggs: list[Aggregate], name: str) -> list[str]:
             if a.source == name and a.func == "count_if"]
 
 
+@dataclass(frozen=True)
+class UnionPlan(FieldPlan):
+    """A field plan whose events also carry the 0/1 condition columns (integers only)."""
+
+    conditions: tuple[str, ...] = ()
+
+    def event_schema(self) -> dict[str, pl.DataType]:
+        schema = super().event_schema()
+        for c in self.conditions:
+            schema[int_col(c)] = pl.Int64()
+        return schema
+
+
 def union_plan(aggs: list[Aggregate], sources: Sources) -> FieldPlan:
     """The columns of the union's events: every source's renamed fields and every
-    condition field (numeric), keyed and timed as the first source (names unused)."""
-    kinds: dict[str, FieldKind] = dict(field_kinds(aggs))
-    for name in sources.names:
-        for c in condition_names(aggs, name):
-            kinds[c] = "numeric"
-    return FieldPlan(key=sources.key, time=sources.time, fields=kinds)
+    condition field, keyed and timed as the first source (names unused)."""
+    conditions = tuple(c for name in sources.names for c in condition_names(aggs, name))
+    return UnionPlan(key=sources.key, time=sources.time, fields=dict(field_kinds(aggs)),
+                     conditions=conditions)
 
 
 def quote_names(text: str, names: set[str], setting: str) -> str:

@@ -26,7 +26,7 @@ from sealstream.pipeline.join import (
     Join,
     condition_names,
     derived_exprs,
-    seen_name,
+    seen_aggregate,
     source_plan,
 )
 from sealstream.pipeline.source import Sources
@@ -135,7 +135,8 @@ class JoinRule:
 
     def finalize(self, acc: Accumulators, fired: pl.DataFrame) -> pl.DataFrame:
         """Result rows of the fired windows the rule keeps, with the derived fields."""
-        seen = {s: pl.col(f"#ci:{condition_field(seen_name(s))}").fill_null(0) > 0
+        aggs = list(self.aggregates)
+        seen = {s: pl.col(f"#ci:{condition_field(seen_aggregate(aggs, s))}").fill_null(0) > 0
                 for s in self.sources}
         keep = pl.all_horizontal(list(seen.values())) if self.type == "inner" \
             else seen[self.left]

@@ -2,7 +2,8 @@
 
 A package: :mod:`.model` (the frozen definition, aggregates, fingerprint and its
 diff), :mod:`.source` (where events come from), :mod:`.validate` (checks naming
-the first bad setting) and :mod:`.spec` (the TOML loader).
+the first bad setting), :mod:`.spec` (the TOML loader) and :mod:`.join` (several
+sources and their windowed join, docs/joins.md).
 
 A :class:`Pipeline` is a frozen description: source -> watermark -> window ->
 aggregates -> sink, with optional late and error outputs and checkpoints. The

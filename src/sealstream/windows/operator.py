@@ -55,6 +55,7 @@ from sealstream.windows.aggregates import (
     key_words,
     lex_order,
 )
+from sealstream.windows.join import JoinRule
 
 LABEL = "__label"
 MAX_PENDING = 8  # tumbling batch partials kept apart before they are merged
@@ -82,9 +83,7 @@ class WindowOperator:
         self.lateness = pipeline.window.allowed_lateness_ms
         self.acc = Accumulators(tuple(pipeline.parsed_aggregates), pipeline.event_plan(),
                                 named_key=pipeline.source.key_fields is not None)
-        from sealstream.windows.join import JoinRule
-
-        self.join = JoinRule.of(pipeline)
+        self.join = JoinRule.of(pipeline)  # several sources (docs/joins.md), else None
         self.schema: dict[str, pl.DataType] = {
             KEY: pl.String(),
             KEY_IS_INT: pl.Boolean(),

@@ -33,6 +33,7 @@ bench: $(STAMP) bench-flink bench-quix
 	$(PY) -m bench.s3_store
 	$(PY) -m bench.incremental
 	$(PY) -m bench.transforms
+	$(PY) -m bench.joins
 	$(PY) -m bench.scaleout
 	$(PY) -m bench.live
 	$(PY) -m bench.live_soak

@@ -98,6 +98,7 @@ from sealstream.errors import (
     SealstreamError,
 )
 from sealstream.pipeline import Pipeline, Session
+from sealstream.pipeline.source import Sources
 from sealstream.sinks import open_sink
 from sealstream.sinks._base import JSON_LINE
 from sealstream.sinks.database import DatabaseSink, same_database
@@ -333,10 +334,15 @@ class Job(Checkpointing):
             self.names = merger.names  # grows as partitions appear
             self.rejected += merger.rejected_plans
             return
-        readers = [
-            sources.open_partition(self.p.source.kind, name, path, self.plan, pos.resume)
-            for (name, path), pos in zip(self.partitions, positions, strict=True)
-        ]
+        if isinstance(self.p.source, Sources):  # several sources, tagged (docs/joins.md)
+            from sealstream.windows.join import open_readers
+
+            readers = open_readers(self.p, self.partitions, [p.resume for p in positions])
+        else:
+            readers = [
+                sources.open_partition(self.p.source.kind, name, path, self.plan, pos.resume)
+                for (name, path), pos in zip(self.partitions, positions, strict=True)
+            ]
         batch = self.p.batch_size
         if self.p.checkpoint and self.p.checkpoint.every_events:
             # a step of full batches reaches every_events (rounding down took two steps)

@@ -2,7 +2,8 @@
 
 A package: :mod:`.model` (the frozen definition, aggregates, fingerprint and its
 diff), :mod:`.source` (where events come from), :mod:`.validate` (checks naming
-the first bad setting) and :mod:`.spec` (the TOML loader).
+the first bad setting), :mod:`.spec` (the TOML loader) and :mod:`.join` (several
+sources and their windowed join, docs/joins.md).
 
 A :class:`Pipeline` is a frozen description: source -> watermark -> window ->
 aggregates -> sink, with optional late and error outputs and checkpoints. The
@@ -22,6 +23,7 @@ Example::
     'tumbling'
 """
 
+from sealstream.pipeline.join import Join
 from sealstream.pipeline.kafka import KafkaSourceSpec
 from sealstream.pipeline.model import (
     ABSENT,
@@ -46,7 +48,7 @@ from sealstream.pipeline.model import (
     parse_aggregate,
 )
 from sealstream.pipeline.nats import NatsSourceSpec
-from sealstream.pipeline.source import FileSource, SourceKind
+from sealstream.pipeline.source import FileSource, SourceKind, Sources
 from sealstream.pipeline.spec import (
     load_spec,
     pipeline_from_dict,
@@ -69,6 +71,7 @@ __all__ = [
     "Checkpoints",
     "DEFAULT_BATCH_SIZE",
     "FileSource",
+    "Join",
     "KafkaSourceSpec",
     "MAX_SETTING",
     "NUMERIC_FUNCTIONS",
@@ -80,6 +83,7 @@ __all__ = [
     "Session",
     "Sliding",
     "SourceKind",
+    "Sources",
     "Tumbling",
     "WARN_BAD_RATIO",
     "Watermark",

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,11 +13,21 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import polars as pl
 
+# the aggregate settings live in a low room (sealstream.aggspec); re-exported here
+from sealstream.aggspec import AGGREGATE_FUNCTIONS as AGGREGATE_FUNCTIONS
+from sealstream.aggspec import NUMERIC_FUNCTIONS as NUMERIC_FUNCTIONS
+from sealstream.aggspec import RESERVED_OUTPUT_NAMES as RESERVED_OUTPUT_NAMES
+from sealstream.aggspec import RESULT_KIND as RESULT_KIND
+from sealstream.aggspec import Aggregate as Aggregate
+from sealstream.aggspec import field_kinds as field_kinds
+from sealstream.aggspec import parse_aggregate as parse_aggregate
 from sealstream.errors import SpecError
+from sealstream.pipeline import join as _join
+from sealstream.pipeline.join import Join
 from sealstream.pipeline.kafka import KafkaSourceSpec
 from sealstream.pipeline.nats import NatsSourceSpec
-from sealstream.pipeline.source import FileSource
-from sealstream.sources._base import FieldKind, FieldPlan
+from sealstream.pipeline.source import FileSource, Sources
+from sealstream.sources._base import FieldPlan
 
 if TYPE_CHECKING:
     from sealstream.transforms import MapBatches
@@ -30,21 +39,6 @@ DEFAULT_BATCH_SIZE = 262_144
 #: (exit 1, after committing) only when it had records and none was good, and warns
 #: when more than this share of its records is bad
 WARN_BAD_RATIO = 0.5
-AGGREGATE_FUNCTIONS = (
-    "count", "sum", "min", "max", "mean", "first", "last",
-    "count_distinct", "approx_count_distinct", "median", "quantile", "stddev", "variance",
-    "count_if",
-)
-NUMERIC_FUNCTIONS = frozenset({"sum", "min", "max", "mean", "median", "quantile", "stddev",
-                               "variance"})
-_AGG_RE = re.compile(r"^\s*([A-Za-z_]+)\s*(?:\((.*)\))?\s*$", re.DOTALL)
-_FIELD_RE = re.compile(r"^[^()\s,]+$")
-#: the result type family of each function, for typed outputs (database columns)
-RESULT_KIND = {"count_distinct": "count", "approx_count_distinct": "count",
-               "count_if": "count", "median": "mean", "quantile": "mean",
-               "stddev": "mean", "variance": "mean"}
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
-RESERVED_OUTPUT_NAMES = frozenset({"key", "window_start", "window_end"})
 
 WindowKind = Literal["tumbling", "sliding", "session"]
 
@@ -89,33 +83,6 @@ class Session:
 
 
 Window = Tumbling | Sliding | Session
-
-
-@dataclass(frozen=True)
-class Aggregate:
-    """One output column: ``name = func(field)``; ``field`` is None for count."""
-
-    name: str
-    func: str
-    field: str | None
-    #: quantile: the fraction q (0 <= q <= 1); median is quantile 0.5
-    q: float | None = None
-    #: count_if: the condition, an SQL expression over the record
-    condition: str | None = None
-
-    @property
-    def expr(self) -> str:
-        if self.func == "count_if":
-            return f"count_if({self.condition})"
-        if self.func == "quantile":
-            return f"quantile({self.field}, {self.q!r})"
-        return self.func if self.field is None else f"{self.func}({self.field})"
-
-    @property
-    def result_kind(self) -> str:
-        """``count``/``mean`` for the newer functions (their typed output is an
-        integer count or a float), else the function itself."""
-        return RESULT_KIND.get(self.func, self.func)
 
 
 @dataclass(frozen=True)
@@ -186,7 +153,8 @@ class Pipeline:
     """A complete, validated pipeline definition. See the module docstring."""
 
     name: str
-    source: FileSource | KafkaSourceSpec | NatsSourceSpec
+    #: one source, or several (:class:`Sources`, joined: see ``join`` and docs/joins.md)
+    source: FileSource | KafkaSourceSpec | NatsSourceSpec | Sources
     window: Window
     aggregates: Mapping[str, str]
     sink: Output
@@ -211,6 +179,8 @@ class Pipeline:
     #: declared field types (``[source] types``): field -> ``"decimal(P, S)"``; see
     #: docs/types.md
     types: Mapping[str, str] = field(default_factory=dict)
+    #: several sources: how their windowed aggregates join (default: inner)
+    join: Join | None = None
 
     def __post_init__(self) -> None:
         from sealstream.pipeline.validate import validate
@@ -218,7 +188,16 @@ class Pipeline:
         validate(self)
 
     @property
+    def key_fields(self) -> tuple[str, ...] | None:
+        """A compound key's fields (None for a key written as one name)."""
+        return self.source.key_fields
+
+    @property
     def parsed_aggregates(self) -> list[Aggregate]:
+        """The aggregates the windows keep (several sources: per source, see
+        :mod:`sealstream.pipeline.join`)."""
+        if isinstance(self.source, Sources):
+            return _join.lowered_aggregates(self.aggregates, self.source)
         return [parse_aggregate(n, e) for n, e in self.aggregates.items()]
 
     def field_plan(self) -> FieldPlan:
@@ -226,6 +205,8 @@ class Pipeline:
         transform reads (a field that a transform derives is not read from the source)."""
         from sealstream.transforms import compile_transform
 
+        if isinstance(self.source, Sources):
+            return _join.union_plan(self.parsed_aggregates, self.source)
         tf = compile_transform(self)
         if tf is None:
             assert isinstance(self.source.key, str)  # a compound key is a transform's
@@ -252,12 +233,24 @@ class Pipeline:
         """Output name -> the kind of its typed value for typed outputs (database
         columns): the function's (:attr:`Aggregate.result_kind`), or ``decimal`` for
         sum, min, max and mean of a decimal field."""
+        if isinstance(self.source, Sources):  # counts, functions, derived fields: floats
+            kinds = {n: parse_aggregate(n, e).result_kind for n, e in self.aggregates.items()}
+            return kinds | {n: "mean" for n, _, _ in _join.derived_exprs(self)}
         decimals = self.decimals()
         return {a.name: "decimal" if a.field in decimals else a.result_kind
                 for a in self.parsed_aggregates}
 
     def fingerprint_fields(self) -> dict[str, Any]:
         """What the saved state depends on; changing any of these changes the fingerprint."""
+        if isinstance(self.source, Sources):
+            return {
+                "format": STATE_FORMAT_VERSION,
+                "pipeline": self.name,
+                **_join.join_fingerprint(self),
+                "watermark": {"max_delay_ms": self.watermark.max_delay_ms},
+                "window": _window_dict(self.window),
+                "aggregates": {a.name: a.expr for a in self.parsed_aggregates},
+            }
         return {
             "format": STATE_FORMAT_VERSION,
             "pipeline": self.name,
@@ -321,69 +314,6 @@ def sketch_fingerprint() -> dict[str, Any]:
     from sealstream.windows.sketches import HLL_PRECISION
 
     return {"hll_precision": HLL_PRECISION, "hash": f"polars-{polars.__version__}"}
-
-
-def field_kinds(aggs: list[Aggregate]) -> dict[str, FieldKind]:
-    """The value fields aggregates read, each ``numeric`` when a numeric function reads
-    it, else ``any``."""
-    kinds: dict[str, FieldKind] = {}
-    for agg in aggs:
-        if agg.field is None:
-            continue
-        numeric = agg.func in NUMERIC_FUNCTIONS
-        if numeric or agg.field not in kinds:
-            kinds[agg.field] = "numeric" if numeric else "any"
-    return kinds
-
-
-_USAGE = ("count, sum(f), min(f), max(f), mean(f), first(f), last(f), count_distinct(f), "
-          "approx_count_distinct(f), median(f), quantile(f, q), stddev(f), variance(f), "
-          "count_if(condition)")
-
-
-def parse_aggregate(name: str, expr: object) -> Aggregate:
-    """Parse ``"sum(amount)"`` into an :class:`Aggregate`, or raise SpecError."""
-    setting = f"aggregates.{name}"
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise SpecError(f"aggregates: output name {name!r} is not a valid name")
-    if name in RESERVED_OUTPUT_NAMES:
-        raise SpecError(f"{setting}: {name!r} is reserved for the result's identity")
-    if not isinstance(expr, str):
-        raise SpecError(f"{setting}: expected a string like \"sum(amount)\", got {expr!r}")
-    m = _AGG_RE.match(expr)
-    func = m.group(1).lower() if m else ""
-    if not m or func not in AGGREGATE_FUNCTIONS:
-        raise SpecError(f"{setting} = {expr!r}: unknown aggregate; use one of {_USAGE}")
-    arg = None if m.group(2) is None else m.group(2).strip()
-    if func == "count":
-        if arg:
-            raise SpecError(f"{setting} = {expr!r}: count takes no field (it counts records)")
-        return Aggregate(name, "count", None)
-    if not arg:
-        example = {"quantile": "quantile(latency_ms, 0.99)",
-                   "count_if": "count_if(level = 'error')"}.get(func, f"{func}(amount)")
-        raise SpecError(f"{setting} = {expr!r}: {func} needs a field, e.g. {example}")
-    if func == "count_if":
-        return Aggregate(name, func, None, condition=arg)
-    q: float | None = None
-    if func == "quantile":
-        fld, _, q_text = arg.rpartition(",")
-        fld = fld.strip()
-        try:
-            q = float(q_text)
-        except ValueError:
-            q = None
-        if not fld or q is None or not 0.0 <= q <= 1.0:
-            raise SpecError(f"{setting} = {expr!r}: quantile takes a field and a fraction "
-                            "q from 0 to 1, e.g. quantile(latency_ms, 0.99)")
-        arg = fld
-    elif func == "median":
-        q = 0.5
-    if "," in arg:
-        raise SpecError(f"{setting} = {expr!r}: {func} takes one field")
-    if not _FIELD_RE.match(arg):
-        raise SpecError(f"{setting} = {expr!r}: {arg!r} is not a field name")
-    return Aggregate(name, func, arg, q=q)
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:

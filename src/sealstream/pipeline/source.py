@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import glob
 import os
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -109,3 +111,122 @@ class FileSource:
 def _not_a_file(path: Path) -> str:
     return "a directory, not a file" if path.is_dir() else "not a regular file"
 
+
+
+_SOURCE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Several bounded file sources in one job (docs/joins.md), keyed by name.
+
+    Each member is a :class:`FileSource` with its own kind, paths, key and time
+    fields. The job reads them as **one partition list**: the sources in name order,
+    each one's partitions after each other in the order :meth:`FileSource.partitions`
+    gives. Partitions are partitions (one global watermark over all of them), and this
+    order is the read order that decides lateness when partitions interleave.
+
+    The attributes below let the job treat the union as one source; ``key`` and
+    ``time`` are the first source's (by name), for display only.
+
+    >>> s = Sources({"views": FileSource("jsonl", ("v.jsonl",), "ad", "ts"),
+    ...              "clicks": FileSource("csv", ("c.csv",), "ad_id", "time")})
+    >>> s.names
+    ('clicks', 'views')
+    """
+
+    members: Mapping[str, FileSource]
+    kind: Literal["sources"] = "sources"
+    follow: bool = False
+    stop: str | None = None
+    fail_after_ms: int | None = None
+    poll_ms: int = 200
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.members, Mapping) or not self.members:
+            raise SpecError("sources: expected a table of NAME = source, with at least one")
+        for name, src in self.members.items():
+            if not isinstance(name, str) or not _SOURCE_NAME.match(name):
+                raise SpecError(f"sources.{name}: a source name is a letter then letters, "
+                                "digits or _")
+            if not isinstance(src, FileSource):
+                kind = getattr(src, "kind", type(src).__name__)
+                raise SpecError(f"sources.{name}.kind: {kind!r}: several sources in one job "
+                                "are bounded files (jsonl, csv, parquet) for now; a live "
+                                "source is not supported yet in a several-source job")
+            if src.follow:
+                raise SpecError(f"sources.{name}.follow: following files is not supported "
+                                "yet in a several-source job")
+            if src.key_fields is not None:
+                raise SpecError(f"sources.{name}.key: a compound key is not supported yet "
+                                "in a several-source job")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The sources in read order (by name)."""
+        return tuple(sorted(self.members))
+
+    @property
+    def first_named(self) -> str:
+        """The source named first (the default left side of a left join)."""
+        return next(iter(self.members))
+
+    def _first(self) -> FileSource:
+        return self.members[self.names[0]]
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(p for n in self.names for p in self.members[n].paths)
+
+    @property
+    def key(self) -> str:
+        key = self._first().key
+        assert isinstance(key, str)
+        return key
+
+    @property
+    def time(self) -> str:
+        return self._first().time
+
+    @property
+    def base_dir(self) -> Path:
+        return self._first().base_dir
+
+    @property
+    def live(self) -> bool:
+        return False
+
+    @property
+    def stop_mode(self) -> str:
+        return "end"
+
+    @property
+    def key_fields(self) -> tuple[str, ...] | None:
+        return None
+
+    def partitions(self, allow_empty: bool = False) -> list[tuple[str, Path]]:
+        """Every source's partitions, sources in name order (the read order)."""
+        out: list[tuple[str, Path]] = []
+        owner: dict[str, str] = {}
+        written_by: dict[str, str] = {}
+        for name in self.names:
+            try:
+                parts = self.members[name].partitions(allow_empty)
+            except SpecError as exc:
+                raise SpecError(f"sources.{name}.{str(exc).removeprefix('source.')}") from None
+            for written, path in parts:
+                real = os.path.realpath(path)
+                if written in written_by:
+                    raise SpecError(f"sources.{name}.paths: partition {written!r} is also "
+                                    f"named by source {written_by[written]!r}")
+                written_by[written] = name
+                if real in owner:
+                    raise SpecError(f"sources.{name}.paths: {written!r} is also a partition "
+                                    f"of source {owner[real]!r}; a file belongs to one source")
+                owner[real] = name
+                out.append((written, path))
+        return out
+
+    def partition_sources(self) -> list[str]:
+        """The source of each partition, in :meth:`partitions` order."""
+        return [name for name in self.names for _ in self.members[name].partitions()]

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from sealstream.errors import SpecError
-from sealstream.pipeline.kafka import KAFKA_SETTINGS, kafka_source_from_dict
+from sealstream.pipeline.join import Join
+from sealstream.pipeline.kafka import KAFKA_SETTINGS, KafkaSourceSpec, kafka_source_from_dict
 from sealstream.pipeline.model import (
     DEFAULT_BATCH_SIZE,
     Checkpoints,
@@ -21,8 +22,8 @@ from sealstream.pipeline.model import (
     Watermark,
     Window,
 )
-from sealstream.pipeline.nats import NATS_SETTINGS, nats_source_from_dict
-from sealstream.pipeline.source import FileSource
+from sealstream.pipeline.nats import NATS_SETTINGS, NatsSourceSpec, nats_source_from_dict
+from sealstream.pipeline.source import FileSource, Sources
 from sealstream.pipeline.validate import check_bad_ratio, check_max_age
 
 _SECTIONS: dict[str, set[str]] = {
@@ -36,6 +37,8 @@ _SECTIONS: dict[str, set[str]] = {
     "sink": {"kind", "path", "url", "table", "bootstrap", "topic", "settings"},
     "late": {"kind", "path", "url", "table", "bootstrap", "topic", "settings"},
     "errors": {"kind", "path", "url", "table", "bootstrap", "topic", "settings"},
+    "sources": set(),
+    "join": {"type", "left", "fields"},
     "checkpoint": {"path", "url", "every_events", "every_ms", "keep", "incremental",
                    "full_every", "asynchronous", "max_age_s", "require_receipts",
                    "endpoint_url"},
@@ -125,20 +128,25 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
                     raise SpecError(
                         f"{sec}.{key}: unknown setting; [{sec}] takes {', '.join(sorted(allowed))}"
                     )
+    several = _several_sources(data, base_dir)
     for sec in _REQUIRED:
-        if sec not in data:
+        if sec not in data and not (sec == "source" and several is not None):
             raise SpecError(f"[{sec}] section is missing")
-    pl_sec, src, win = data["pipeline"], data["source"], data["window"]
+    pl_sec, src, win = data["pipeline"], data.get("source", {}), data["window"]
     name = _get(pl_sec, "pipeline", "name", str, _MISSING)
     batch_size = _get(pl_sec, "pipeline", "batch_size", int, DEFAULT_BATCH_SIZE)
     workers = _get(pl_sec, "pipeline", "workers", int, None)
     max_bad_ratio = (check_bad_ratio("pipeline.max_bad_ratio", pl_sec["max_bad_ratio"])
                      if "max_bad_ratio" in pl_sec else None)
 
-    kind = _get(src, "source", "kind", str, _MISSING)
-    source = (kafka_source_from_dict(src) if kind == "kafka"
-              else nats_source_from_dict(src) if kind == "nats"
-              else _file_source(src, kind, base_dir))
+    source: FileSource | KafkaSourceSpec | NatsSourceSpec | Sources
+    if several is not None:
+        source = several
+    else:
+        kind = _get(src, "source", "kind", str, _MISSING)
+        source = (kafka_source_from_dict(src) if kind == "kafka"
+                  else nats_source_from_dict(src) if kind == "nats"
+                  else _file_source(src, kind, base_dir))
     wsec = data.get("watermark", {})
     wm = Watermark(_get(wsec, "watermark", "max_delay_ms", int, 0),
                    idle_ms=_get(wsec, "watermark", "idle_ms", int, None))
@@ -168,6 +176,13 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
         window = Session(_get(win, "window", "gap_ms", int, _MISSING), lateness)
 
     aggs = data["aggregates"]
+    if several is not None:  # clicks.n = "count" is the TOML table clicks = {n = "count"}
+        flat: dict[str, Any] = {}
+        for top, value in aggs.items():
+            pairs = value.items() if isinstance(value, dict) else [(None, value)]
+            for sub, expr in pairs:
+                flat[top if sub is None else f"{top}.{sub}"] = expr
+        aggs = flat
 
     def output(sec: str) -> Output | None:
         if sec not in data:
@@ -220,7 +235,50 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
         fields=fields,
         types=dict(src.get("types", {})) if isinstance(src.get("types", {}), dict)
         else src["types"],
+        join=_join_section(data["join"]) if "join" in data else None,
     )
+
+
+def _several_sources(data: dict[str, Any], base_dir: Path) -> Sources | None:
+    """``[sources.NAME]`` tables -> :class:`Sources` (None without any)."""
+    if "sources" not in data:
+        return None
+    if "source" in data:
+        raise SpecError("[source] and [sources.NAME]: give one source, or several, not both")
+    members: dict[str, FileSource] = {}
+    for name, table in data["sources"].items():
+        sec = f"sources.{name}"
+        if not isinstance(table, dict):
+            raise SpecError(f"{sec}: expected a [{sec}] table, got {table!r}")
+        for key in table:
+            if key in ("where", "fields", "transform", "types"):
+                raise SpecError(f"{sec}.{key}: per-source transforms and types are not "
+                                "supported yet in a several-source job")
+            if key not in _SOURCE_KEYS:
+                raise SpecError(f"{sec}.{key}: unknown setting; [{sec}] takes "
+                                f"{', '.join(sorted(_SOURCE_KEYS))}")
+        kind = _get(table, sec, "kind", str, _MISSING)
+        if kind in ("kafka", "nats"):
+            raise SpecError(f"{sec}.kind: {kind!r}: live sources are not supported yet in a "
+                            "several-source job (bounded files only: jsonl, csv, parquet)")
+        try:
+            members[name] = _file_source(table, kind, base_dir)
+        except SpecError as exc:
+            raise SpecError(f"{sec}.{str(exc).removeprefix('source.')}") from None
+    return Sources(members)
+
+
+_SOURCE_KEYS = {"kind", "paths", "path", "key", "time"}
+
+
+def _join_section(sec: dict[str, Any]) -> Join:
+    """``[join]``: ``type = "inner" | "left"``, ``left = "SOURCE"``, ``[join.fields]``."""
+    fields = sec.get("fields", {})
+    if not isinstance(fields, dict):
+        raise SpecError(f"join.fields: expected a table of name = expression, e.g. "
+                        f'ctr = "clicks.n / views.n", got {fields!r}')
+    return Join(type=_get(sec, "join", "type", str, "inner"),
+                left=_get(sec, "join", "left", str, None), fields=dict(fields))
 
 
 def _file_source(src: dict[str, Any], kind: Any, base_dir: Path) -> FileSource:

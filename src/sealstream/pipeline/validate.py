@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from sealstream.errors import SpecError
+from sealstream.pipeline.join import check_join
 from sealstream.pipeline.kafka import KafkaSourceSpec
 from sealstream.pipeline.model import (
     Checkpoints,
@@ -21,7 +22,7 @@ from sealstream.pipeline.model import (
     parse_aggregate,
 )
 from sealstream.pipeline.nats import NatsSourceSpec
-from sealstream.pipeline.source import FileSource
+from sealstream.pipeline.source import FileSource, Sources
 from sealstream.pipeline.types import check_types as check_declared_types
 
 
@@ -97,8 +98,8 @@ def _check_types(p: Pipeline) -> None:
         return SpecError(f"{setting}: expected {want}, got {type(got).__name__} {got!r:.60}")
 
     parts: list[tuple[str, object, tuple[type, ...], str]] = [
-        ("source", p.source, (FileSource, KafkaSourceSpec, NatsSourceSpec),
-         "a FileSource, KafkaSourceSpec or NatsSourceSpec"),
+        ("source", p.source, (FileSource, KafkaSourceSpec, NatsSourceSpec, Sources),
+         "a FileSource, KafkaSourceSpec, NatsSourceSpec or Sources"),
         ("window", p.window, (Tumbling, Sliding, Session), "a Tumbling, Sliding or Session"),
         ("watermark", p.watermark, (Watermark,), "a Watermark"),
         ("sink", p.sink, (Output,), "an Output"),
@@ -147,7 +148,11 @@ def validate(p: Pipeline) -> None:
         _check_path("checkpoint.url", p.checkpoint.url)
     if not isinstance(p.name, str) or not p.name.strip():
         raise SpecError(f"pipeline.name: must be a non-empty string, got {p.name!r}")
-    if p.source.kind not in ("jsonl", "csv", "parquet", "kafka", "nats"):
+    if isinstance(p.source, Sources):
+        check_join(p)
+    elif p.join is not None:
+        raise SpecError("join: a join needs several sources ([sources.NAME] tables)")
+    if p.source.kind not in ("jsonl", "csv", "parquet", "kafka", "nats", "sources"):
         raise SpecError(f"source.kind: {p.source.kind!r} is not one of jsonl, csv, parquet, "
                         "kafka, nats")
     if not p.source.paths and p.source.kind not in ("kafka", "nats"):
@@ -196,7 +201,8 @@ def validate(p: Pipeline) -> None:
     aggs = [parse_aggregate(n, e) for n, e in p.aggregates.items()]
     from sealstream.transforms import compile_transform
 
-    compile_transform(p)  # a bad expression names its setting and position
+    if not isinstance(p.source, Sources):
+        compile_transform(p)  # a bad expression names its setting and position
     for a in aggs:
         if a.field is not None and a.field in keys:
             raise SpecError(f"aggregates.{a.name}: {a.expr} reads the key field")

@@ -31,8 +31,9 @@ from typing import Any
 from sealstream._runtime.crash import CrashPoints
 from sealstream._runtime.engine import DefinitionMismatchError, Job, RunSummary
 from sealstream._runtime.replay import replay_pipeline
-from sealstream.errors import SealstreamError
+from sealstream.errors import SealstreamError, SpecError
 from sealstream.pipeline import Checkpoints, Pipeline, load_spec
+from sealstream.pipeline.source import Sources
 
 __all__ = ["assert_restores"]
 
@@ -51,6 +52,8 @@ def _isolated(p: Pipeline, dest: Path, every_events: int | None, batch_size: int
                                 keep=1_000_000)
     iso = replace(iso, checkpoint=ckpt, batch_size=batch_size or p.batch_size)
     if sample is not None:
+        if isinstance(iso.source, Sources):
+            raise SpecError("sample: a sample of several sources is not supported yet")
         paths = tuple(str(Path(s).resolve()) for s in sample)
         iso = replace(iso, source=replace(iso.source, paths=paths))
     return iso

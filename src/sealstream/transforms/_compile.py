@@ -5,16 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import polars as pl
 
+from sealstream.aggspec import Aggregate, condition_field, field_kinds
 from sealstream.errors import SpecError
 from sealstream.sources._base import FieldKind, FieldPlan
 from sealstream.transforms._expr import check_polars, parse_sql
-
-if TYPE_CHECKING:
-    from sealstream.pipeline.model import Aggregate, Pipeline
 
 KEEP = "__keep"
 """The column the filter's verdict takes until the engine applies it."""
@@ -86,8 +84,6 @@ class CompiledTransform:
                     aggs: list[Aggregate]) -> FieldPlan:
         """What the source extracts: aggregated fields that are not derived, and the
         fields the expressions read (kind ``any`` unless a numeric aggregate reads it)."""
-        from sealstream.pipeline.model import field_kinds
-
         kinds: dict[str, FieldKind] = {
             f: k for f, k in field_kinds(aggs).items() if f not in self.derived
         }
@@ -112,14 +108,30 @@ def _check_name(setting: str, name: object) -> None:
                         "with _ are reserved)")
 
 
-def compile_transform(p: Pipeline) -> CompiledTransform | None:
+class TransformSettings(Protocol):
+    """What compiling a transform reads: the settings of a pipeline (or of one of its
+    sources). :class:`sealstream.pipeline.Pipeline` is one; this module never imports
+    the model."""
+
+    @property
+    def where(self) -> str | pl.Expr | None: ...
+    @property
+    def fields(self) -> Mapping[str, str | pl.Expr]: ...
+    @property
+    def map_batches(self) -> MapBatches | None: ...
+    @property
+    def parsed_aggregates(self) -> list[Aggregate]: ...
+    @property
+    def key_fields(self) -> tuple[str, ...] | None: ...
+
+
+def compile_transform(p: TransformSettings) -> CompiledTransform | None:
     """The transform of ``p`` (None when it has no filter, derived field or count_if).
 
     Raises SpecError naming the setting of the first bad expression."""
-    from sealstream.windows.aggregates import condition_field
-
-    conditions = [a for a in p.parsed_aggregates if a.func == "count_if"]
-    key_fields = p.source.key_fields
+    conditions = [a for a in p.parsed_aggregates
+                  if a.func == "count_if" and a.condition is not None]
+    key_fields = p.key_fields
     if (p.where is None and not p.fields and not conditions and key_fields is None
             and p.map_batches is None):
         return None

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from sealstream.pipeline import Aggregate
+from sealstream.aggspec import Aggregate, condition_field
 from sealstream.pipeline.types import mean_scale
 from sealstream.sources._base import (
     KEY,
@@ -56,15 +56,8 @@ WSTART = "window_start"
 WEND = "window_end"
 GROUP = [KEY, KEY_IS_INT, WSTART, WEND]
 COUNT = "#n"
-CONDITION_PREFIX = "?if:"
-"""count_if's condition is a derived 0/1 field ``?if:<output name>`` (see transforms)."""
 LIST_STATES = ("#cd:", "#hll:", "#qv:")
 """Accumulators holding a list per window (distinct values, sketch codes, values)."""
-
-
-def condition_field(name: str) -> str:
-    """The derived field holding count_if ``name``'s condition (1 or 0)."""
-    return CONDITION_PREFIX + name
 
 
 def _float_json(expr: pl.Expr) -> pl.Expr:
@@ -498,21 +491,29 @@ class Accumulators:
         return out
 
     # ---------------------------------------------------------------- finalize
-    def finalize(self, fired: pl.DataFrame) -> pl.DataFrame:
+    def finalize(self, fired: pl.DataFrame,
+                 present: dict[str, pl.Expr] | None = None) -> pl.DataFrame:
         """Turn fired windows into result rows.
 
         Columns: ``key``, ``__kint``, ``window_start``, ``window_end``, one typed
         column per aggregate (Int64 when every row's value is an integer, else
         Float64, or String JSON text for non-numeric first/last), and
-        ``__json``, the output line with per-row types.
+        ``__json``, the output line with per-row types. Aggregates named ``?...``
+        are internal (a join's seen-counts): not written. ``present``: aggregate name
+        -> a condition over ``fired``; where it is false the value is null (a join's
+        side without events).
         """
         if fired.height > 1 and not in_result_order(fired):
             # sort first, so that the JSON lines are built in output order
             fired = take(fired, result_order(fired))
         typed: list[pl.Expr] = []
         frags: list[pl.Expr] = []
-        for a in self.aggregates:
+        shown = [a for a in self.aggregates if not a.name.startswith("?")]
+        for a in shown:
             value, frag = self._final(a, fired)
+            if present is not None and a.name in present:
+                value = pl.when(present[a.name]).then(value)
+                frag = pl.when(present[a.name]).then(frag)
             typed.append(value.alias(a.name))
             frags.append(frag.alias(f"__frag:{a.name}"))
         plain, any_int, all_int = fired.select(
@@ -541,7 +542,7 @@ class Accumulators:
             ',"window_end":',
             pl.col(WEND).cast(pl.String),
         ]
-        for a in self.aggregates:
+        for a in shown:
             parts += [f',"{a.name}":', pl.col(f"__frag:{a.name}").fill_null("null")]
         parts.append("}")
         json_line = _format(parts).alias("__json")

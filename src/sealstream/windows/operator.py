@@ -55,6 +55,7 @@ from sealstream.windows.aggregates import (
     key_words,
     lex_order,
 )
+from sealstream.windows.join import JoinRule
 
 LABEL = "__label"
 MAX_PENDING = 8  # tumbling batch partials kept apart before they are merged
@@ -82,6 +83,7 @@ class WindowOperator:
         self.lateness = pipeline.window.allowed_lateness_ms
         self.acc = Accumulators(tuple(pipeline.parsed_aggregates), pipeline.event_plan(),
                                 named_key=pipeline.source.key_fields is not None)
+        self.join = JoinRule.of(pipeline)  # several sources (docs/joins.md), else None
         self.schema: dict[str, pl.DataType] = {
             KEY: pl.String(),
             KEY_IS_INT: pl.Boolean(),
@@ -220,6 +222,8 @@ class WindowOperator:
         return Output(fired=fired, late=late)
 
     def finalize(self, fired: pl.DataFrame) -> pl.DataFrame:
+        if self.join is not None:  # several sources: the join rule (windows/join.py)
+            return self.join.finalize(self.acc, fired)
         return self.acc.finalize(fired)
 
     # ----------------------------------------------------- tumbling / sliding

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -21,6 +21,7 @@ from sealstream.pipeline.source import FileSource
 from sealstream.sources._base import FieldKind, FieldPlan
 
 if TYPE_CHECKING:
+    from sealstream.enrich import Enrich
     from sealstream.transforms import MapBatches
 
 STATE_FORMAT_VERSION = 1
@@ -211,6 +212,9 @@ class Pipeline:
     #: declared field types (``[source] types``): field -> ``"decimal(P, S)"``; see
     #: docs/types.md
     types: Mapping[str, str] = field(default_factory=dict)
+    #: reference tables joined to each event as of its time, before the transform
+    #: (``[[enrich]]``, :class:`sealstream.enrich.Enrich`); see docs/enrich.md
+    enrich: Sequence[Enrich] = ()
 
     def __post_init__(self) -> None:
         from sealstream.pipeline.validate import validate
@@ -280,6 +284,8 @@ class Pipeline:
             # declared types, only when some (older fingerprints stay what they were)
             **({"types": {f: list(ps) for f, ps in sorted(self.decimals().items())}}
                if self.decimals() else {}),
+            # reference tables, only when some (their content is bound per checkpoint)
+            **({"enrich": {e.name: e.describe() for e in self.enrich}} if self.enrich else {}),
         }
 
     def _transform_fingerprint(self) -> dict[str, Any]:

@@ -36,6 +36,7 @@ _SECTIONS: dict[str, set[str]] = {
     "sink": {"kind", "path", "url", "table", "bootstrap", "topic", "settings"},
     "late": {"kind", "path", "url", "table", "bootstrap", "topic", "settings"},
     "errors": {"kind", "path", "url", "table", "bootstrap", "topic", "settings"},
+    "enrich": set(),  # [[enrich]]: an array of tables, checked by sealstream.enrich
     "checkpoint": {"path", "url", "every_events", "every_ms", "keep", "incremental",
                    "full_every", "asynchronous", "max_age_s", "require_receipts",
                    "endpoint_url"},
@@ -116,6 +117,8 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
                             "planned: see docs/object-storage.md); remove the section")
         if sec not in _SECTIONS:
             raise SpecError(f"unknown section [{sec}]; expected one of {', '.join(_SECTIONS)}")
+        if sec == "enrich":
+            continue
         if not isinstance(data[sec], dict):
             raise SpecError(f"{sec}: expected a [{sec}] table, got {data[sec]!r}")
         allowed = _SECTIONS[sec]
@@ -220,7 +223,17 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
         fields=fields,
         types=dict(src.get("types", {})) if isinstance(src.get("types", {}), dict)
         else src["types"],
+        enrich=_enrich(data.get("enrich"), base_dir),
     )
+
+
+def _enrich(raw: object, base_dir: Path) -> tuple[Any, ...]:
+    """``[[enrich]]`` tables (docs/enrich.md), or none."""
+    if raw is None:
+        return ()
+    from sealstream.enrich import enrich_from_dict
+
+    return enrich_from_dict(raw, base_dir)
 
 
 def _file_source(src: dict[str, Any], kind: Any, base_dir: Path) -> FileSource:

@@ -131,3 +131,26 @@ def test_an_event_before_the_first_version_has_no_row(
     assert run(spec, capsys)[0] == 0
     assert sorted((r["window_start"], r["c"] or "") for r in results(d)) == [(0, ""),
                                                                             (20000, "FR")]
+
+
+def test_the_python_form(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sealstream as ss
+
+    (tmp_path / "orders").mkdir()
+    (tmp_path / "orders" / "o.jsonl").write_text(jsonl(EVENTS))
+    write_table(tmp_path, "csv")
+    monkeypatch.chdir(tmp_path)
+    job = ss.Pipeline(
+        name="orders-by-country",
+        source=ss.FileSource(kind="jsonl", paths=("orders/*.jsonl",), key=("country",),
+                             time="ts"),
+        enrich=[ss.Enrich(name="users", kind="csv", path="users.csv", on=("user",),
+                          valid_from="since", on_missing="drop")],
+        window=ss.Tumbling(size_ms=60_000),
+        aggregates={"orders": "count", "revenue": "sum(amount)"},
+        sink=ss.Output(kind="jsonl", path="out"),
+    )
+    assert "enrich" in job.fingerprint_fields()
+    ss.run(job)
+    got = {r["country"]: (r["orders"], r["revenue"]) for r in results(tmp_path)}
+    assert got == {"FR": (2, 13), "DE": (1, 7), "US": (1, 5), "JP": (1, 2)}

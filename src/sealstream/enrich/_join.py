@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
+import numpy.typing as npt
 import polars as pl
 
 from sealstream.enrich._settings import Enrich
@@ -112,6 +114,26 @@ def _valid_from(e: Enrich, frame: pl.DataFrame) -> pl.Expr:
                       "expected ms since the epoch or ISO-8601 date-times")
 
 
+def _hash(n_keys: int) -> pl.Expr:
+    """A 64-bit hash of the key text columns (the same on events and on the table)."""
+    cols = [_key_col(i) for i in range(n_keys)]
+    return (pl.col(cols[0]) if n_keys == 1 else pl.struct(cols)).hash()
+
+
+@dataclass(frozen=True)
+class _Index:
+    """The table sorted by (key hash, valid_from) for a lookup by binary search:
+    ``hashes`` the distinct key hashes, sorted (a key's code is its index there);
+    ``codes`` each row's key code; ``slots`` (versioned) each row's
+    ``code * span + (valid_from - low + 1)``, ascending."""
+
+    hashes: npt.NDArray[np.uint64]
+    codes: npt.NDArray[np.int64]
+    slots: npt.NDArray[np.int64] | None
+    low: int
+    span: int
+
+
 @dataclass(frozen=True)
 class _Prepared:
     settings: Enrich
@@ -119,6 +141,33 @@ class _Prepared:
     versioned: bool
     added: tuple[str, ...]  # the table's columns added to events
     typed: tuple[str, ...]  # the event columns those become
+    #: the binary-search index (None: two keys share a hash, or the slots would
+    #: overflow; the join is then Polars' join_asof or hash join)
+    index: _Index | None = None
+
+
+def _index(frame: pl.DataFrame, n_keys: int, versioned: bool
+           ) -> tuple[pl.DataFrame, _Index | None]:
+    """``frame`` sorted for the lookup, and its index (None when it cannot be used)."""
+    keys = [_key_col(i) for i in range(n_keys)]
+    h = frame.select(_hash(n_keys).alias("__h")).to_series()
+    if h.n_unique() != frame.select(keys).n_unique():
+        return frame, None  # two distinct keys with one hash: the joins handle it
+    frame = frame.with_columns(h).sort(["__h", *([VALID_FROM] if versioned else [])])
+    hv = frame.get_column("__h").to_numpy()
+    hashes = np.unique(hv)
+    codes = np.searchsorted(hashes, hv).astype(np.int64)
+    frame = frame.drop("__h")
+    if not versioned:
+        return frame, _Index(hashes, codes, None, 0, 1)
+    vf = frame.get_column(VALID_FROM).to_numpy().astype(np.int64)
+    if not vf.size:
+        return frame, _Index(hashes, codes, np.zeros(0, dtype=np.int64), 0, 1)
+    low, high = int(vf.min()), int(vf.max())
+    span = high - low + 2
+    if span * (len(hashes) + 1) >= 2**62:
+        return frame, None
+    return frame, _Index(hashes, codes, codes * span + (vf - low + 1), low, span)
 
 
 def prepare(table: Table, needed: dict[str, FieldKind]) -> _Prepared:
@@ -168,9 +217,10 @@ def prepare(table: Table, needed: dict[str, FieldKind]) -> _Prepared:
                               f"(rows {', '.join(map(str, rows[:5]))}); a key has one row per "
                               "version")
     out = out.drop(_ROW)
-    if versioned:
+    out, index = _index(out, len(e.on), versioned)
+    if index is None and versioned:
         out = out.sort(VALID_FROM, maintain_order=True)
-    return _Prepared(e, out, versioned, added, tuple(typed))
+    return _Prepared(e, out, versioned, added, tuple(typed), index)
 
 
 class EnrichStage:
@@ -259,6 +309,8 @@ class EnrichStage:
                  for (f, kind), k in zip(on_kind.items(), keys, strict=True)]
         events = events.drop([c for c in t.typed if c in cols])
         left = events.with_columns(texts)
+        if t.index is not None:
+            return self._lookup(left, t, t.index), ~pl.col(PRESENT)
         right = t.frame
         if t.versioned:
             left = left.with_row_index(_ROW).sort(TIME)
@@ -269,6 +321,40 @@ class EnrichStage:
             joined = left.join(right, on=keys, how="left", maintain_order="left")
         missing = ~pl.col(PRESENT).fill_null(False)
         return joined, missing
+
+    @staticmethod
+    def _lookup(left: pl.DataFrame, t: _Prepared, ix: _Index) -> pl.DataFrame:
+        """The join by binary search: each event's key hash -> its code; with
+        versions, the last row of that code whose slot is not after the event's
+        (its time clipped to the table's range); then the row's key texts are
+        compared with the event's, so a hash that two keys share never joins."""
+        n_keys = len(t.settings.on)
+        keys = [_key_col(i) for i in range(n_keys)]
+        h = left.select(_hash(n_keys)).to_series().to_numpy()
+        if not ix.hashes.size:
+            row = np.full(h.shape, -1, dtype=np.int64)
+        else:
+            code = np.minimum(np.searchsorted(ix.hashes, h), ix.hashes.size - 1)
+            found = ix.hashes[code] == h
+            if ix.slots is None:
+                row = np.where(found, code, -1)
+            else:
+                tt = left.get_column(TIME).to_numpy()
+                clipped = np.clip(tt, ix.low - 1, ix.low + ix.span - 2) - ix.low + 1
+                at = np.searchsorted(ix.slots, code * ix.span + clipped, side="right") - 1
+                ok = found & (at >= 0) & (ix.codes[np.maximum(at, 0)] == code)
+                row = np.where(ok, at, -1)
+        idx = pl.Series("__i", row, dtype=pl.Int64)
+        idx = pl.select(pl.when(idx >= 0).then(idx).cast(pl.UInt32)).to_series()
+        got = t.frame.select(pl.all().gather(idx))
+        same = pl.all_horizontal([pl.col(k).eq(pl.col(f"__e{k}")) for k in keys])
+        got = got.with_columns(left.select(keys).rename({k: f"__e{k}" for k in keys}))
+        present = got.select((pl.col(PRESENT) & same).fill_null(False)).to_series()
+        if (present != got.get_column(PRESENT).fill_null(False)).any():  # a shared hash
+            got = got.with_columns(pl.when(present).then(pl.col(c)).alias(c) for c in t.typed)
+        got = got.with_columns(present.alias(PRESENT))
+        drop = [*keys, *(f"__e{k}" for k in keys), *([VALID_FROM] if t.versioned else [])]
+        return left.hstack(got.drop(drop))
 
     def _refuse(self, events: pl.DataFrame, missing: pl.Expr, t: _Prepared,
                 names: list[str]) -> None:

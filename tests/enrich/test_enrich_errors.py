@@ -134,3 +134,13 @@ def test_bad_settings_are_spec_errors(tmp_path: Path, capsys: pytest.CaptureFixt
     code, err = run(spec, capsys)
     assert code == 2
     assert message in one_line(err)
+
+
+def test_workers_are_refused_in_one_line(tmp_path: Path) -> None:
+    from sealstream.errors import SpecError
+    from sealstream.pipeline import with_workers
+
+    spec = job(tmp_path)
+    with pytest.raises(SpecError, match=r"^\[\[enrich\]\]: .*--workers is not supported "
+                                        r"with \[\[enrich\]\] yet$"):
+        Job(with_workers(load_spec(spec), 2))

@@ -154,3 +154,11 @@ def test_the_python_form(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     ss.run(job)
     got = {r["country"]: (r["orders"], r["revenue"]) for r in results(tmp_path)}
     assert got == {"FR": (2, 13), "DE": (1, 7), "US": (1, 5), "JP": (1, 2)}
+
+
+def test_the_public_surface() -> None:
+    import sealstream.enrich as enrich
+
+    assert enrich.__all__ == sorted(enrich.__all__)
+    for name in enrich.__all__:
+        assert hasattr(enrich, name)

@@ -62,10 +62,10 @@ def changed_tables(recorded: object, current: dict[str, Any]) -> list[str]:
 
 __all__ = [
     "EKEEP",
-    "KINDS",
-    "MANIFEST_FIELD",
     "Enrich",
     "EnrichStage",
+    "KINDS",
+    "MANIFEST_FIELD",
     "Table",
     "changed_tables",
     "enrich_from_dict",

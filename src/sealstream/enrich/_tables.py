@@ -20,7 +20,7 @@ import hashlib
 import io
 import sqlite3
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
@@ -41,10 +41,10 @@ class Table:
 
     settings: Enrich
     frame: pl.DataFrame
+    #: what a checkpoint binds: ``sha256`` and ``rows`` (a changelog: ``positions`` too)
     version: dict[str, Any]
-    #: the 1-based row numbers of ``frame`` in the source, for messages (files, queries)
+    #: a changelog: ``frame`` already has ``VALID_FROM`` and ``PRESENT`` columns
     versioned: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def snapshot_hash(frame: pl.DataFrame) -> str:

@@ -162,3 +162,17 @@ def test_the_public_surface() -> None:
     assert enrich.__all__ == sorted(enrich.__all__)
     for name in enrich.__all__:
         assert hasattr(enrich, name)
+
+
+def test_csv_key_columns_keep_their_text(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    d = tmp_path
+    (d / "in").mkdir()
+    (d / "in" / "p0.jsonl").write_text(jsonl([{"user": "007", "ts": 1, "amount": 1},
+                                              {"user": 7, "ts": 2, "amount": 1}]))
+    (d / "users.csv").write_text("user,country\n007,UK\n7,JP\n")
+    spec = d / "spec.toml"
+    spec.write_text(spec_text('[[enrich]]\nname = "users"\nkind = "csv"\npath = "users.csv"\n'
+                              'on = "user"\n'))
+    assert run(spec, capsys)[0] == 0
+    assert {r["key"]: r["c"] for r in results(d)} == {"007": "UK", 7: "JP"}

@@ -87,7 +87,9 @@ def _file(e: Enrich) -> Table:
                           f"({exc.strerror or exc})") from None
     try:
         if e.kind == "csv":
-            frame = pl.read_csv(io.BytesIO(data), infer_schema_length=None)
+            # key columns as written (types inferred would turn "007" into 7)
+            frame = pl.read_csv(io.BytesIO(data), infer_schema_length=None,
+                                schema_overrides={c: pl.String for c in e.on})
         elif e.kind == "parquet":
             frame = pl.read_parquet(io.BytesIO(data))
         else:

@@ -176,3 +176,24 @@ def test_csv_key_columns_keep_their_text(tmp_path: Path,
                               'on = "user"\n'))
     assert run(spec, capsys)[0] == 0
     assert {r["key"]: r["c"] for r in results(d)} == {"007": "UK", 7: "JP"}
+
+
+def test_on_a_field_of_a_compound_key(tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    spec = job(tmp_path, key='["user", "country"]', aggregates='n = "count"',
+               on_missing="drop")
+    code, err = run(spec, capsys)
+    assert code == 0, err
+    got = sorted((str(r["user"]), r["country"], r["n"]) for r in results(tmp_path))
+    assert got == [("7", "JP", 1), ("u1", "DE", 1), ("u1", "FR", 2), ("u2", "US", 1)]
+
+
+def test_on_a_derived_key_is_refused(tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    spec = job(tmp_path, key='"kk"', transform='[transform]\nfields.kk = "amount + 1"')
+    text = spec.read_text().replace('on = "user"', 'on = "kk"')
+    spec.write_text(text)
+    code, err = run(spec, capsys)
+    assert code == 2
+    assert err.splitlines() == ["sealstream: error: enrich.users.on: 'kk' is the key derived "
+                                "by [transform]; enrichment runs before [transform]"]

@@ -246,16 +246,17 @@ class EnrichStage:
             e = t.settings
             on_kind: dict[str, FieldKind | None] = {}
             for f in e.on:
-                if f == plan.key and not plan.derived_key and f not in made:
+                if f in made or f in plan.fields:  # an added column, or a source field
+                    on_kind[f] = needed.get(f, "any")
+                elif f == plan.key and not plan.derived_key:
                     on_kind[f] = None  # the key column
-                    continue
-                if f == plan.key and key_derived:
+                elif f == plan.key and key_derived:
                     raise SpecError(f"enrich.{e.name}.on: {f!r} is the key derived by "
                                     "[transform]; enrichment runs before [transform]")
-                if f not in made:
+                else:
                     fields.setdefault(f, "any")
                     needed.setdefault(f, "any")
-                on_kind[f] = needed.get(f, "any")
+                    on_kind[f] = "any"
             prepared = prepare(t, needed)
             for c in prepared.added:
                 made.add(c)

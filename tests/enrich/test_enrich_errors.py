@@ -144,3 +144,12 @@ def test_workers_are_refused_in_one_line(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match=r"^\[\[enrich\]\]: .*--workers is not supported "
                                         r"with \[\[enrich\]\] yet$"):
         Job(with_workers(load_spec(spec), 2))
+
+
+def test_changed_tables_reads_any_recorded_shape() -> None:
+    from sealstream.enrich import changed_tables
+
+    now = {"users": {"sha256": "ab" * 32, "rows": 3}}
+    assert changed_tables({"users": {"sha256": "ab" * 32}}, now) == []
+    for recorded in (None, [], {"users": []}, {"users": {"sha256": 7}}, {}):
+        assert len(changed_tables(recorded, now)) == 1

@@ -37,7 +37,9 @@ def open_stage(settings: tuple[Enrich, ...], plan: FieldPlan,
         if e.kind == "kafka":
             from sealstream.enrich._changelog import load_changelog
 
-            pos = (pinned or {}).get(e.name, {}).get("positions")
+            # the checkpoint's entry is signed, but its shape is checked before use
+            entry = pinned.get(e.name) if isinstance(pinned, dict) else None
+            pos = entry.get("positions") if isinstance(entry, dict) else None
             tables.append(load_changelog(e, pos if isinstance(pos, dict) else None))
         else:
             tables.append(load_table(e))
@@ -54,7 +56,7 @@ def changed_tables(recorded: object, current: dict[str, Any]) -> list[str]:
     for name, now in current.items():
         then = rec.get(name)
         if not isinstance(then, dict) or then.get("sha256") != now.get("sha256"):
-            was = then.get("sha256", "?")[:12] if isinstance(then, dict) else "(none)"
+            was = str(then.get("sha256", "?"))[:12] if isinstance(then, dict) else "(none)"
             out.append(f"table {name!r}: version {was} at the checkpoint, "
                        f"{str(now.get('sha256'))[:12]} now")
     return out

@@ -31,6 +31,7 @@ from sealstream.errors import (
 
 if TYPE_CHECKING:
     from sealstream._runtime.engine import Job, RunSummary
+    from sealstream.enrich import Enrich
     from sealstream.pipeline import (
         Checkpoints,
         FileSource,
@@ -52,6 +53,7 @@ __version__ = "0.1.0"
 #: re-exported name -> the module that defines it, imported on first access
 _LAZY = {
     "Checkpoints": "sealstream.pipeline",
+    "Enrich": "sealstream.enrich",
     "FileSource": "sealstream.pipeline",
     "Job": "sealstream._runtime.engine",
     "Join": "sealstream.pipeline",
@@ -104,6 +106,7 @@ __all__ = [
     "BadRecordError",
     "CheckpointError",
     "Checkpoints",
+    "Enrich",
     "FileSource",
     "Job",
     "Join",

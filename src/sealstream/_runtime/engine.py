@@ -79,7 +79,7 @@ import polars as pl
 
 from sealstream import sources
 from sealstream._runtime.crash import CrashPoints
-from sealstream._runtime.fit import DefinitionMismatchError, definition_mismatch
+from sealstream._runtime.fit import DefinitionMismatchError, definition_mismatch, table_mismatch
 from sealstream._runtime.merge import Batch, PartitionMerger, SourcePosition
 from sealstream._runtime.output import OutputStage
 from sealstream._runtime.persist import ROLES, Checkpointing
@@ -90,12 +90,15 @@ from sealstream.checkpoint.manifest import (
     load_json,
 )
 from sealstream.checkpoint.stores import CheckpointStore
+from sealstream.enrich import MANIFEST_FIELD as ENRICH_FIELD
+from sealstream.enrich import EnrichStage, changed_tables, open_stage
 from sealstream.errors import (
     BadRecordError,
     CheckpointError,
     LockHeldError,
     NoValidCheckpointError,
     SealstreamError,
+    SpecError,
 )
 from sealstream.pipeline import Pipeline, Session
 from sealstream.pipeline.source import Sources
@@ -199,11 +202,14 @@ class Job(Checkpointing):
         crash: CrashPoints | None = None,
         start: StartPoint | None = None,
         stop_when: Callable[[Job], bool] | None = None,
+        accept_table_change: bool = False,
     ) -> None:
         """``start``: where to begin when the checkpoint directory holds nothing to
         resume (default: the beginning of every partition, no state).
         ``stop_when``: asked after each checkpoint; True ends the run there (the
-        input is not finished; a later run resumes from that checkpoint)."""
+        input is not finished; a later run resumes from that checkpoint).
+        ``accept_table_change``: resume even when an ``[[enrich]]`` table is not the
+        version the checkpoint bound (later events join the table as it is now)."""
         self.p = pipeline
         self.start_over = start_over
         self.start = start
@@ -223,6 +229,13 @@ class Job(Checkpointing):
         self._plan_mark: dict[str, Any] | None = None  # the restored checkpoint's plan
         self.plan = pipeline.field_plan()
         self.transform = _transform_stage(pipeline, self.plan)
+        #: [[enrich]] tables (docs/enrich.md): loaded when the sources start
+        self.enricher: EnrichStage | None = None
+        self.accept_table_change = accept_table_change
+        if pipeline.enrich and pipeline.workers is not None:
+            raise SpecError("[[enrich]]: a job with reference tables runs on one process; "
+                            "--workers is not supported with [[enrich]] yet")
+        self._enrich_bound: dict[str, Any] | None = None  # the resumed checkpoint's
         self.fingerprint = pipeline.fingerprint()
         self.run_token = secrets.token_hex(6)
         self.counters = Counters()  # the job's totals: restored on resume
@@ -325,7 +338,31 @@ class Job(Checkpointing):
                 # its transactional.id (one per job and output), its staging (the store's)
                 sink.set_job(self.p.name, role, self.store.location if self.store else None)
 
+    def manifest_extra(self) -> dict[str, Any]:
+        """The versions of the ``[[enrich]]`` tables this run joins (signed with the
+        manifest): a resumed run must find the same ones."""
+        if self.enricher is None:
+            return {}
+        return {ENRICH_FIELD: self.enricher.versions}
+
+    def _open_enrich(self) -> None:
+        """Load the ``[[enrich]]`` tables (before any source or output is touched);
+        a resumed run refuses a table whose version is not the checkpoint's."""
+        if not self.p.enrich or self.enricher is not None:
+            return
+        pinned = None if self.accept_table_change else self._enrich_bound
+        full = self.plan
+        self.enricher = open_stage(tuple(self.p.enrich), full, pinned)
+        self.plan = self.enricher.source_plan
+        self.transform = _transform_stage(self.p, full)
+        if self._enrich_bound is not None and not self.accept_table_change:
+            changed = changed_tables(self._enrich_bound, self.enricher.versions)
+            if changed:
+                assert self.store is not None and self.resumed_from is not None
+                raise table_mismatch(self.store.location, self.resumed_from, changed)
+
     def _start_sources(self, positions: list[SourcePosition]) -> None:
+        self._open_enrich()
         if self.live:
             from sealstream._runtime.live import open_live
 
@@ -537,6 +574,7 @@ class Job(Checkpointing):
         positions = [by_name.get(n, SourcePosition.start()) for n in self.names]
         # a partition that changed since the checkpoint stops the run here, before
         # any output is touched (its prepared output stays prepared for a later run)
+        self._enrich_bound = doc.get(ENRICH_FIELD, {}) if self.p.enrich else None
         self._start_sources(positions)
         c = doc.get("counters", {})
         for k in Counters().to_json():
@@ -667,10 +705,17 @@ class Job(Checkpointing):
             elif batch.empty_and_done[q]:
                 self.wm.exhausted[q] = True  # nothing (left) to read: W_q = +inf
         events = batch.events
+        # ---- [[enrich]] (docs/enrich.md): the tables' rows as of each event's time,
+        # before the transform, which reads their columns like the source's
+        if self.enricher is not None:
+            events = self.enricher.apply(events, self.names)
         # ---- transforms (docs/transforms.md): derived fields, key and time first, on
         # every parsed record; the filter waits until the watermark has seen them all
         if self.transform is not None:
+            enriched = events
             events, failed = self.transform.apply(events)
+            if self.enricher is not None:
+                failed = self.enricher.not_dropped(failed, enriched)
             if failed.height:
                 self._handle_bad(self._failed_records(failed, batch))
         if events.height:
@@ -686,6 +731,8 @@ class Job(Checkpointing):
         read = events.height
         if self.transform is not None:
             events = self.transform.keep(events)
+        if self.enricher is not None:
+            events = self.enricher.keep(events)
         if batch.finished:
             self.wm.exhausted = [True] * len(self.wm.exhausted)
             self.wm.global_ms = POS_INF

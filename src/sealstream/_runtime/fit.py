@@ -57,3 +57,18 @@ def definition_mismatch(
         "at new directories to get results of the new definition only)",
     ]
     return DefinitionMismatchError("\n".join(lines), cid, changes)
+
+
+class TableChangedError(NoValidCheckpointError):
+    """An ``[[enrich]]`` table is not the version the checkpoint to resume joined."""
+
+
+def table_mismatch(root: object, cid: int, changes: list[str]) -> TableChangedError:
+    """The one-line refusal to resume checkpoint ``cid`` of a job whose reference
+    tables changed (``changes``: one description per table; docs/enrich.md)."""
+    return TableChangedError(
+        f"{root}: checkpoint {cid} joined other versions of the reference tables "
+        f"({'; '.join(changes)}); resuming would join the rest of the input with other "
+        "values than the run that wrote it. Nothing was deleted. Restore the table to "
+        "resume exactly, or run with --accept-table-change (later events join the table "
+        "as it is now), or --start-over")

@@ -134,10 +134,14 @@ def cli() -> None:
                    "see docs/scale-out.md.")
 @click.option("--ray", "ray_address", metavar="ADDRESS",
               help="The Ray cluster for --workers (default: a local one for the run).")
+@click.option("--accept-table-change", is_flag=True,
+              help="Resume although an [[enrich]] table changed since the checkpoint "
+                   "(later events join it as it is now); see docs/enrich.md.")
 def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int | None,
         max_bad_ratio: float | None, max_age: float | None, require_receipts: bool,
         quiet: bool, as_json: bool, metrics_port: int | None,
-        metrics_file: Path | None, workers: int | None, ray_address: str | None) -> None:
+        metrics_file: Path | None, workers: int | None, ray_address: str | None,
+        accept_table_change: bool = False) -> None:
     """Run the pipeline described by SPEC (a TOML file) to the end of its input.
 
     On a terminal, shows live progress on stderr; off a terminal (or with --json) logs
@@ -194,7 +198,8 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
             job = DistributedJob(pipeline, address=ray_address, start_over=start_over,
                                  progress=on_step, quiet=quiet)
         else:
-            job = Job(pipeline, start_over=start_over, progress=on_step)
+            job = Job(pipeline, start_over=start_over, progress=on_step,
+                      accept_table_change=accept_table_change)
         if want_metrics:
             # only then: http.server and friends cost about 0.05 s to import
             from sealstream.cli._metrics import Metrics, MetricsServer

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -30,6 +30,7 @@ from sealstream.pipeline.source import FileSource, Sources
 from sealstream.sources._base import FieldPlan
 
 if TYPE_CHECKING:
+    from sealstream.enrich import Enrich
     from sealstream.transforms import MapBatches
 
 STATE_FORMAT_VERSION = 1
@@ -181,6 +182,9 @@ class Pipeline:
     types: Mapping[str, str] = field(default_factory=dict)
     #: several sources: how their windowed aggregates join (default: inner)
     join: Join | None = None
+    #: reference tables joined to each event as of its time, before the transform
+    #: (``[[enrich]]``, :class:`sealstream.enrich.Enrich`); see docs/enrich.md
+    enrich: Sequence[Enrich] = ()
 
     def __post_init__(self) -> None:
         from sealstream.pipeline.validate import validate
@@ -273,6 +277,8 @@ class Pipeline:
             # declared types, only when some (older fingerprints stay what they were)
             **({"types": {f: list(ps) for f, ps in sorted(self.decimals().items())}}
                if self.decimals() else {}),
+            # reference tables, only when some (their content is bound per checkpoint)
+            **({"enrich": {e.name: e.describe() for e in self.enrich}} if self.enrich else {}),
         }
 
     def _transform_fingerprint(self) -> dict[str, Any]:

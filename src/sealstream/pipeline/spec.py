@@ -39,6 +39,7 @@ _SECTIONS: dict[str, set[str]] = {
     "errors": {"kind", "path", "url", "table", "bootstrap", "topic", "settings"},
     "sources": set(),
     "join": {"type", "left", "fields"},
+    "enrich": set(),  # [[enrich]]: an array of tables, checked by sealstream.enrich
     "checkpoint": {"path", "url", "every_events", "every_ms", "keep", "incremental",
                    "full_every", "asynchronous", "max_age_s", "require_receipts",
                    "endpoint_url"},
@@ -119,6 +120,8 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
                             "planned: see docs/object-storage.md); remove the section")
         if sec not in _SECTIONS:
             raise SpecError(f"unknown section [{sec}]; expected one of {', '.join(_SECTIONS)}")
+        if sec == "enrich":
+            continue
         if not isinstance(data[sec], dict):
             raise SpecError(f"{sec}: expected a [{sec}] table, got {data[sec]!r}")
         allowed = _SECTIONS[sec]
@@ -236,6 +239,7 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
         types=dict(src.get("types", {})) if isinstance(src.get("types", {}), dict)
         else src["types"],
         join=_join_section(data["join"]) if "join" in data else None,
+        enrich=_enrich(data.get("enrich"), base_dir),
     )
 
 
@@ -279,6 +283,15 @@ def _join_section(sec: dict[str, Any]) -> Join:
                         f'ctr = "clicks.n / views.n", got {fields!r}')
     return Join(type=_get(sec, "join", "type", str, "inner"),
                 left=_get(sec, "join", "left", str, None), fields=dict(fields))
+
+
+def _enrich(raw: object, base_dir: Path) -> tuple[Any, ...]:
+    """``[[enrich]]`` tables (docs/enrich.md), or none."""
+    if raw is None:
+        return ()
+    from sealstream.enrich import enrich_from_dict
+
+    return enrich_from_dict(raw, base_dir)
 
 
 def _file_source(src: dict[str, Any], kind: Any, base_dir: Path) -> FileSource:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import polars as pl
 
+from sealstream.archive import ArchiveSettings
 from sealstream.errors import SpecError
 from sealstream.pipeline.kafka import KafkaSourceSpec
 from sealstream.pipeline.nats import NatsSourceSpec
@@ -211,6 +212,9 @@ class Pipeline:
     #: declared field types (``[source] types``): field -> ``"decimal(P, S)"``; see
     #: docs/types.md
     types: Mapping[str, str] = field(default_factory=dict)
+    #: ``[archive]``: the raw-event archive of a live source (docs/object-storage.md);
+    #: not part of the fingerprint (it holds no state)
+    archive: ArchiveSettings | None = None
 
     def __post_init__(self) -> None:
         from sealstream.pipeline.validate import validate

@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from sealstream.archive import ArchiveSettings
 from sealstream.errors import SpecError
 from sealstream.pipeline.kafka import KAFKA_SETTINGS, kafka_source_from_dict
 from sealstream.pipeline.model import (
@@ -39,6 +40,7 @@ _SECTIONS: dict[str, set[str]] = {
     "checkpoint": {"path", "url", "every_events", "every_ms", "keep", "incremental",
                    "full_every", "asynchronous", "max_age_s", "require_receipts",
                    "endpoint_url"},
+    "archive": {"url", "endpoint_url"},
 }
 _REQUIRED = ("pipeline", "source", "window", "aggregates", "sink")
 
@@ -111,9 +113,6 @@ _MISSING = object()
 def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipeline:
     """Build a :class:`Pipeline` from a parsed spec; raise SpecError on the first problem."""
     for sec in data:
-        if sec == "archive":
-            raise SpecError("[archive]: the raw-event archive is not supported yet (it is "
-                            "planned: see docs/object-storage.md); remove the section")
         if sec not in _SECTIONS:
             raise SpecError(f"unknown section [{sec}]; expected one of {', '.join(_SECTIONS)}")
         if not isinstance(data[sec], dict):
@@ -220,7 +219,21 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
         fields=fields,
         types=dict(src.get("types", {})) if isinstance(src.get("types", {}), dict)
         else src["types"],
+        archive=_archive(data["archive"], source, base_dir) if "archive" in data else None,
     )
+
+
+def _archive(sec: dict[str, Any], source: Any, base_dir: Path) -> ArchiveSettings:
+    """``[archive]``: the raw-event archive of a live broker source (docs/object-storage.md)."""
+    url = _get(sec, "archive", "url", str, _MISSING)
+    if not url.strip():
+        raise SpecError("archive.url: expected s3://BUCKET/PREFIX or a directory path")
+    if source.kind != "kafka":
+        raise SpecError(f"[archive]: the raw-event archive is supported for kind = \"kafka\" "
+                        f"sources only, not yet for {source.kind!r} (a file source is "
+                        "re-read from its files); remove the section")
+    return ArchiveSettings(url=url, endpoint_url=_get(sec, "archive", "endpoint_url", str, None),
+                           base_dir=base_dir)
 
 
 def _file_source(src: dict[str, Any], kind: Any, base_dir: Path) -> FileSource:

@@ -719,7 +719,7 @@ def open_live(job: Any, positions: list[SourcePosition]) -> LiveMerger:
         stop_end=p.source.stop_mode == "end", poll_ms=p.source.poll_ms,
         plan_mark=job._plan_mark,
         fresh=job._plan_mark is None and job.start is None,
-        archive=None if p.archive is None else Archiver(p.archive, job.plan),
+        archive=None if p.archive is None else Archiver(p.archive, job.plan, job.key),
         # a checkpoint restored: the run's own, or one of `replay --from ID` (a start
         # point from explicit offsets carries no watermark)
         resumed=job._plan_mark is not None

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sealstream.archive._segments import (
     SEGMENT_SCHEMA,
@@ -65,6 +66,13 @@ class ArchiveSettings:
     url: str
     endpoint_url: str | None = None
     base_dir: Path = Path(".")
+    #: ``sealstream replay``: the archive is only read (never written or pruned: it is
+    #: the live job's), through the live job's step plans recorded after ``anchor``
+    #: (the origin checkpoint's ``plan`` mark: its step and digest), read from
+    #: ``live_store`` (a function opening the live checkpoint store)
+    read_only: bool = False
+    anchor: dict[str, Any] | None = None
+    live_store: Any = None
 
     def location(self) -> str:
         """The URL, or the directory resolved against the spec's directory."""

@@ -46,6 +46,24 @@ class _Plan(Protocol):
     def archive(self) -> dict[str, Any] | None: ...
 
 
+def _chain(name: str, at: int, plans: Sequence[_Plan]
+           ) -> list[tuple[int, int, SegmentEntry]]:
+    """The archived ranges of ``name`` from position ``at`` on: the recorded range
+    holding ``at`` (read from ``at``), then the ones that follow it without a gap,
+    while each has a segment."""
+    out: list[tuple[int, int, SegmentEntry]] = []
+    for plan in plans:
+        rng = plan.ranges.get(name)
+        if rng is None or rng[1] <= rng[0]:
+            continue
+        if not out and not rng[0] <= at < rng[1]:
+            continue
+        if (out and rng[0] != out[-1][1]) or plan.archive is None:
+            break
+        out.append((max(rng[0], at), rng[1], SegmentEntry.from_json(plan.archive)))
+    return out
+
+
 def _empty_rows() -> pl.DataFrame:
     return pl.DataFrame(schema={"position": pl.Int64(), "key": pl.Binary(),
                                 "timestamp_ms": pl.Int64(), "value": pl.Binary()})
@@ -54,11 +72,15 @@ def _empty_rows() -> pl.DataFrame:
 class Archiver:
     """The archive of one live run (see the module docstring)."""
 
-    def __init__(self, settings: ArchiveSettings, plan: FieldPlan) -> None:
+    def __init__(self, settings: ArchiveSettings, plan: FieldPlan,
+                 key: bytes | None = None) -> None:
         self.settings = settings
+        self.key = key  # the step plans' signing key (a replay verifies the live ones)
+        self._plans: list[_Plan] | None = None
         try:
             self.objects: Objects = open_objects(settings.location(), settings.endpoint_url)
-            self.objects.probe()
+            if not settings.read_only:
+                self.objects.probe()
         except ObjectStoreError as exc:
             raise SourceError(f"[archive] {exc}") from None
         self.location = self.objects.location
@@ -70,8 +92,8 @@ class Archiver:
     # ------------------------------------------------------------ writing
     def attach(self, part: Any) -> None:
         """Tap ``part``'s polls (a partition without a tap is refused at spec time)."""
-        if isinstance(part, ArchivedPartition):
-            return  # it taps the broker partition it hands over to
+        if isinstance(part, ArchivedPartition) or self.settings.read_only:
+            return  # it taps the broker partition it hands over to; a replay writes none
         name = str(part.name)
         self._buf[name] = []
         part.raw_tap = self._buf[name].append
@@ -92,6 +114,8 @@ class Archiver:
         """Create the segment of step ``step`` (the records of ``ranges``), durably,
         before its plan is recorded; the entry for the plan (None: the step reads no
         position, nothing to archive)."""
+        if self.settings.read_only:
+            return None
         parts = [self._take(n, a, b).with_columns(pl.lit(n, pl.String).alias("partition"))
                  for n, (a, b) in sorted(ranges.items()) if b > a]
         if not parts:
@@ -132,31 +156,50 @@ class Archiver:
     def recover(self, name: str, at: int, plans: Sequence[_Plan], source: LiveSource,
                 expired: SourceExpiredError) -> ArchivedPartition:
         """Partition ``name`` read from position ``at`` out of the segments of the
-        recorded ``plans`` (verified, in order), then from ``source``. The broker's
-        refusal ``expired`` stands, with the archive named, when no recorded step
-        read ``at`` (records the job never read are in no archive)."""
-        ranges: list[tuple[int, int, SegmentEntry]] = []
-        pos = at
-        for plan in plans:
-            rng = plan.ranges.get(name)
-            if rng is None or rng[1] <= rng[0]:
-                continue
-            if rng[0] != pos or plan.archive is None:
-                break
-            ranges.append((rng[0], rng[1], SegmentEntry.from_json(plan.archive)))
-            pos = rng[1]
+        recorded ``plans`` (verified, in order; a replay's: the live job's), then from
+        ``source``. The broker's refusal ``expired`` stands, with the archive named,
+        when no recorded step read ``at`` (records the job never read are in no
+        archive)."""
+        ranges = _chain(name, at, plans)
+        if not ranges and self.settings.read_only:
+            ranges = _chain(name, at, self._live_plans())
         if not ranges:
             raise SourceExpiredError(
                 f"{expired} The archive {self.location} cannot help: no recorded step read "
-                f"{name!r} from position {at} (the archive holds what the job read; these "
+                f"{name!r} at position {at} (the archive holds what the job read; these "
                 "records were deleted before the job read them)") from None
         return ArchivedPartition(self, name, ranges, source)
+
+    def _live_plans(self) -> list[_Plan]:
+        """A replay's view: the live job's step plans after the origin checkpoint's
+        step, as far as they verify and chain (signed with ``key``)."""
+        from sealstream.checkpoint.plans import judge_plan
+
+        anchor, opener = self.settings.anchor, self.settings.live_store
+        if self._plans is not None:
+            return self._plans
+        self._plans = []
+        if not isinstance(anchor, dict) or opener is None:
+            return self._plans
+        store = opener()
+        step, prev = int(anchor["step"]), str(anchor["digest"])
+        for s in store.plan_steps():
+            if s <= step:
+                continue
+            v = judge_plan(store.read_plan(s), s, prev, self.key)
+            if s != step + 1 or not v.ok or v.plan is None:
+                break
+            self._plans.append(v.plan)
+            step, prev = s, v.plan.digest()
+        return self._plans
 
     # ------------------------------------------------------------ retention
     def prune(self, oldest_step: int) -> int:
         """Delete the segments of steps at or before ``oldest_step`` (the step of the
         oldest retained checkpoint: no recovery reads them); how many went."""
         gone = 0
+        if self.settings.read_only:
+            return gone
         for key in self.objects.keys("seg-"):
             step = segment_step(key)
             if step is not None and step <= oldest_step:

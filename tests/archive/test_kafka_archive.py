@@ -181,3 +181,23 @@ def test_replay_of_an_interval_the_broker_expired(kafka: Any, tmp_path: Path) ->
         json.loads(f.read_text())["archive"]["name"]
         for f in (d / "ckpt" / "plans").glob("step-*.json")
         if "archive" in json.loads(f.read_text()))
+
+
+def test_segments_are_pruned_with_the_checkpoints(kafka: Any, tmp_path: Path) -> None:
+    files = generate(tmp_path / "data", events=200, keys=4, partitions=2, seed=5)
+    topic = kafka.new_topic(partitions=2)
+    produce_lines(kafka.bootstrap, topic, files)
+    d = tmp_path / "job"
+    r = run(write_spec(d, kafka_source(kafka.bootstrap, topic), every=20, keep=2))
+    assert r.returncode == 0, r.stderr
+    oldest = sorted((d / "ckpt").glob("cp-*/MANIFEST.json"))[0]
+    oldest_step = int(json.loads(oldest.read_text())["plan"]["step"])
+    last_step = newest_checkpoint_step(d / "ckpt")
+    assert 0 < oldest_step < last_step
+    steps = sorted(int(p.name.split("-")[1]) for p in (d / "archive").glob("seg-*.parquet"))
+    # exactly the steps a retained checkpoint may need: those after the oldest one's
+    plans = {s: json.loads((d / "ckpt" / "plans" / f"step-{s:012d}.json").read_text())
+             for s in recorded_steps(d / "ckpt")}
+    assert min(plans) == oldest_step + 1 and max(plans) == last_step
+    assert steps == [s for s, doc in sorted(plans.items()) if "archive" in doc]
+    assert steps and steps[0] == oldest_step + 1

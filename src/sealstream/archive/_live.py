@@ -252,7 +252,12 @@ class ArchivedPartition:
         if not self._ranges:
             return self._hand_over().poll(max_records, timeout_ms)
         lo, hi, entry = self._ranges.pop(0)
-        rows = self._archiver.rows(entry).filter(
+        try:
+            frame = self._archiver.rows(entry)
+        except ArchiveDamagedError as exc:
+            raise ArchiveDamagedError(f"partition {self.name!r}, positions {lo}..{hi - 1}: "
+                                      f"{exc}") from None
+        rows = frame.filter(
             (pl.col("partition") == self.name) & (pl.col("position") >= lo)
             & (pl.col("position") < hi)).sort("position")
         self._pos = hi

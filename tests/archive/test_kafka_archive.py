@@ -201,3 +201,34 @@ def test_segments_are_pruned_with_the_checkpoints(kafka: Any, tmp_path: Path) ->
     assert min(plans) == oldest_step + 1 and max(plans) == last_step
     assert steps == [s for s, doc in sorted(plans.items()) if "archive" in doc]
     assert steps and steps[0] == oldest_step + 1
+
+
+def test_archive_list_and_verify(kafka: Any, tmp_path: Path,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from sealstream.cli import main
+
+    files = generate(tmp_path / "data", events=60, keys=3, partitions=1, seed=2)
+    topic = kafka.new_topic(partitions=1)
+    produce_lines(kafka.bootstrap, topic, files)
+    d = tmp_path / "job"
+    spec = write_spec(d, kafka_source(kafka.bootstrap, topic), every=20, keep=10)
+    assert run(spec).returncode == 0
+    (d / "archive" / "seg-000000009999-0123456789abcdef.parquet").write_bytes(b"orphan")
+    capsys.readouterr()
+    assert main(["archive", "verify", str(spec), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    verdicts = {r["name"]: r["verdict"] for r in doc["segments"]}
+    assert verdicts.pop("seg-000000009999-0123456789abcdef.parquet") == "UNBOUND"
+    assert verdicts and set(verdicts.values()) == {"OK"} and doc["ok"] is True
+    first, second = sorted(verdicts)[:2]
+    seg = d / "archive" / first
+    seg.write_bytes(seg.read_bytes()[:-1] + b"x")
+    (d / "archive" / second).unlink()
+    assert main(["archive", "list", str(spec), "--json"]) == 0  # list reads no contents
+    listed = {r["name"]: r["verdict"] for r in json.loads(capsys.readouterr().out)["segments"]}
+    assert listed[first] == "OK" and listed[second] == "MISSING"
+    assert main(["archive", "verify", str(spec), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    got = {r["name"]: r["verdict"] for r in doc["segments"]}
+    assert got[first] == "DAMAGED" and got[second] == "MISSING" and doc["ok"] is False
+    assert main(["archive", "verify", str(tmp_path / "none.toml")]) == 2

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -169,10 +170,10 @@ def outcome(d: Path) -> dict[str, list[tuple[Any, ...]]]:
     """Committed results (totals to 1e-6: a float sum's last bits follow how reading
     was split into steps), late events and bad records by position: what the same
     events read from files give (partition i is file i)."""
-    def part(r: dict[str, Any]) -> int:
-        name = str(r["_partition"])
-        return int(name.rsplit("/", 1)[-1]) if "/" in name and not name.endswith(".jsonl") \
-            else int(Path(name).stem[1:])
+    def part(r: dict[str, Any]) -> int:  # topic/0, a subject ending p0, a file p0.jsonl
+        m = re.search(r"(\d+)(?:\.jsonl)?$", str(r["_partition"]))
+        assert m is not None, r
+        return int(m.group(1))
     return {
         "results": sorted((r["key"], r["window_start"], r["window_end"], r["n"],
                            round(r["total"], 6)) for r in committed(d, "out")),

@@ -228,10 +228,10 @@ def _archive(sec: dict[str, Any], source: Any, base_dir: Path) -> ArchiveSetting
     url = _get(sec, "archive", "url", str, _MISSING)
     if not url.strip():
         raise SpecError("archive.url: expected s3://BUCKET/PREFIX or a directory path")
-    if source.kind != "kafka":
+    if source.kind not in ("kafka", "nats"):
         raise SpecError(f"[archive]: the raw-event archive is supported for kind = \"kafka\" "
-                        f"sources only, not yet for {source.kind!r} (a file source is "
-                        "re-read from its files); remove the section")
+                        f"and \"nats\" sources only, not yet for {source.kind!r} (a file "
+                        "source is re-read from its files); remove the section")
     return ArchiveSettings(url=url, endpoint_url=_get(sec, "archive", "endpoint_url", str, None),
                            base_dir=base_dir)
 

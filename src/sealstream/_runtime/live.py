@@ -48,6 +48,7 @@ from typing import Any, Protocol
 import polars as pl
 
 from sealstream._runtime.merge import Batch, SourcePosition
+from sealstream.archive._live import Archiver
 from sealstream.checkpoint.plans import StepPlan, judge_plan
 from sealstream.checkpoint.stores import CheckpointStore
 from sealstream.errors import (
@@ -165,6 +166,7 @@ class LiveMerger:
         clock: Clock | None = None,
         fresh: bool = False,
         resumed: bool = False,
+        archive: Archiver | None = None,
     ) -> None:
         """``fresh``: no checkpoint was restored (``names`` are the partitions listed
         now, at their start, and ``wm`` knows nothing yet). ``resumed``: ``names``
@@ -184,6 +186,8 @@ class LiveMerger:
         self.poll_ms = poll_ms
         self.clock = clock or SystemClock()
         self.resumed = resumed
+        #: ``[archive]``: each step's raw records, and recovery of expired positions
+        self.archive = archive
         self.names: list[str] = []
         self.cursors: list[_Cursor] = []
         self.step = int(plan_mark["step"]) if plan_mark else 0
@@ -257,8 +261,13 @@ class LiveMerger:
             part = open_at(name, pos.resume)
             start = pos
         else:  # an integer position (brokers; replay --from p=OFFSET): seek to it
-            part = self.source.open(name, pos.next_offset)
+            try:
+                part = self.source.open(name, pos.next_offset)
+            except SourceExpiredError as exc:  # the archive may still hold them
+                part = self._from_archive(name, pos.next_offset, exc)
             start = SourcePosition(PartitionPosition(offset=pos.next_offset), pos.next_offset)
+        if self.archive is not None:
+            self.archive.attach(part)
         earliest = part.earliest()
         if earliest is not None and pos is not None and pos.next_offset < earliest:
             part.close()
@@ -323,10 +332,33 @@ class LiveMerger:
                 continue
             c = self.cursors[q]
             if rng[0] != c.next:
-                c.part.seek(rng[0])
+                try:
+                    c.part.seek(rng[0])
+                except SourceExpiredError as exc:  # the archive may still hold them
+                    c.part.close()
+                    c.part = self._from_archive(name, rng[0], exc, plans)
                 c.next = rng[0]
                 c.resume = c.after = PartitionPosition(offset=rng[0])
             return
+
+    def _from_archive(self, name: str, at: int, exc: SourceExpiredError,
+                      plans: list[StepPlan] | None = None) -> LivePartition:
+        """Partition ``name`` from position ``at`` out of the archive segments of the
+        recorded steps (then from the broker); without an archive, the refusal."""
+        if self.archive is None:
+            raise exc
+        return self.archive.recover(name, at, self.replay if plans is None else plans,
+                                    self.source, exc)
+
+    def prune_archive(self, store: CheckpointStore) -> None:
+        """Retention, after the checkpoints' and the plans': the segments of steps at or
+        before the oldest retained checkpoint's step go (no recovery reads them)."""
+        ids = store.ids() if self.archive is not None else []
+        mark = store.read_manifest(ids[0]) if ids else None
+        plan = mark.get("plan") if isinstance(mark, dict) else None
+        step = plan.get("step") if isinstance(plan, dict) else None
+        if self.archive is not None and isinstance(step, int):
+            self.archive.prune(step)
 
     def plan_mark(self) -> dict[str, Any]:
         """What a checkpoint taken now records: the last step it includes."""
@@ -387,6 +419,8 @@ class LiveMerger:
         plan = StepPlan(step=self.step + 1, prev=self.prev, partitions=tuple(self.names),
                         ranges=ranges, idle=tuple(idle), advance_ms=advance,
                         now_ms=self.clock.wall_ms(), end=end, files=files)
+        if self.archive is not None:  # the records are archived before the plan names them
+            plan = replace(plan, archive=self.archive.write(plan.step, ranges))
         self._record(plan)
         return self._apply_plan(plan, took)
 
@@ -524,6 +558,8 @@ class LiveMerger:
             took[q] = self._take_range(c, n, rng[1])
             c.last_delivery = now
         self.step, self.prev = plan.step, plan.digest()
+        if self.archive is not None:  # archived when it was planned
+            self.archive.discard(plan.ranges)
         return self._apply_plan(plan, took)
 
     def _take_range(self, c: _Cursor, name: str, to: int) -> _Took:
@@ -683,6 +719,7 @@ def open_live(job: Any, positions: list[SourcePosition]) -> LiveMerger:
         stop_end=p.source.stop_mode == "end", poll_ms=p.source.poll_ms,
         plan_mark=job._plan_mark,
         fresh=job._plan_mark is None and job.start is None,
+        archive=None if p.archive is None else Archiver(p.archive, job.plan, job.key),
         # a checkpoint restored: the run's own, or one of `replay --from ID` (a start
         # point from explicit offsets carries no watermark)
         resumed=job._plan_mark is not None

@@ -555,3 +555,6 @@ class Checkpointing:
             else:
                 store.move_aside(cid, "superseded-invalid")
         self._prune_plans(store)
+        prune_archive = getattr(self.merger, "prune_archive", None)  # [archive] segments
+        if callable(prune_archive) and not os.environ.get(KEEP_PLANS_ENV):
+            prune_archive(store)

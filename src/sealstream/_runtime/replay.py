@@ -47,6 +47,7 @@ from typing import Any
 
 from sealstream._runtime.engine import Job, ProgressFn, RunSummary, StartPoint
 from sealstream._runtime.merge import SourcePosition
+from sealstream.archive import ArchiveSettings
 from sealstream.checkpoint import guard
 from sealstream.checkpoint.manifest import checkpoint_key
 from sealstream.errors import CheckpointError, SpecError
@@ -280,6 +281,19 @@ def resolve_origin(p: Pipeline, text: str) -> StartPoint | None:
     )
 
 
+def replay_archive(p: Pipeline, origin: str) -> ArchiveSettings:
+    """The live job's ``[archive]`` for a replay from ``origin``: never written nor
+    pruned; from a checkpoint id, the live job's step plans recorded after it (they
+    bind the segments) let the replay read what the broker no longer holds."""
+    assert p.archive is not None
+    anchor = None
+    if origin.isdigit() and p.checkpoint is not None:
+        anchor = start_from_checkpoint(p, int(origin))[1].get("plan")
+    ckpt = p.checkpoint
+    return replace(p.archive, read_only=True, anchor=anchor,
+                   live_store=None if ckpt is None else lambda: ckpt.open_store(p.name))
+
+
 def _claim(dest: Path, p: Pipeline, origin: str) -> None:
     """Record the replay's origin in ``dest``; refuse a destination of another replay."""
     marker = dest / MARKER
@@ -312,6 +326,8 @@ def replay(
     d = check_destination(p, dest)
     start = resolve_origin(p, origin)
     iso = replay_pipeline(p, d)
+    if p.archive is not None:  # read only (the live job's), through its recorded plans
+        iso = replace(iso, archive=replay_archive(p, origin.strip()))
     _claim(d, p, origin.strip())
     job = Job(iso, start=start, progress=progress)
     summary = job.run()

@@ -33,6 +33,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from sealstream.archive._segments import SegmentEntry
 from sealstream.checkpoint.manifest import canonical, sign, signature_ok
 
 PLAN_FORMAT = 1
@@ -77,6 +78,10 @@ class StepPlan:
     """Followed files: the identity (device, inode) of the file a partition listed for
     the first time starts in, so a replay reads that file even when it was rotated
     away since (docs/live.md, "Rotation and truncation"). Absent when empty."""
+    archive: dict[str, Any] | None = None
+    """``[archive]``: the segment holding the raw records the step read (``name``,
+    ``bytes``, ``sha256``; :mod:`sealstream.archive`), created before this record.
+    Absent without an archive, or when the step read no position."""
 
     def body(self) -> dict[str, Any]:
         return {
@@ -90,7 +95,7 @@ class StepPlan:
             "now_ms": self.now_ms,
             "end": self.end,
         } | ({"files": {k: [d, i] for k, (d, i) in sorted(self.files.items())}}
-             if self.files else {})
+             if self.files else {}) | ({"archive": dict(self.archive)} if self.archive else {})
 
     def digest(self) -> str:
         return hashlib.sha256(canonical(self.body())).hexdigest()
@@ -112,6 +117,8 @@ class StepPlan:
             now_ms=int(doc.get("now_ms", 0)),
             end=bool(doc.get("end", False)),
             files={str(k): (int(v[0]), int(v[1])) for k, v in doc.get("files", {}).items()},
+            archive=(SegmentEntry.from_json(doc["archive"]).to_json()
+                     if doc.get("archive") is not None else None),
         )
 
 

@@ -857,3 +857,12 @@ def entrypoint() -> None:
     except (BrokenPipeError, ValueError):  # a closed pipe or stream: nothing left to say
         pass
     os._exit(code)
+
+
+def _add_archive() -> None:
+    from sealstream.cli._archive import archive
+
+    cli.add_command(archive)
+
+
+_add_archive()

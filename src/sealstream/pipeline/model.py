@@ -21,6 +21,7 @@ from sealstream.aggspec import RESULT_KIND as RESULT_KIND
 from sealstream.aggspec import Aggregate as Aggregate
 from sealstream.aggspec import field_kinds as field_kinds
 from sealstream.aggspec import parse_aggregate as parse_aggregate
+from sealstream.archive import ArchiveSettings
 from sealstream.errors import SpecError
 from sealstream.pipeline import join as _join
 from sealstream.pipeline.join import Join
@@ -185,6 +186,9 @@ class Pipeline:
     #: reference tables joined to each event as of its time, before the transform
     #: (``[[enrich]]``, :class:`sealstream.enrich.Enrich`); see docs/enrich.md
     enrich: Sequence[Enrich] = ()
+    #: ``[archive]``: the raw-event archive of a live source (docs/object-storage.md);
+    #: not part of the fingerprint (it holds no state)
+    archive: ArchiveSettings | None = None
 
     def __post_init__(self) -> None:
         from sealstream.pipeline.validate import validate

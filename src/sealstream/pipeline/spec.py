@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from sealstream.archive import ArchiveSettings
 from sealstream.errors import SpecError
 from sealstream.pipeline.join import Join
 from sealstream.pipeline.kafka import KAFKA_SETTINGS, KafkaSourceSpec, kafka_source_from_dict
@@ -43,6 +44,7 @@ _SECTIONS: dict[str, set[str]] = {
     "checkpoint": {"path", "url", "every_events", "every_ms", "keep", "incremental",
                    "full_every", "asynchronous", "max_age_s", "require_receipts",
                    "endpoint_url"},
+    "archive": {"url", "endpoint_url"},
 }
 _REQUIRED = ("pipeline", "source", "window", "aggregates", "sink")
 
@@ -115,9 +117,6 @@ _MISSING = object()
 def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipeline:
     """Build a :class:`Pipeline` from a parsed spec; raise SpecError on the first problem."""
     for sec in data:
-        if sec == "archive":
-            raise SpecError("[archive]: the raw-event archive is not supported yet (it is "
-                            "planned: see docs/object-storage.md); remove the section")
         if sec not in _SECTIONS:
             raise SpecError(f"unknown section [{sec}]; expected one of {', '.join(_SECTIONS)}")
         if sec == "enrich":
@@ -240,6 +239,7 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
         else src["types"],
         join=_join_section(data["join"]) if "join" in data else None,
         enrich=_enrich(data.get("enrich"), base_dir),
+        archive=_archive(data["archive"], source, base_dir) if "archive" in data else None,
     )
 
 
@@ -292,6 +292,19 @@ def _enrich(raw: object, base_dir: Path) -> tuple[Any, ...]:
     from sealstream.enrich import enrich_from_dict
 
     return enrich_from_dict(raw, base_dir)
+
+
+def _archive(sec: dict[str, Any], source: Any, base_dir: Path) -> ArchiveSettings:
+    """``[archive]``: the raw-event archive of a live broker source (docs/object-storage.md)."""
+    url = _get(sec, "archive", "url", str, _MISSING)
+    if not url.strip():
+        raise SpecError("archive.url: expected s3://BUCKET/PREFIX or a directory path")
+    if source.kind not in ("kafka", "nats"):
+        raise SpecError(f"[archive]: the raw-event archive is supported for kind = \"kafka\" "
+                        f"and \"nats\" sources only, not yet for {source.kind!r} (a file "
+                        "source is re-read from its files); remove the section")
+    return ArchiveSettings(url=url, endpoint_url=_get(sec, "archive", "endpoint_url", str, None),
+                           base_dir=base_dir)
 
 
 def _file_source(src: dict[str, Any], kind: Any, base_dir: Path) -> FileSource:

@@ -50,13 +50,14 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import is_not
 from typing import Any, Literal
 
 import numpy as np
+import polars as pl
 
 from ..errors import SourceError, SourceExpiredError, SourceUnavailableError, SpecError
 from ._base import Chunk, FieldPlan
@@ -273,6 +274,9 @@ class KafkaPartition:
         #: up to a second per partition on a loaded broker)
         self._marks_at_open: tuple[int, int] | None = (low, high)
         self.closed = False
+        #: ``[archive]``: called with each poll's raw messages (one frame: position,
+        #: key, timestamp_ms, value) before they are parsed (sealstream.archive)
+        self.raw_tap: Callable[[pl.DataFrame], None] | None = None
 
     # -- the contract ---------------------------------------------------------
     @property
@@ -349,6 +353,15 @@ class KafkaPartition:
         self._position = int(offsets[-1]) + 1
         if eof:
             self._position = max(self._position, max(eof))
+        if self.raw_tap is not None:
+            self.raw_tap(pl.DataFrame({
+                "position": offsets,
+                "key": pl.Series(keys if keys is not None else list(map(Message.key, msgs)),
+                                 dtype=pl.Binary),
+                "timestamp_ms": stamps if stamps is not None else np.fromiter(
+                    (t[1] for t in map(Message.timestamp, msgs)), np.int64, count=len(msgs)),
+                "value": pl.Series(values, dtype=pl.Binary),
+            }))
         return self._parser.parse(values, offsets, self._position, keys, stamps)
 
     def tell(self) -> int:

@@ -543,6 +543,9 @@ class NatsPartition:
         self._last_quiet_check = 0.0
         self._lag: int | None = None  # messages of the subject after the last one read
         self._closed = False
+        #: ``[archive]``: called with each delivery's raw messages (one frame: position,
+        #: key, timestamp_ms, value) before they are parsed (sealstream.archive)
+        self.raw_tap: Callable[[pl.DataFrame], None] | None = None
 
     @property
     def position(self) -> int:
@@ -661,6 +664,12 @@ class NatsPartition:
                 return empty_chunk(self._src.plan, self._pos)
         self._check_gaps(seqs)
         nxt = int(seqs[-1]) + 1
+        if self.raw_tap is not None:  # [archive]: the raw messages, before parsing
+            self.raw_tap(pl.DataFrame({
+                "position": seqs,
+                "key": pl.Series(keys, dtype=pl.Binary) if keys is not None else
+                pl.repeat(self.name.encode(), len(seqs), dtype=pl.Binary, eager=True),
+                "timestamp_ms": ts_ms, "value": pl.Series(values, dtype=pl.Binary)}))
         chunk = self._parser.parse(values, seqs, nxt, keys=keys, timestamps_ms=ts_ms)
         self._pos = nxt
         return chunk

@@ -1,0 +1,300 @@
+"""The archive on the live path: the tap, the segment of each step, recovery, retention.
+
+:class:`Archiver` is what :class:`~sealstream._runtime.live.LiveMerger` talks to:
+
+* :meth:`Archiver.attach` gives a broker partition a tap (its ``raw_tap``): each poll
+  hands over its raw messages as one frame, kept until a step takes them;
+* :meth:`Archiver.write` makes the segment of a step being planned (before its plan is
+  recorded) and returns the entry the plan records;
+* :meth:`Archiver.discard` drops what a replayed step re-read (its segment exists);
+* :meth:`Archiver.recover` opens an :class:`ArchivedPartition` where the broker no
+  longer holds a position that recorded steps read;
+* :meth:`Archiver.prune` deletes the segments no retained checkpoint needs.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import polars as pl
+
+from sealstream._objects import Objects, ObjectStoreError, open_objects
+from sealstream.archive import ArchiveSettings
+from sealstream.archive._segments import (
+    ArchiveDamagedError,
+    SegmentEntry,
+    decode_segment,
+    encode_segment,
+    segment_step,
+)
+from sealstream.errors import SourceError, SourceExpiredError
+from sealstream.sources._base import Chunk, FieldPlan
+from sealstream.sources._live import LivePartition, LiveSource, ValueParser, empty_chunk
+
+#: segments kept decoded while a recovery reads them (a segment holds every partition)
+_CACHE = 4
+
+
+class _Plan(Protocol):
+    """What the archive reads of a recorded step plan."""
+
+    @property
+    def ranges(self) -> dict[str, tuple[int, int]]: ...
+    @property
+    def archive(self) -> dict[str, Any] | None: ...
+
+
+def _chain(name: str, at: int, plans: Sequence[_Plan]
+           ) -> list[tuple[int, int, SegmentEntry]]:
+    """The archived ranges of ``name`` from position ``at`` on: the recorded range
+    holding ``at`` (read from ``at``), then the ones that follow it without a gap,
+    while each has a segment."""
+    out: list[tuple[int, int, SegmentEntry]] = []
+    for plan in plans:
+        rng = plan.ranges.get(name)
+        if rng is None or rng[1] <= rng[0]:
+            continue
+        if not out and not rng[0] <= at < rng[1]:
+            continue
+        if (out and rng[0] != out[-1][1]) or plan.archive is None:
+            break
+        out.append((max(rng[0], at), rng[1], SegmentEntry.from_json(plan.archive)))
+    return out
+
+
+def _empty_rows() -> pl.DataFrame:
+    return pl.DataFrame(schema={"position": pl.Int64(), "key": pl.Binary(),
+                                "timestamp_ms": pl.Int64(), "value": pl.Binary()})
+
+
+class Archiver:
+    """The archive of one live run (see the module docstring)."""
+
+    def __init__(self, settings: ArchiveSettings, plan: FieldPlan,
+                 key: bytes | None = None) -> None:
+        self.settings = settings
+        self.key = key  # the step plans' signing key (a replay verifies the live ones)
+        self._plans: list[_Plan] | None = None
+        try:
+            self.objects: Objects = open_objects(settings.location(), settings.endpoint_url)
+            if not settings.read_only:
+                self.objects.probe()
+        except ObjectStoreError as exc:
+            raise SourceError(f"[archive] {exc}") from None
+        self.location = self.objects.location
+        self.parser = ValueParser(plan)
+        self._buf: dict[str, list[pl.DataFrame]] = {}
+        self._cache: OrderedDict[str, pl.DataFrame] = OrderedDict()
+        self.written = 0  # segments created by this run (for tests and the summary)
+
+    # ------------------------------------------------------------ writing
+    def attach(self, part: Any) -> None:
+        """Tap ``part``'s polls (a partition without a tap is refused at spec time)."""
+        if isinstance(part, ArchivedPartition) or self.settings.read_only:
+            return  # it taps the broker partition it hands over to; a replay writes none
+        name = str(part.name)
+        self._buf[name] = []
+        part.raw_tap = self._buf[name].append
+
+    def _take(self, name: str, lo: int, hi: int) -> pl.DataFrame:
+        """The tapped rows of ``name`` in ``[lo, hi)``; rows below ``hi`` leave the buffer."""
+        frames = self._buf.get(name)
+        if not frames:
+            return _empty_rows()
+        rows = pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
+        frames.clear()
+        rest = rows.filter(pl.col("position") >= hi)
+        if rest.height:
+            frames.append(rest)
+        return rows.filter((pl.col("position") >= lo) & (pl.col("position") < hi))
+
+    def write(self, step: int, ranges: dict[str, tuple[int, int]]) -> dict[str, Any] | None:
+        """Create the segment of step ``step`` (the records of ``ranges``), durably,
+        before its plan is recorded; the entry for the plan (None: the step reads no
+        position, nothing to archive)."""
+        if self.settings.read_only:
+            return None
+        parts = [self._take(n, a, b).with_columns(pl.lit(n, pl.String).alias("partition"))
+                 for n, (a, b) in sorted(ranges.items()) if b > a]
+        if not parts:
+            return None
+        data, entry = encode_segment(step, pl.concat(parts, how="vertical"))
+        try:
+            self.objects.create(entry.name, data)
+        except ObjectStoreError as exc:
+            raise SourceError(f"[archive] cannot write {entry.name}: {exc}") from None
+        self.written += 1
+        return entry.to_json()
+
+    def discard(self, ranges: dict[str, tuple[int, int]]) -> None:
+        """A replayed step re-read ``ranges`` (its segment was written when it was
+        planned): drop what the taps kept of them."""
+        for n, (_a, b) in ranges.items():
+            self._take(n, b, b)
+
+    # ------------------------------------------------------------ reading
+    def rows(self, entry: SegmentEntry) -> pl.DataFrame:
+        """The verified rows of a segment (cached for the partitions that share it)."""
+        got = self._cache.get(entry.name)
+        if got is not None:
+            self._cache.move_to_end(entry.name)
+            return got
+        try:
+            data = self.objects.get(entry.name)
+        except ObjectStoreError as exc:
+            raise ArchiveDamagedError(
+                f"archive segment {self.location}/{entry.name} cannot be read: {exc}; "
+                "nothing was skipped or committed") from None
+        frame = decode_segment(data, entry, self.location)
+        self._cache[entry.name] = frame
+        while len(self._cache) > _CACHE:
+            self._cache.popitem(last=False)
+        return frame
+
+    def recover(self, name: str, at: int, plans: Sequence[_Plan], source: LiveSource,
+                expired: SourceExpiredError) -> ArchivedPartition:
+        """Partition ``name`` read from position ``at`` out of the segments of the
+        recorded ``plans`` (verified, in order; a replay's: the live job's), then from
+        ``source``. The broker's refusal ``expired`` stands, with the archive named,
+        when no recorded step read ``at`` (records the job never read are in no
+        archive)."""
+        ranges = _chain(name, at, plans)
+        if not ranges and self.settings.read_only:
+            ranges = _chain(name, at, self._live_plans())
+        if not ranges:
+            raise SourceExpiredError(
+                f"{expired} The archive {self.location} cannot help: no recorded step read "
+                f"{name!r} at position {at} (the archive holds what the job read; these "
+                "records were deleted before the job read them)") from None
+        return ArchivedPartition(self, name, ranges, source)
+
+    def _live_plans(self) -> list[_Plan]:
+        """A replay's view: the live job's step plans after the origin checkpoint's
+        step, as far as they verify and chain (signed with ``key``)."""
+        from sealstream.checkpoint.plans import judge_plan
+
+        anchor, opener = self.settings.anchor, self.settings.live_store
+        if self._plans is not None:
+            return self._plans
+        self._plans = []
+        if not isinstance(anchor, dict) or opener is None:
+            return self._plans
+        store = opener()
+        step, prev = int(anchor["step"]), str(anchor["digest"])
+        for s in store.plan_steps():
+            if s <= step:
+                continue
+            v = judge_plan(store.read_plan(s), s, prev, self.key)
+            if s != step + 1 or not v.ok or v.plan is None:
+                break
+            self._plans.append(v.plan)
+            step, prev = s, v.plan.digest()
+        return self._plans
+
+    # ------------------------------------------------------------ retention
+    def prune(self, oldest_step: int) -> int:
+        """Delete the segments of steps at or before ``oldest_step`` (the step of the
+        oldest retained checkpoint: no recovery reads them); how many went."""
+        gone = 0
+        if self.settings.read_only:
+            return gone
+        for key in self.objects.keys("seg-"):
+            step = segment_step(key)
+            if step is not None and step <= oldest_step:
+                self.objects.delete(key)
+                gone += 1
+        return gone
+
+
+class ArchivedPartition:
+    """A partition served from archive segments over ``ranges`` (consecutive
+    ``(from, to, segment)``), then from the broker where they end.
+
+    Each poll delivers the records of one archived range, parsed by the same
+    :class:`~sealstream.sources._live.ValueParser` as the broker's messages, with
+    ``position`` = the range's end (so gaps such as transaction markers are crossed
+    exactly as the recorded step crossed them). After the last range, the broker's
+    partition is opened (from its start) and sought to where the archive ends; when
+    the broker no longer holds that either, its refusal names the archive's end.
+    """
+
+    def __init__(self, archiver: Archiver, name: str,
+                 ranges: list[tuple[int, int, SegmentEntry]], source: LiveSource) -> None:
+        self.name = name
+        self._archiver = archiver
+        self._ranges = list(ranges)
+        self._source = source
+        self._pos = ranges[0][0]
+        self._real: LivePartition | None = None
+        self._on_broker = False
+
+    def _broker(self) -> LivePartition:
+        if self._real is None:
+            self._real = self._source.open(self.name, None, True)
+            self._archiver.attach(self._real)
+        return self._real
+
+    def _hand_over(self) -> LivePartition:
+        real = self._broker()
+        if not self._on_broker:
+            try:
+                real.seek(self._pos)
+            except SourceExpiredError as exc:
+                raise SourceExpiredError(
+                    f"{exc} (the archive {self._archiver.location} holds {self.name!r} "
+                    f"only up to position {self._pos})") from None
+            self._on_broker = True
+        return real
+
+    def poll(self, max_records: int, timeout_ms: int) -> Chunk | None:
+        if not self._ranges:
+            return self._hand_over().poll(max_records, timeout_ms)
+        lo, hi, entry = self._ranges.pop(0)
+        try:
+            frame = self._archiver.rows(entry)
+        except ArchiveDamagedError as exc:
+            raise ArchiveDamagedError(f"partition {self.name!r}, positions {lo}..{hi - 1}: "
+                                      f"{exc}") from None
+        rows = frame.filter(
+            (pl.col("partition") == self.name) & (pl.col("position") >= lo)
+            & (pl.col("position") < hi)).sort("position")
+        self._pos = hi
+        if not rows.height:
+            return empty_chunk(self._archiver.parser.plan, hi)
+        parser = self._archiver.parser
+        return parser.parse(
+            rows["value"].to_list(), rows["position"].to_numpy(), hi,
+            rows["key"].to_list() if parser.key_from_message else None,
+            rows["timestamp_ms"].to_numpy() if parser.time_from_message else None)
+
+    def seek(self, position: int) -> None:
+        if self._on_broker or not self._ranges or position >= self._ranges[-1][1]:
+            self._ranges = []
+            self._pos = position
+            self._on_broker = False
+            self._hand_over()
+            return
+        while self._ranges and self._ranges[0][1] <= position:
+            self._ranges.pop(0)
+        if not self._ranges or self._ranges[0][0] != position:
+            raise SourceError(f"partition {self.name!r}: position {position} is not where "
+                              "an archived step starts")
+        self._pos = position
+
+    def tell(self) -> int:
+        return self._real.tell() if self._on_broker and self._real is not None else self._pos
+
+    def earliest(self) -> int | None:
+        return self._real.earliest() if self._on_broker and self._real is not None else None
+
+    def end(self) -> int | None:
+        return self._broker().end()
+
+    def close(self) -> None:
+        if self._real is not None:
+            self._real.close()
+
+
+__all__ = ["ArchivedPartition", "Archiver"]

@@ -31,6 +31,7 @@ bench: $(STAMP) bench-flink bench-quix
 	$(PY) -m bench
 	$(PY) -m bench.store_cost
 	$(PY) -m bench.s3_store
+	$(PY) -m bench.s3_results
 	$(PY) -m bench.incremental
 	$(PY) -m bench.transforms
 	$(PY) -m bench.scaleout

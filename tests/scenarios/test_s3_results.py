@@ -191,3 +191,19 @@ def test_random_sigkills_with_results_in_s3_and_the_newest_checkpoint_damaged(
     _download(root, s3_server, d / "got")
     assert_same_output(d / "got", expected)
     print(f"random kills: {kills}, damaged checkpoints: {damaged}")
+
+
+def test_refused_credentials_are_one_line_without_them(tmp_path: Path,
+                                                       s3_server: Any) -> None:
+    spec = write_spec(tmp_path, make_input(tmp_path, bad_every=97), errors=True)
+    url = f"s3://{s3_server.bucket}/denied-{uuid.uuid4().hex[:8]}/out"
+    spec.write_text(spec.read_text().replace('path = "out"', f'path = "{url}"'))
+    wrong = {**s3_server.env(), "AWS_SECRET_ACCESS_KEY": "wrong" + s3_server.secret_key[5:]}
+    failed = run(spec, env=wrong)
+    assert failed.returncode == 1, failed.stderr
+    lines = failed.stderr.strip().splitlines()
+    assert len(lines) == 1, failed.stderr
+    assert f"cannot open the results output {url}" in lines[0], lines[0]
+    assert "access denied" in lines[0], lines[0]
+    assert s3_server.secret_key[5:] not in failed.stderr
+    assert s3_server.access_key not in failed.stderr

@@ -32,6 +32,7 @@ bench: $(STAMP) bench-flink bench-quix
 	$(PY) -m bench.store_cost
 	$(PY) -m bench.s3_store
 	$(PY) -m bench.archive
+	$(PY) -m bench.s3_results
 	$(PY) -m bench.incremental
 	$(PY) -m bench.transforms
 	$(PY) -m bench.joins

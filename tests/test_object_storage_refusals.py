@@ -1,5 +1,7 @@
 """What object storage does not cover yet is refused in one line (exit 2), before
-anything is read or created: S3 inputs, S3 outputs and the raw-event archive."""
+anything is read or created: S3 inputs and the raw-event archive; and S3 outputs
+that cannot work (a bad bucket name, prefixes inside each other, an endpoint for a
+local directory)."""
 
 from __future__ import annotations
 
@@ -18,10 +20,15 @@ def _edit_source(spec: dict[str, Any]) -> None:
 
 def _edit_sink(spec: dict[str, Any]) -> None:
     spec["sink"]["path"] = "s3://bucket/out"
+    spec["late"]["path"] = "s3://bucket/out/late"
 
 
 def _edit_late(spec: dict[str, Any]) -> None:
-    spec["late"]["path"] = "S3://bucket/late"
+    spec["late"]["path"] = "S3://Not_A_Bucket/late"
+
+
+def _edit_endpoint(spec: dict[str, Any]) -> None:
+    spec["sink"]["endpoint_url"] = "http://127.0.0.1:9000"
 
 
 def _edit_archive(spec: dict[str, Any]) -> None:
@@ -31,8 +38,10 @@ def _edit_archive(spec: dict[str, Any]) -> None:
 @pytest.mark.parametrize(("edit", "needle"), [
     (_edit_source, "source.paths[0]: 's3://bucket/events/*.jsonl': reading inputs from S3 "
                    "is not supported yet"),
-    (_edit_sink, "sink.path: 's3://bucket/out': writing outputs to S3 is not supported yet"),
-    (_edit_late, "late.path: 'S3://bucket/late': writing outputs to S3 is not supported yet"),
+    (_edit_sink, "late.path: 's3://bucket/out/late' overlaps the sink output; give each its "
+                 "own prefix"),
+    (_edit_late, "late.path: S3://Not_A_Bucket/late: expected s3://BUCKET/PREFIX"),
+    (_edit_endpoint, "sink.endpoint_url: only for an s3:// path"),
     (_edit_archive, "[archive]: the raw-event archive is supported for kind = \"kafka\" "
                     "and \"nats\" sources only, not yet for 'jsonl'"),
 ])

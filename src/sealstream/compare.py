@@ -28,6 +28,7 @@ not sealstream's results, two outputs of different key shapes or fields.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,6 +99,8 @@ def read_results(target: str, table: str | None = None) -> Results:
         if not path.is_file():
             raise CompareInputError(f"{target}: no such SQLite file")
         return _read_table("sqlite", path, _need_table(target, table), str(path))
+    if target.lower().startswith("s3://"):
+        return _read_objects(target)
     path = Path(target)
     if not path.exists():
         raise CompareInputError(f"{target}: no such file or directory")
@@ -151,6 +154,44 @@ def _read_dir(path: Path) -> Results:
     return _read_jsonl(files, str(path)) if kind == "jsonl" else _read_parquet(files, str(path))
 
 
+def _read_objects(url: str) -> Results:
+    """The committed results at ``s3://bucket/prefix`` (endpoint: ``AWS_ENDPOINT_URL``),
+    listed and read as the S3 sinks do (see :mod:`sealstream.sinks.objects`)."""
+    from sealstream._objects import ObjectStoreError, open_objects
+    from sealstream.sinks.objects import JsonlObjectSink, ParquetObjectSink
+
+    try:
+        objects = open_objects(url)
+        listed = {kind: sink.committed() for kind, sink in
+                  (("jsonl", JsonlObjectSink(objects, "results", _TOKEN)),
+                   ("parquet", ParquetObjectSink(objects, "results", _TOKEN)))}
+    except (ObjectStoreError, SinkError) as exc:
+        raise CompareInputError(f"{url}: {exc}") from None
+    if listed["jsonl"] and listed["parquet"]:
+        raise CompareInputError(f"{url}: holds both JSON Lines and Parquet results; "
+                                "compare one output at a time")
+    kind = "jsonl" if listed["jsonl"] else "parquet"
+    if not listed[kind]:
+        raise CompareInputError(f"{url}: no committed results (part-*.jsonl or "
+                                "part-*.parquet) under this prefix")
+
+    def files() -> Iterator[tuple[Path | str, bytes]]:
+        for f in listed[kind]:
+            where = f"{objects.location}/{f.token}"
+            try:
+                data = objects.get(f.token)
+            except ObjectStoreError as exc:
+                raise CompareInputError(str(exc)) from None
+            if data is None:
+                raise CompareInputError(f"{where}: vanished while being read")
+            yield where, data
+
+    try:
+        return _jsonl_of(files(), url) if kind == "jsonl" else _parquet_of(files(), url)
+    except SinkError as exc:
+        raise CompareInputError(str(exc)) from None
+
+
 def _paths(path: Path, files: list[CommittedFile]) -> list[Path]:
     return [(Path(f.location) if f.location else path) / f.token for f in files]
 
@@ -175,12 +216,15 @@ def _key_text(ids: pl.DataFrame, key_fields: tuple[str, ...] | None) -> pl.Expr:
 
 
 def _read_jsonl(paths: list[Path], where: str) -> Results:
+    return _jsonl_of(((p, read_own_file(p, "results")) for p in paths), where)
+
+
+def _jsonl_of(files: Iterable[tuple[Path | str, bytes]], where: str) -> Results:
     from sealstream.sinks.jsonl import result_ids
 
     shape: tuple[tuple[str, ...] | None, tuple[str, ...]] | None = None
     frames = []
-    for path in paths:
-        data = read_own_file(path, "results")
+    for path, data in files:
         if not data.strip():
             continue
         if shape is None:
@@ -240,12 +284,15 @@ def _json_values(data: bytes, fields: tuple[str, ...]) -> list[pl.Series]:
 
 
 def _read_parquet(paths: list[Path], where: str) -> Results:
-    from sealstream.sinks.parquet import ParquetDirSink
+    return _parquet_of(((p, read_own_file(p, "results")) for p in paths), where)
+
+
+def _parquet_of(files: Iterable[tuple[Path | str, bytes]], where: str) -> Results:
+    from sealstream.sinks.parquet import results_file_ids
 
     shape: tuple[tuple[str, ...] | None, tuple[str, ...]] | None = None
     frames = []
-    for path in paths:
-        data = read_own_file(path, "results")
+    for path, data in files:
         try:
             df = pl.read_parquet(data)
         except pl.exceptions.PolarsError:
@@ -257,9 +304,7 @@ def _read_parquet(paths: list[Path], where: str) -> Results:
             raise CompareInputError(f"{path}: its columns differ from the other files' "
                                     f"({', '.join(df.columns)})")
         key_fields, fields = shape
-        reader = ParquetDirSink(path.parent, "results", _TOKEN)
-        reader.key_fields = key_fields
-        ids = reader.file_ids(path, data)
+        ids = results_file_ids(path, data, key_fields)
         frames.append(pl.DataFrame([
             ids.select(_key_text(ids, key_fields).alias("__key")).to_series(),
             ids.get_column("window_start"), ids.get_column("window_end"),

@@ -13,6 +13,8 @@ keys (``a/b/c``: slashes are only part of names) under one root:
 * :meth:`Objects.keys` - the keys under a prefix, sorted. Only what strong
   read-after-write gives is promised: a key created (or deleted) before the
   listing started is (or is not) in it.
+* :meth:`Objects.head` - an object's size and version (an ETag on S3), None when
+  absent, without reading it.
 * :meth:`Objects.delete` (absent: nothing to do) and :meth:`Objects.copy`.
 * :meth:`Objects.read_versioned` / :meth:`Objects.replace` - compare-and-swap of
   one small object by its version (an ETag): the lease of a single writer.
@@ -74,6 +76,15 @@ class Objects(abc.ABC):
     @abc.abstractmethod
     def get(self, key: str, start: int = 0, length: int | None = None) -> bytes | None:
         """Bytes ``start .. start+length`` of ``key`` (fewer at its end), None when absent."""
+
+    def head(self, key: str) -> tuple[int, str] | None:
+        """``(size, version)`` of ``key``, None when absent. The version changes when
+        the bytes do (an ETag on S3). The default reads the object; the
+        implementations ask for its metadata only."""
+        import hashlib
+
+        data = self.get(key)
+        return None if data is None else (len(data), hashlib.sha256(data).hexdigest())
 
     @abc.abstractmethod
     def keys(self, prefix: str = "") -> list[str]:

@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import os
 import secrets
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -79,6 +80,19 @@ class LocalObjects(Objects):
         except OSError as exc:
             raise self._fail("read", key, exc) from None
         return data[start:] if length is None else data[start:start + length]
+
+    def head(self, key: str) -> tuple[int, str] | None:
+        """Size and ``<mtime ns>-<size>-<inode>`` of the file (a regular file only)."""
+        path = self._path(key)
+        try:
+            st = os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise self._fail("read", key, exc) from None
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        return st.st_size, f"{st.st_mtime_ns}-{st.st_size}-{st.st_ino}"
 
     def keys(self, prefix: str = "") -> list[str]:
         if not self.root.is_dir():

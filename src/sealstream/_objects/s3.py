@@ -242,6 +242,19 @@ class S3Objects(Objects):
                 return b"" if self.get(key) is not None else None
             raise ObjectStoreError(f"cannot read {key} in {self._where()}: {code}") from None
 
+    def head(self, key: str) -> tuple[int, str] | None:
+        """``HeadObject``: the size and the ETag, without the bytes."""
+        from botocore.exceptions import ClientError
+
+        try:
+            resp = self._call(f"read {key}", self.client.head_object, Key=self._key(key))
+        except ClientError as exc:
+            if self._is_absent(exc):
+                return None
+            raise ObjectStoreError(f"cannot read {key} in {self._where()}: "
+                                   f"{self._code(exc)[0] or self._code(exc)[1]}") from None
+        return int(resp["ContentLength"]), str(resp["ETag"])
+
     def keys(self, prefix: str = "") -> list[str]:
         base = f"{self.prefix}/" if self.prefix else ""
         out: list[str] = []

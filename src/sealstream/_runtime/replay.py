@@ -74,7 +74,7 @@ def live_directories(p: Pipeline) -> dict[str, Path]:
 
     out: dict[str, Path] = {}
     for section, o in (("sink", p.sink), ("late", p.late), ("errors", p.errors)):
-        if o is None or o.kind in ("stdout", "postgresql"):
+        if o is None or o.kind in ("stdout", "postgresql") or is_s3(o.path or ""):
             continue
         if o.kind == "sqlite":
             assert o.url is not None
@@ -124,7 +124,7 @@ def _redirect(out: Output | None, dest: Path, sub: str) -> Output | None:
         return out
     if out.kind in ("sqlite", "postgresql"):
         return Output(kind="jsonl", path=str(dest / sub), base_dir=dest)
-    return replace(out, path=str(dest / sub), base_dir=dest)
+    return replace(out, path=str(dest / sub), base_dir=dest, endpoint_url=None)
 
 
 def replay_pipeline(p: Pipeline, dest: Path) -> Pipeline:

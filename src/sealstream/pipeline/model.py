@@ -103,6 +103,8 @@ class Output:
     topic: str | None = None
     #: librdkafka settings of a kafka output, as (name, value) pairs
     settings: tuple[tuple[str, str], ...] = ()
+    #: an ``s3://`` path's endpoint (else ``AWS_ENDPOINT_URL``, else AWS itself)
+    endpoint_url: str | None = None
 
     @property
     def resolved(self) -> Path:

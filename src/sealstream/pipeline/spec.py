@@ -35,9 +35,12 @@ _SECTIONS: dict[str, set[str]] = {
     "window": {"kind", "size_ms", "slide_ms", "gap_ms", "allowed_lateness_ms"},
     "transform": {"where", "fields"},
     "aggregates": set(),
-    "sink": {"kind", "path", "url", "table", "bootstrap", "topic", "settings"},
-    "late": {"kind", "path", "url", "table", "bootstrap", "topic", "settings"},
-    "errors": {"kind", "path", "url", "table", "bootstrap", "topic", "settings"},
+    "sink": {"kind", "path", "url", "table", "bootstrap", "topic", "settings",
+             "endpoint_url"},
+    "late": {"kind", "path", "url", "table", "bootstrap", "topic", "settings",
+             "endpoint_url"},
+    "errors": {"kind", "path", "url", "table", "bootstrap", "topic", "settings",
+               "endpoint_url"},
     "sources": set(),
     "join": {"type", "left", "fields"},
     "enrich": set(),  # [[enrich]]: an array of tables, checked by sealstream.enrich
@@ -196,7 +199,8 @@ def pipeline_from_dict(data: dict[str, Any], base_dir: Path = Path(".")) -> Pipe
                       table=_get(data[sec], sec, "table", str, None),
                       bootstrap=_get(data[sec], sec, "bootstrap", str, None),
                       topic=_get(data[sec], sec, "topic", str, None),
-                      settings=_settings(data[sec], sec))
+                      settings=_settings(data[sec], sec),
+                      endpoint_url=_get(data[sec], sec, "endpoint_url", str, None))
 
     ckpt = None
     if "checkpoint" in data:

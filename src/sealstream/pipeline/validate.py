@@ -119,18 +119,51 @@ def _check_types(p: Pipeline) -> None:
 
 
 def _refuse_object_paths(p: Pipeline) -> None:
-    """Sources and outputs in object storage are not supported yet (checkpoints are:
-    ``[checkpoint] url = "s3://..."``): one line saying so, before anything is read."""
+    """Sources in object storage are not supported yet: one line saying so, before
+    anything is read. Outputs in S3 (jsonl, parquet) are checked here: a well-formed
+    ``s3://bucket/prefix``, none inside another's prefix nor the checkpoints'."""
     for i, path in enumerate(p.source.paths):
         if path.lower().startswith("s3://"):
             raise SpecError(f"source.paths[{i}]: {path!r}: reading inputs from S3 is not "
                             "supported yet; copy them to a local directory (only checkpoints "
                             "can be in S3 so far)")
+    urls: dict[str, str] = {}
     for section, out in (("sink", p.sink), ("late", p.late), ("errors", p.errors)):
-        if out is not None and isinstance(out.path, str) and out.path.lower().startswith("s3://"):
-            raise SpecError(f"{section}.path: {out.path!r}: writing outputs to S3 is not "
-                            "supported yet; give a local directory (only checkpoints can be "
-                            "in S3 so far)")
+        if out is None:
+            continue
+        if not (isinstance(out.path, str) and out.path.lower().startswith("s3://")):
+            if out.endpoint_url is not None:
+                raise SpecError(f"{section}.endpoint_url: only for an s3:// path")
+            continue
+        if out.kind not in ("jsonl", "parquet"):
+            raise SpecError(f"{section}.path: {out.path!r}: only jsonl and parquet outputs "
+                            f"can be in S3, not {out.kind!r}")
+        from sealstream._objects import ObjectStoreError
+        from sealstream._objects.s3 import parse_url
+
+        try:
+            bucket, prefix = parse_url(out.path)
+        except ObjectStoreError as exc:
+            raise SpecError(f"{section}.path: {exc}") from None
+        where = f"{bucket}/{prefix}"
+        for other, at in urls.items():
+            if where == at or where.startswith(at + "/") or at.startswith(where + "/"):
+                raise SpecError(f"{section}.path: {out.path!r} overlaps the {other} output; "
+                                "give each its own prefix")
+        urls[section] = where
+    ckpt = p.checkpoint.url if p.checkpoint is not None else None
+    if urls and isinstance(ckpt, str) and ckpt.lower().startswith("s3://"):
+        from sealstream._objects import ObjectStoreError as _Bad
+        from sealstream._objects.s3 import parse_url as _parse
+
+        try:
+            at = "/".join(_parse(ckpt))
+        except _Bad:
+            return  # checkpoint.url says what is wrong with it
+        for section, where in urls.items():
+            if where == at or where.startswith(at + "/") or at.startswith(where + "/"):
+                raise SpecError(f"{section}.path: {where!r} overlaps the checkpoints' "
+                                f"prefix (checkpoint.url); give each its own")
 
 
 def validate(p: Pipeline) -> None:
@@ -240,6 +273,8 @@ def validate(p: Pipeline) -> None:
         if out.kind != "stdout":
             if not out.path:
                 raise SpecError(f"{section}.path: a {out.kind} output needs a directory path")
+            if out.path.lower().startswith("s3://"):
+                continue  # checked by _refuse_object_paths
             res = out.resolved.resolve()
             if res in seen:
                 raise SpecError(f"{section}.path: {out.path!r} is also the {seen[res]} directory")

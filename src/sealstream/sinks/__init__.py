@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sealstream._objects import ObjectStoreError, is_object_url
 from sealstream.errors import SinkError
 from sealstream.sinks._base import (
     JSON_LINE,
@@ -86,6 +87,9 @@ def open_sink(output: Output, role: SinkRole, run_token: str,
                    else output.base_dir / ".sealstream-staging" / f"kafka-{output.topic}")
         return KafkaSink(output.bootstrap, output.topic, role, run_token, staging,
                          dict(output.settings), shared_staging=not output.path)
+    if output.kind in ("jsonl", "parquet") and output.path is not None \
+            and is_object_url(output.path):
+        return _object_sink(output, role, run_token)
     if output.kind == "jsonl":
         return JsonlDirSink(output.resolved, role, run_token)
     if output.kind == "parquet":
@@ -96,3 +100,29 @@ def open_sink(output: Output, role: SinkRole, run_token: str,
         return ParquetDirSink(output.resolved, role, run_token)
     raise SinkError(f"unknown output kind {output.kind!r}; expected jsonl, parquet, stdout, "
                     "sqlite, postgresql or kafka")
+
+
+#: (endpoint, bucket) pairs whose conditional writes were probed in this process
+_PROBED: set[tuple[str | None, str]] = set()
+
+
+def _object_sink(output: Output, role: SinkRole, run_token: str) -> Sink:
+    """A jsonl or parquet output at ``s3://bucket/prefix`` (see
+    :mod:`sealstream.sinks.objects`); the server's create-if-absent is probed first."""
+    from sealstream._objects import open_objects
+    from sealstream.sinks.objects import JsonlObjectSink, ParquetObjectSink
+
+    assert output.path is not None
+    if output.kind == "parquet" and role != "results":
+        raise SinkError(f'a parquet output can only hold results, not {role}; use kind = "jsonl"')
+    try:
+        objects = open_objects(output.path, output.endpoint_url)
+        seen = (getattr(objects, "endpoint_url", None), getattr(objects, "bucket", ""))
+        if seen not in _PROBED:
+            objects.probe()
+            _PROBED.add(seen)
+    except ObjectStoreError as exc:
+        raise SinkError(f"cannot open the {role} output {output.path}: {exc}") from None
+    if output.kind == "jsonl":
+        return JsonlObjectSink(objects, role, run_token)
+    return ParquetObjectSink(objects, role, run_token)

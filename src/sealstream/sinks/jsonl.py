@@ -51,7 +51,7 @@ from sealstream.sinks._files import (
 )
 from sealstream.sources._parse import compound_key_text
 
-__all__ = ["JsonlDirSink", "json_lines_bytes", "read_json_ids", "result_ids"]
+__all__ = ["JsonlDirSink", "json_file_ids", "json_lines_bytes", "read_json_ids", "result_ids"]
 
 
 def json_lines_bytes(frame: pl.DataFrame) -> bytes:
@@ -98,10 +98,20 @@ def read_json_ids(paths: list[Path], role: SinkRole,
     return pl.concat(parts, how="vertical")
 
 
-def result_ids(data: bytes, where: Path, key_fields: tuple[str, ...] | None) -> pl.DataFrame:
+def result_ids(data: bytes, where: Path | str, key_fields: tuple[str, ...] | None) -> pl.DataFrame:
     """The identity columns of the result lines ``data`` (read from ``where``, which
     messages name), one row per line in order; see :func:`read_json_ids`."""
     return _parse_ids(data, where, "results", key_fields)
+
+
+def json_file_ids(data: bytes, where: Path | str, role: SinkRole,
+                  key_fields: tuple[str, ...] | None = None) -> pl.DataFrame:
+    """The identity columns of one JSON Lines file of ``role`` (``data``, read from
+    ``where``, which messages name); see :func:`read_json_ids`."""
+    schema = id_schema(role)
+    if not data.strip():
+        return pl.DataFrame(schema=schema)
+    return _parse_ids(data, where, role, key_fields)
 
 
 def _compound_ids(data: bytes, fields: tuple[str, ...]) -> pl.DataFrame:
@@ -119,7 +129,7 @@ def _compound_ids(data: bytes, fields: tuple[str, ...]) -> pl.DataFrame:
                        "window_start", "window_end")
 
 
-def _parse_ids(data: bytes, where: Path, role: SinkRole,
+def _parse_ids(data: bytes, where: Path | str, role: SinkRole,
                key_fields: tuple[str, ...] | None = None) -> pl.DataFrame:
     schema = id_schema(role)
     try:

@@ -141,7 +141,7 @@ def _typed_compound(df: pl.DataFrame,
 
 
 def _compound_ids(df: pl.DataFrame, meta: dict[str, str], fields: tuple[str, ...],
-                  where: Path) -> pl.DataFrame:
+                  where: Path | str) -> pl.DataFrame:
     """The identity frame of a file written with a compound key."""
     import json
 
@@ -165,7 +165,7 @@ def _compound_ids(df: pl.DataFrame, meta: dict[str, str], fields: tuple[str, ...
     return ids
 
 
-def _kint_from(meta: dict[str, str], height: int, where: Path) -> pl.Series:
+def _kint_from(meta: dict[str, str], height: int, where: Path | str) -> pl.Series:
     encoded = meta.get(KEY_IS_INT_METADATA)
     if encoded is None:
         return pl.Series("__kint", np.zeros(height, dtype=np.bool_))
@@ -238,29 +238,22 @@ class ParquetDirSink(StagedDirSink):
         if not frames:
             return []
         token = self.final_name(epoch)
-        if self.key_fields is not None:
-            try:
-                table, meta = _typed_compound(_concat(frames), self.key_fields)
-            except SinkError as exc:
-                self._failed[epoch] = str(exc)
-                self._frames.pop(epoch, None)
-                raise
-        else:
-            table, meta = _typed(_concat(frames))
         staging = self.path / self.staging_name(token)
         try:
-            # serialise in memory first so that I/O errors are plain OSErrors
-            buf = io.BytesIO()
-            table.write_parquet(buf, metadata=meta or None)
+            data = encode_results(frames, self.key_fields, staging)
+        except SinkError as exc:
+            self._failed[epoch] = str(exc)
+            self._frames.pop(epoch, None)
+            raise
+        try:
             with open(staging, "wb") as f:
-                f.write(buf.getbuffer())
+                f.write(data)
                 fsync_file(f)
             fsync_dir(self.path)
-        except (OSError, pl.exceptions.PolarsError) as exc:
+        except OSError as exc:
             with contextlib.suppress(OSError):
                 os.unlink(staging)
-            reason = os_reason(exc) if isinstance(exc, OSError) else _first_line(exc)
-            err = SinkError(f"cannot write {self.role} to {staging}: {reason}")
+            err = SinkError(f"cannot write {self.role} to {staging}: {os_reason(exc)}")
             self._failed[epoch] = str(err)
             self._frames.pop(epoch, None)
             raise err from None
@@ -276,45 +269,10 @@ class ParquetDirSink(StagedDirSink):
             parts.append(self.file_ids(path, read_own_file(path, "results")))
         return pl.concat(parts, how="vertical")
 
-    def file_ids(self, path: Path, data: bytes) -> pl.DataFrame:
+    def file_ids(self, path: Path | str, data: bytes) -> pl.DataFrame:
         """The identity columns of one Parquet file of results (``data``, read from
         ``path``, which messages name); see :meth:`read_ids`."""
-        schema = id_schema("results")
-        key_columns = list(self.key_fields) if self.key_fields is not None else ["key"]
-        try:
-            df = pl.read_parquet(data, columns=[*key_columns, "window_start", "window_end"])
-            meta = pl.read_parquet_metadata(io.BytesIO(data))
-        except pl.exceptions.PolarsError:
-            other = _other_key(data, key_columns)
-            if other is not None:
-                raise SinkError(
-                    f"cannot read results from {path}: it holds the results of another "
-                    f"key (its columns are {other}), this pipeline's key is written as "
-                    f"{', '.join(key_columns)}; move the file out of the directory or "
-                    "give this pipeline its own sink.path") from None
-            # never quote what the reader met: the file may hold anything
-            raise SinkError(
-                f"cannot read results from {path}: it is not a Parquet file of results "
-                "as sealstream writes them; move the file out of the directory"
-            ) from None
-        if self.key_fields is not None:
-            df = _compound_ids(df, meta, self.key_fields, path)
-        key = df.get_column("key")
-        if self.key_fields is not None:
-            kint = df.get_column(_KINT)
-        elif key.dtype.is_integer():
-            kint = pl.Series("__kint", np.ones(df.height, dtype=np.bool_))
-        else:
-            kint = _kint_from(meta, df.height, path)
-        try:
-            return df.with_columns(kint).select(
-                pl.col(name).cast(dtype, strict=True) for name, dtype in schema.items()
-            )
-        except pl.exceptions.PolarsError:
-            raise SinkError(
-                f"cannot read results from {path}: its key, window_start or window_end "
-                "column has a type sealstream does not write"
-            ) from None
+        return results_file_ids(path, data, self.key_fields)
 
     def _discard_pending(self) -> None:
         self._frames.clear()
@@ -327,6 +285,64 @@ class ParquetDirSink(StagedDirSink):
     def close(self) -> None:
         """Drop rows not yet prepared (no checkpoint can refer to them)."""
         self._frames.clear()
+
+
+def encode_results(frames: list[pl.DataFrame], key_fields: tuple[str, ...] | None,
+                   where: Path | str) -> bytes:
+    """One Parquet file of the results ``frames`` (typed columns, see the module
+    docstring); :class:`SinkError` naming ``where`` when they cannot be written."""
+    if key_fields is not None:
+        table, meta = _typed_compound(_concat(frames), key_fields)
+    else:
+        table, meta = _typed(_concat(frames))
+    buf = io.BytesIO()
+    try:
+        table.write_parquet(buf, metadata=meta or None)
+    except pl.exceptions.PolarsError as exc:
+        raise SinkError(f"cannot write results to {where}: {_first_line(exc)}") from None
+    return buf.getvalue()
+
+
+def results_file_ids(path: Path | str, data: bytes,
+                     key_fields: tuple[str, ...] | None) -> pl.DataFrame:
+    """The identity columns of one Parquet file of results (``data``, read from
+    ``path``, which messages name), a compound key's ``key_fields`` given."""
+    schema = id_schema("results")
+    key_columns = list(key_fields) if key_fields is not None else ["key"]
+    try:
+        df = pl.read_parquet(data, columns=[*key_columns, "window_start", "window_end"])
+        meta = pl.read_parquet_metadata(io.BytesIO(data))
+    except pl.exceptions.PolarsError:
+        other = _other_key(data, key_columns)
+        if other is not None:
+            raise SinkError(
+                f"cannot read results from {path}: it holds the results of another "
+                f"key (its columns are {other}), this pipeline's key is written as "
+                f"{', '.join(key_columns)}; move the file out of the directory or "
+                "give this pipeline its own sink.path") from None
+        # never quote what the reader met: the file may hold anything
+        raise SinkError(
+            f"cannot read results from {path}: it is not a Parquet file of results "
+            "as sealstream writes them; move the file out of the directory"
+        ) from None
+    if key_fields is not None:
+        df = _compound_ids(df, meta, key_fields, path)
+    key = df.get_column("key")
+    if key_fields is not None:
+        kint = df.get_column(_KINT)
+    elif key.dtype.is_integer():
+        kint = pl.Series("__kint", np.ones(df.height, dtype=np.bool_))
+    else:
+        kint = _kint_from(meta, df.height, path)
+    try:
+        return df.with_columns(kint).select(
+            pl.col(name).cast(dtype, strict=True) for name, dtype in schema.items()
+        )
+    except pl.exceptions.PolarsError:
+        raise SinkError(
+            f"cannot read results from {path}: its key, window_start or window_end "
+            "column has a type sealstream does not write"
+        ) from None
 
 
 def _other_key(data: bytes, key_columns: list[str]) -> str | None:

@@ -159,6 +159,37 @@ class SinkContract:
     def frame(self, rows: Sequence[Row]) -> pl.DataFrame:
         return results_frame(rows) if self.role == "results" else records_frame(rows)
 
+    # Where the sink's files are: a directory ``path`` by default. A sink that writes
+    # elsewhere (object storage) maps ``path`` to its place and overrides these.
+    def names(self, path: Path) -> list[str]:
+        """The names directly under ``path`` ([] when it does not exist)."""
+        return sorted(os.listdir(path)) if path.exists() else []
+
+    def read_name(self, path: Path, name: str) -> bytes:
+        return (path / name).read_bytes()
+
+    def remove_name(self, path: Path, name: str) -> None:
+        os.unlink(path / name)
+
+    def put_name(self, path: Path, name: str, data: bytes) -> None:
+        """A user's own file ``name`` under ``path`` (a trailing ``/``: a directory)."""
+        if name.endswith("/"):
+            (path / name).mkdir()
+        else:
+            (path / name).write_bytes(data)
+
+    def has_name(self, path: Path, name: str) -> bool:
+        return os.path.lexists(path / name.rstrip("/"))
+
+    def is_place(self, path: Path) -> bool:
+        """``path`` exists as a place to write (a directory)."""
+        return path.is_dir()
+
+    def visible_files(self, path: Path) -> list[str]:
+        """The names a reader globbing ``visible_glob`` in ``path`` sees, sorted."""
+        return sorted(os.path.basename(n) for n in
+                      glob.glob(os.path.join(glob.escape(str(path)), self.visible_glob)))
+
     def visible_rows(self, path: Path) -> list[dict[str, Any]]:
         """Rows that a reader globbing ``visible_glob`` in ``path`` sees.
 
@@ -166,12 +197,12 @@ class SinkContract:
         override for other formats.
         """
         rows: list[dict[str, Any]] = []
-        for name in sorted(glob.glob(os.path.join(glob.escape(str(path)), self.visible_glob))):
+        for name in self.visible_files(path):
+            data = self.read_name(path, name)
             if name.endswith(".parquet"):
-                rows.extend(pl.read_parquet(name).to_dicts())
+                rows.extend(pl.read_parquet(data).to_dicts())
             else:
-                with open(name, encoding="utf-8") as f:
-                    text = f.read()
+                text = data.decode("utf-8")
                 assert text == "" or text.endswith("\n"), f"{name} does not end with a newline"
                 rows.extend(json.loads(line) for line in text.splitlines())
         return rows
@@ -188,9 +219,8 @@ class SinkContract:
             id_schema(self.role)  # type: ignore[arg-type]
         )
 
-    @staticmethod
-    def staging_files(path: Path) -> list[str]:
-        return sorted(n for n in os.listdir(path) if n.startswith((".part", "_part")))
+    def staging_files(self, path: Path) -> list[str]:
+        return sorted(n for n in self.names(path) if n.startswith((".part", "_part")))
 
     @staticmethod
     def _sorted(df: pl.DataFrame) -> pl.DataFrame:
@@ -265,12 +295,12 @@ class SinkContract:
         sink.write(2, self.frame(rows))
         tokens = sink.prepare(2)
         sink.commit(2, tokens)
-        before = {n: (out / n).read_bytes() for n in os.listdir(out)}
+        before = {n: self.read_name(out, n) for n in self.names(out)}
         listed = sink.committed()
         sink.commit(2, tokens)
         again = self.make_sink(out, "run2")  # a later run re-committing after recovery
         again.commit(2, tokens)
-        assert {n: (out / n).read_bytes() for n in os.listdir(out)} == before
+        assert {n: self.read_name(out, n) for n in self.names(out)} == before
         assert sink.committed() == listed
         self.assert_visible(out, rows)
 
@@ -280,7 +310,7 @@ class SinkContract:
         sink.write(2, self.frame(sample_rows(self.role, 2)))
         tokens = sink.prepare(2)
         for name in self.staging_files(out):
-            os.unlink(out / name)
+            self.remove_name(out, name)
         with pytest.raises(SinkError):
             sink.commit(2, tokens)
 
@@ -330,13 +360,13 @@ class SinkContract:
     def test_empty_epoch_creates_no_file(self, tmp_path: Path) -> None:
         out = tmp_path / "out"
         sink = self.make_sink(out, "run1")
-        before = sorted(os.listdir(out)) if out.exists() else []
+        before = self.names(out)
         assert sink.prepare(7) == []
         sink.write(8, self.frame([]))
         assert sink.prepare(8) == []
         sink.commit(7, [])
         sink.commit(8, [])
-        assert (sorted(os.listdir(out)) if out.exists() else []) == before
+        assert self.names(out) == before
         assert sink.committed() == []
         assert self.visible_rows(out) == []
 
@@ -423,8 +453,8 @@ class SinkContract:
             ".part-1.inprogress",
         ]
         for name in foreign:
-            (out / name).write_text("not sealstream output\n")
-        (out / "subdir").mkdir()
+            self.put_name(out, name, b"not sealstream output\n")
+        self.put_name(out, "subdir/", b"")
         rows = sample_rows(self.role, 5)
         sink.write(5, self.frame(rows))
         tokens = sink.prepare(5)
@@ -432,12 +462,12 @@ class SinkContract:
         assert [(c.epoch, c.token) for c in sink.committed()] == [(5, t) for t in tokens]
         self.make_sink(out, "run2").recover({})
         for name in foreign:
-            assert (out / name).read_text() == "not sealstream output\n"
-        assert (out / "subdir").is_dir()
+            assert self.read_name(out, name) == b"not sealstream output\n"
+        assert self.has_name(out, "subdir/")
         assert sink.read_ids(sink.committed()).height == len(rows)
 
     def test_creates_missing_directory_with_parents(self, tmp_path: Path) -> None:
         out = tmp_path / "a" / "b" / "out"
         sink = self.make_sink(out, "run1")
-        assert out.is_dir()
+        assert self.is_place(out)
         assert sink.committed() == []

@@ -74,6 +74,7 @@ from sealstream.distributed._sinks import (
 )
 from sealstream.distributed._steps import StepBatch, StepPlanner
 from sealstream.distributed._worker import from_ipc
+from sealstream.distributed.live import LivePlanner, live_on_workers
 from sealstream.errors import CheckpointError
 from sealstream.pipeline import Pipeline
 from sealstream.sources._base import KEY, KEY_IS_INT, OFFSET, PARTITION
@@ -157,6 +158,18 @@ class DistributedJob(Job):
         through the live runtime's recorded steps (its order and plans are the
         single-process ones); only the window state is sharded."""
         actors = self._workers()
+        if self.live and live_on_workers(self.p):  # brokers: each partition's worker reads it
+            from functools import partial
+
+            from sealstream._runtime.live import open_live
+
+            merger = open_live(self, positions, partial(
+                LivePlanner, actors=actors, pipeline=self.p,
+                unseen=lambda: self.unseen_fields))
+            self.merger = merger  # type: ignore[assignment]
+            self.names = merger.names  # grows as partitions appear
+            self.rejected += merger.rejected_plans
+            return
         if self.live:
             super()._start_sources(positions)
             return

@@ -9,8 +9,10 @@ the data plane runs on the workers (:mod:`._steps`, :mod:`._plane`): partition
 ``i`` is read and parsed by worker ``i mod N``, which sends each key's worker its
 rows and its partition's watermark breakpoints through Ray's object store; each
 key's worker (see :mod:`._shard`) gives every row its exact single-process
-watermark and runs the window operator. Live sources are still read here
-(their recorded steps), their events sent to the key's worker. Hence the output
+watermark and runs the window operator. A live source's steps are planned,
+recorded and replayed here; Kafka partitions and NATS subjects are read by their
+workers (:mod:`.live`), followed files still here, their events sent to the key's
+worker. Hence the output
 with N workers is the single-process output, and every guarantee of the
 checkpoint protocol (the guard, fallback, refusal, exactly-once sinks) is the
 single-process one.

@@ -200,3 +200,97 @@ def test_nats_with_two_workers_equals_one_process(
             assert job.counters.late_events > 0
         outs.append(d)
     assert_same_output(outs[1], outs[0])
+
+
+def test_nats_killed_while_fed_equals_one_process_replaying_the_recorded_plan(
+        ray_cluster: Any, nats_server: Any, tmp_path: Path) -> None:
+    """``stop = "never"`` with 2 workers while a producer publishes (late messages,
+    bad ones, a subject that starts mid-run): SIGKILLed after random checkpoints, each
+    time resumed (2 or 3 workers, drawn); then a ``stop = "end"`` run with workers.
+    Here the steps' ranges decide which events are late, so the output is compared
+    with ONE process replaying the recorded plan into a fresh store: equal, line for
+    line."""
+    from _live_story import Log, committed, copy_plans, env, run_quiet
+    from test_nats_live_crash import Producer, spec_text
+
+    rng = random.Random(23)
+    jet = Jet(nats_server.url, f"S{uuid.uuid4().hex[:10]}")
+    jet.create(["a", "b", "c"])
+    d = tmp_path / "job"
+    d.mkdir()
+    (d / "never.toml").write_text(spec_text(jet, "never"), encoding="utf-8")
+    (d / "end.toml").write_text(spec_text(jet, "end"), encoding="utf-8")
+    producer = Producer(jet)
+    producer.start()
+
+    def credit() -> None:
+        for _ in range(rng.randint(1, 3)):
+            producer.credits.release()
+
+    def start(spec: str) -> subprocess.Popen[str]:
+        workers = str(rng.choice([2, 3]))
+        return subprocess.Popen(
+            [sys.executable, "-m", "sealstream", "run", spec, "--json", "--workers",
+             workers, "--ray", ray_cluster.address], cwd=d, env=env(),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    kills = 0
+    while producer.is_alive():
+        proc = start("never.toml")
+        try:
+            Log(proc).checkpoints(rng.randint(1, 4), credit,
+                                  give_up=lambda: not producer.is_alive())
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        kills += 1
+    producer.join()
+    assert producer.error is None, producer.error
+    proc = start("end.toml")
+    log = Log(proc)
+    rest = log.rest()
+    assert proc.returncode == 0, rest
+    got = committed(d)
+
+    ref = tmp_path / "ref"  # one process, the recorded plan, a fresh store
+    copy_plans(d, ref)
+    (ref / "end.toml").write_text(spec_text(jet, "end"), encoding="utf-8")
+    run_quiet(ref, "end.toml", timeout=300)
+    assert kills >= 2
+    assert got == committed(ref)
+    assert got["out"] and got["late"] and got["errors"]
+
+
+def test_a_broker_lost_mid_run_fails_the_run_with_one_line(
+        ray_cluster: Any, own_kafka: Any, tmp_path: Path) -> None:
+    """The broker goes away while 2 workers read a ``stop = "never"`` topic: their
+    clients (the coordinator's metadata lookups, the workers' consumers) retry for
+    ``fail_after_ms`` (warning lines), then the run stops with exit 1 and one error
+    line naming the broker, as one process does (no Ray traceback)."""
+    d = tmp_path / "run"
+    names = make_input(d, events=200)
+    topic = produce_input(own_kafka.bootstrap, d, names)
+    spec = write_spec(d, names, **SPEC)
+    kafka_source_spec(spec, own_kafka.bootstrap, topic)
+    spec.write_text(spec.read_text().replace(
+        'stop = "end"', 'stop = "never"\nfail_after_ms = 3000'))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sealstream", "run", str(spec), "--quiet", "--workers", "2",
+         "--ray", ray_cluster.address],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        deadline = time.monotonic() + 300
+        while not list((d / "ckpt").glob("cp-*/MANIFEST.json")):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
+            time.sleep(0.05)  # polling for the event (a published manifest), not a timer
+        own_kafka.broker.kill()
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert all(ln.startswith("sealstream: ") for ln in lines), err  # no traceback
+    errors = [ln for ln in lines if ln.startswith("sealstream: error:")]
+    assert len(errors) == 1 and own_kafka.bootstrap in errors[0], err

@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     w = Workload(events=args.events, keys=args.keys, partitions=STANDARD["partitions"],
                  disorder_ms=800, max_delay_ms=1000, size_ms=60_000,
                  checkpoint_every_ms=1000, seed=42)
-    files = prepare_data(w, ROOT / "bench" / "data")
+    files = [] if args.only_kafka else prepare_data(w, ROOT / "bench" / "data")
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
 

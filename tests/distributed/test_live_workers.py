@@ -167,7 +167,7 @@ def test_no_event_row_passes_through_the_coordinator(
         job.run()
         assert job.counters.events == 18_000
         steps = list(job.merger.step_bytes)
-        outputs = list(job.merger.outputs.output_bytes)
+        outputs = list(job.merger.output_bytes)
         assert len(steps) >= 3
         assert not any(outputs[:-1])
         per_step[batch] = steps[:-1]  # the last step fires every window: results

@@ -127,6 +127,12 @@ class LivePlanner(LiveMerger):
         """Bytes the coordinator received per step (reports, summaries, outputs)."""
         return self.outputs.step_bytes
 
+    @property
+    def output_bytes(self) -> list[int]:
+        """Of which output rows (fired windows, late events and their text, bad
+        records): a live source's outputs are staged by the coordinator."""
+        return self.outputs.output_bytes
+
     # ------------------------------------------------------------ partitions
     def _open(self, name: str, pos: SourcePosition | None, now: float,
               from_start: bool = False, file: tuple[int, int] | None = None) -> None:

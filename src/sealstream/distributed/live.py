@@ -30,7 +30,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import polars as pl
 
 from sealstream._runtime.live import LiveMerger, _Cursor, _Took
@@ -41,7 +40,7 @@ from sealstream.distributed._shard import gather
 from sealstream.distributed._steps import StepBatch, StepPlanner, _bytes
 from sealstream.distributed._worker import from_ipc
 from sealstream.pipeline import Pipeline
-from sealstream.sources._base import BAD_SCHEMA, RAW, Chunk, PartitionPosition
+from sealstream.sources._base import BAD_SCHEMA, Chunk, PartitionPosition
 from sealstream.sources._live import empty_chunk
 from sealstream.watermark import POS_INF
 
@@ -82,29 +81,16 @@ class _Remote:
 
 class _Outputs(StepPlanner):
     """The data plane's output side for live steps: what :class:`DistributedJob`
-    gathers from a :class:`StepBatch` (the key workers' outputs, late events' raw
-    text from the partitions' owners), with the bytes the coordinator received."""
+    gathers from a :class:`StepBatch` (the key workers' outputs; late events' raw
+    text from the partitions' owners, :meth:`StepPlanner.raw_texts`), with the bytes
+    the coordinator received. ``owner``: partition index -> its worker (grows with
+    the partitions); ``step``: one more than the step being applied."""
 
-    def __init__(self, owner: Any) -> None:  # noqa: D107 (no bounded planning here)
-        self.owner_of = owner
+    def __init__(self) -> None:  # noqa: D107 (no bounded planning here)
+        self.owner: list[Any] = []
         self.step = 0
         self.step_bytes: list[int] = []
         self.output_bytes: list[int] = []
-
-    def raw_texts(self, partitions: npt.NDArray[np.int32],
-                  offsets: npt.NDArray[np.int64]) -> pl.Series:
-        if not len(offsets):
-            return pl.Series(RAW, [], dtype=pl.String)
-        qs = sorted({int(q) for q in np.unique(partitions)})
-        sel = {q: np.flatnonzero(partitions == q) for q in qs}
-        got = gather([self.owner_of(q).raw_texts.remote(q, self.step, offsets[sel[q]].tolist())
-                      for q in qs], "raw text")
-        if self.step_bytes:
-            self.step_bytes[-1] += _bytes(got)
-            self.output_bytes[-1] += _bytes(got)
-        idx = np.concatenate([sel[q] for q in qs])
-        texts = pl.concat([from_ipc(g).to_series() for g in got], how="vertical").rename(RAW)
-        return texts.gather(pl.Series(np.argsort(idx, kind="stable"), dtype=pl.Int64))
 
 
 class LivePlanner(LiveMerger):
@@ -116,7 +102,7 @@ class LivePlanner(LiveMerger):
         self.actors = actors
         self.p = pipeline
         self._unseen = unseen  # the fields no event carried yet (the job's, live)
-        self.outputs = _Outputs(self._owner)
+        self.outputs = _Outputs()
         super().__init__(*args, **kwargs)
 
     def _owner(self, q: int) -> Any:
@@ -143,6 +129,7 @@ class LivePlanner(LiveMerger):
             "open partitions")[0])
         start = PartitionPosition(offset=at)
         self.names.append(name)
+        self.outputs.owner.append(owner)
         self.cursors.append(_Cursor(_Remote(owner, q, name), at, start, after=start,
                                     last_delivery=now, listed=pos is not None))
         self.wm.grow(len(self.names))
@@ -246,6 +233,7 @@ class LivePlanner(LiveMerger):
         idle = set(plan.idle)
         if self.idle_ms is not None or idle or any(self.wm.idle):
             self.wm.idle = [n in idle for n in self.names]
+        step = self.outputs.step  # numbers the owners' raw text of the step
         self.outputs.step += 1
         unseen = list(self._unseen())
         refs = []
@@ -253,7 +241,7 @@ class LivePlanner(LiveMerger):
             frm, to = plan.ranges.get(name, (c.next, c.next))
             refs.append(self._owner(q).live_read.remote(
                 q, name, frm, to, self.batch_size, self.poll_ms, len(self.actors), unseen,
-                self.outputs.step, plan.end))
+                step, plan.end))
             c.next = to
             c.resume = c.after = PartitionPosition(offset=to)
         got = gather(refs, "read")

@@ -66,7 +66,8 @@ def _same(a: dict[tuple[Any, ...], dict[str, Any]],
     return True
 
 
-def _run(files: list[Path], every: int, workers: int | None, label: str) -> dict[str, Any]:
+def _run(files: list[Path], every: int, workers: int | None, label: str,
+         source: str | None = None) -> dict[str, Any]:
     from sealstream import Job, load_spec
     from sealstream.distributed import DistributedJob
     from sealstream.distributed._shard import drain_pool
@@ -76,8 +77,8 @@ def _run(files: list[Path], every: int, workers: int | None, label: str) -> dict
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
     spec = d / "spec.toml"
-    spec.write_text(spec_text("scaleout_bench", files_source(files), batch_size=100000,
-                              every_events=every))
+    spec.write_text(spec_text("scaleout_bench", source or files_source(files),
+                              batch_size=100000, every_events=every))
     pipeline = load_spec(spec)
     start_s = 0.0
     warm: list[Any] = []
@@ -122,51 +123,43 @@ def _run(files: list[Path], every: int, workers: int | None, label: str) -> dict
             "ck_bytes": ck["mean_bytes"], "worker_rss_mb": rss, "output": _output(d)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    from bench.harness import STANDARD, Workload, prepare_data
+def _kafka_runs(w: Any, events: int, every: int) -> tuple[list[dict[str, Any]], str]:
+    """The Kafka case: the workload's partitions produced into a 3-partition topic of
+    a local broker (``SEALSTREAM_TEST_KAFKA`` names another one), read to its end
+    (``stop = "end"``) by one process and by 2 workers (each reading its partitions
+    through its own consumer)."""
+    import uuid
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--events", type=int, default=STANDARD["events"])
-    ap.add_argument("--keys", type=int, default=STANDARD["keys"])
-    ap.add_argument("--every", type=int, default=500_000, help="checkpoint every N events")
-    args = ap.parse_args(argv)
-    w = Workload(events=args.events, keys=args.keys, partitions=STANDARD["partitions"],
-                 disorder_ms=800, max_delay_ms=1000, size_ms=60_000,
-                 checkpoint_every_ms=1000, seed=42)
-    files = prepare_data(w, ROOT / "bench" / "data")
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    import ray
+    from bench.harness import prepare_data
+    from sealstream.testing.brokers import KafkaBroker, external_kafka, produce_files
 
-    load_before = os.getloadavg()[0]
-    t0 = time.perf_counter()
-    # address="local": a Ray of its own, even beside another one on the machine
-    ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False,
-             _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False)
-    ray_start = time.perf_counter() - t0
+    files = prepare_data(w, ROOT / "bench" / "data", events=events)
+    broker = None
+    bootstrap = external_kafka()
+    if bootstrap is None:
+        broker = KafkaBroker()
+        broker.start()
+        bootstrap = broker.bootstrap
     try:
-        runs = [_run(files, args.every, None, "single")]
-        for n in (1, 2, 3):
-            runs.append(_run(files, args.every, n, f"workers-{n}"))
+        topic = f"scaleout-{uuid.uuid4().hex[:8]}"
+        t0 = time.perf_counter()
+        n = produce_files(bootstrap, topic, files)
+        produced = time.perf_counter() - t0
+        source = (f'kind = "kafka"\nbootstrap = "{bootstrap}"\ntopic = "{topic}"\n'
+                  'stop = "end"')
+        runs = [_run(files, every, None, "kafka-single", source),
+                _run(files, every, 2, "kafka-workers-2", source)]
     finally:
-        ray.shutdown()
+        if broker is not None:
+            broker.close()
+    note = (f"{n:,} events produced into a {len(files)}-partition topic of a local "
+            f"noida-db broker in {produced:.1f} s, read to its end")
+    return runs, note
+
+
+def _table(runs: list[dict[str, Any]]) -> list[str]:
     base = runs[0]
     lines = [
-        "# sealstream scale-out on Ray",
-        "",
-        f"Workload: {args.events:,} events, {args.keys:,} keys, {STANDARD['partitions']} "
-        f"JSONL partitions, tumbling 60 s, count + sum, checkpoint every {args.every:,} "
-        f"events, on this machine ({os.cpu_count()} cores). One driver process; a local "
-        f"Ray started once in {ray_start:.1f} s and the workers started before each "
-        "run (both apart); wall time of the job from one run. Outputs compared with "
-        "the single process (floats within 1e-9 relative). Load average (1 min) "
-        f"{load_before:.1f} before and {os.getloadavg()[0]:.1f} after the runs (the "
-        "machine is shared). Coordinator CPU: this process's CPU time during the "
-        "job (Ray's threads in it included); its share is of the coordinator's plus "
-        "the workers' CPU time. Bytes: what the coordinator received per event; in "
-        "brackets the control part alone (summaries, references), the rest being "
-        "output: the identities of the results the workers staged themselves (for "
-        "the receipts), late events and bad records.",
-        "",
         "| config | worker start s | engine s | wall s | events/s | vs single (engine) | "
         "coordinator CPU s / M events | coordinator share of CPU | coordinator bytes / "
         "event (control only) | steps | checkpoints | mean ckpt ms (blocking) | "
@@ -188,11 +181,98 @@ def main(argv: list[str] | None = None) -> int:
             f"{share} | {'-' if bpe is None else f'{bpe:.4f} ({ctl:.5f})'} | "
             f"{r['steps'] or '-'} | "
             f"{r['ckpts']} | {r['ck_ms']:.0f} ({r['ck_blocking_ms']:.0f}) | {rss} | {same} |")
-    text = "\n".join(lines) + "\n"
+    return lines
+
+
+KAFKA_HEADING = "## Kafka source"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench.harness import STANDARD, Workload, prepare_data
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=STANDARD["events"])
+    ap.add_argument("--keys", type=int, default=STANDARD["keys"])
+    ap.add_argument("--every", type=int, default=500_000, help="checkpoint every N events")
+    ap.add_argument("--kafka-events", type=int, default=600_000,
+                    help="events of the Kafka case (0: no Kafka case)")
+    ap.add_argument("--only-kafka", action="store_true",
+                    help="run the Kafka case alone (its section of the results replaced)")
+    args = ap.parse_args(argv)
+    w = Workload(events=args.events, keys=args.keys, partitions=STANDARD["partitions"],
+                 disorder_ms=800, max_delay_ms=1000, size_ms=60_000,
+                 checkpoint_every_ms=1000, seed=42)
+    files = [] if args.only_kafka else prepare_data(w, ROOT / "bench" / "data")
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    import ray
+
+    load_before = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    # address="local": a Ray of its own, even beside another one on the machine
+    ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False,
+             _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False)
+    ray_start = time.perf_counter() - t0
+    try:
+        runs: list[dict[str, Any]] = []
+        if not args.only_kafka:
+            runs = [_run(files, args.every, None, "single")]
+            for n in (1, 2, 3):
+                runs.append(_run(files, args.every, n, f"workers-{n}"))
+        kafka: list[dict[str, Any]] = []
+        if args.kafka_events > 0:
+            kafka, note = _kafka_runs(w, args.kafka_events, args.every)
+    finally:
+        ray.shutdown()
+    load_after = os.getloadavg()[0]
+    section: list[str] = []
+    if kafka:
+        section = [
+            KAFKA_HEADING,
+            "",
+            f"The same job reading a Kafka topic: {note} (`stop = \"end\"`) by one "
+            "process and by 2 workers, each reading its partitions through its own "
+            "consumer (assigned), the coordinator planning and recording the steps "
+            "from three numbers per partition. Output compared with the single "
+            f"process. Load average (1 min) {load_before:.1f} before and "
+            f"{load_after:.1f} after.",
+            "",
+            *_table(kafka),
+            "",
+        ]
+    out = RESULTS / "scaleout.md"
+    if args.only_kafka:
+        old = out.read_text() if out.is_file() else "# sealstream scale-out on Ray\n"
+        head = old.split(KAFKA_HEADING)[0].rstrip("\n") + "\n\n"
+        text = head + "\n".join(section)
+    else:
+        lines = [
+            "# sealstream scale-out on Ray",
+            "",
+            f"Workload: {args.events:,} events, {args.keys:,} keys, "
+            f"{STANDARD['partitions']} JSONL partitions, tumbling 60 s, count + sum, "
+            f"checkpoint every {args.every:,} events, on this machine ({os.cpu_count()} "
+            f"cores). One driver process; a local Ray started once in {ray_start:.1f} s "
+            "and the workers started before each run (both apart); wall time of the job "
+            "from one run. Outputs compared with the single process (floats within 1e-9 "
+            f"relative). Load average (1 min) {load_before:.1f} before and "
+            f"{load_after:.1f} after the runs (the machine is shared). Coordinator CPU: "
+            "this process's CPU time during the job (Ray's threads in it included); its "
+            "share is of the coordinator's plus the workers' CPU time. Bytes: what the "
+            "coordinator received per event; in brackets the control part alone "
+            "(summaries, references), the rest being output: the identities of the "
+            "results the workers staged themselves (for the receipts), late events and "
+            "bad records.",
+            "",
+            *_table(runs),
+            "",
+            *section,
+        ]
+        text = "\n".join(lines)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "scaleout.md").write_text(text)
+    out.write_text(text)
     print(text)
-    return 0 if all(_same(r["output"], base["output"]) for r in runs) else 1
+    return 0 if all(_same(r["output"], g[0]["output"]) for g in (runs, kafka) if g
+                    for r in g) else 1
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ there and a recovery never asks the start mode again.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -698,9 +699,11 @@ class LiveMerger:
         self.source.close()
 
 
-def open_live(job: Any, positions: list[SourcePosition]) -> LiveMerger:
+def open_live(job: Any, positions: list[SourcePosition],
+              merger: Callable[..., LiveMerger] = LiveMerger) -> LiveMerger:
     """The live merger of ``job`` (a :class:`~sealstream._runtime.engine.Job`) from
-    ``positions`` (one per name in ``job.names``)."""
+    ``positions`` (one per name in ``job.names``); ``merger``: its class (a run with
+    workers plans here and reads on the workers: ``distributed.live``)."""
     from sealstream.sources.files.follow import FollowedFiles
 
     p = job.p
@@ -712,7 +715,7 @@ def open_live(job: Any, positions: list[SourcePosition]) -> LiveMerger:
     source: LiveSource = (spec.open_live(job.plan) if spec.kind in ("kafka", "nats")
                           else FollowedFiles(spec.kind, spec, job.plan, known={
                               n: sp.resume for n, sp in zip(job.names, positions, strict=True)}))
-    return LiveMerger(
+    return merger(
         source, job.plan, list(job.names), positions, p.batch_size,
         store=job.store, key=job.key, wm=job.wm,
         max_delay_ms=p.watermark.max_delay_ms, idle_ms=p.watermark.idle_ms,

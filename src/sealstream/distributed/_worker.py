@@ -32,6 +32,7 @@ from sealstream._runtime.engine import _transform_stage
 from sealstream._runtime.merge import SourcePosition
 from sealstream.checkpoint.manifest import part_name
 from sealstream.checkpoint.stores import CheckpointStore
+from sealstream.distributed._live_read import LiveReader, Report, publish
 from sealstream.distributed._plane import (
     Breaks,
     SlabReader,
@@ -80,6 +81,8 @@ class ShardWorker:
         self.spans: dict[tuple[int, int], list[Any]] = {}
         #: this worker's own results sink (a part file per epoch), see :mod:`._sinks`
         self.results: WorkerResults | None = None
+        #: the live partitions this worker reads itself (see :mod:`._live_read`)
+        self.live: LiveReader | None = None
 
     # ------------------------------------------------------------- results sink
     def open_results(self, pipeline: Pipeline, run_token: str, sort: bool) -> None:
@@ -209,6 +212,43 @@ class ShardWorker:
         # nothing fired or late (most steps): nothing but None goes back
         return (to_ipc(fired) if fired.height else None,
                 to_ipc(out.late) if out.late.height else None, events.height)
+
+    # ------------------------------------------------------------- live sources
+    def live_open(self, pipeline: Pipeline, q: int, name: str, position: int | None,
+                  from_start: bool) -> int:
+        """Read live partition ``q`` (``name``) here from ``position``; where it starts."""
+        if self.live is None:  # (a job's end closes it: live_close)
+            self.live = LiveReader(pipeline)
+        return self.live.open(q, name, position, from_start)
+
+    def live_poll(self, q: int, max_records: int, timeout_ms: int) -> Report:
+        assert self.live is not None
+        return self.live.poll(q, max_records, timeout_ms)
+
+    def live_end(self, q: int) -> int | None:
+        assert self.live is not None
+        return self.live.end(q)
+
+    def live_seek(self, q: int, position: int) -> None:
+        assert self.live is not None
+        self.live.seek(q, position)
+
+    def live_read(self, q: int, name: str, frm: int, to: int, max_records: int,
+                  poll_ms: int, workers: int, unseen: list[str], step: int, end: bool
+                  ) -> tuple[dict[str, Any], Any, list[Any]]:
+        """Live partition ``q``'s records ``[frm, to)`` of a planned step, published
+        as a bounded slab is (:func:`._live_read.publish`)."""
+        assert self.live is not None
+        events, bad, spans = self.live.take(q, name, frm, to, max_records, poll_ms)
+        self.spans.pop((q, step - 2), None)
+        self.spans[(q, step)] = spans
+        return publish(self.live.p, q, events, bad, spans, workers, unseen, end,
+                       self._grid_op(self.live.p))
+
+    def live_close(self) -> None:
+        if self.live is not None:
+            live, self.live = self.live, None
+            live.close()
 
     # ---------------------------------------------------------------- windows
 

@@ -9,8 +9,10 @@ the data plane runs on the workers (:mod:`._steps`, :mod:`._plane`): partition
 ``i`` is read and parsed by worker ``i mod N``, which sends each key's worker its
 rows and its partition's watermark breakpoints through Ray's object store; each
 key's worker (see :mod:`._shard`) gives every row its exact single-process
-watermark and runs the window operator. Live sources are still read here
-(their recorded steps), their events sent to the key's worker. Hence the output
+watermark and runs the window operator. A live source's steps are planned,
+recorded and replayed here; Kafka partitions and NATS subjects are read by their
+workers (:mod:`.live`), followed files still here, their events sent to the key's
+worker. Hence the output
 with N workers is the single-process output, and every guarantee of the
 checkpoint protocol (the guard, fallback, refusal, exactly-once sinks) is the
 single-process one.
@@ -74,6 +76,7 @@ from sealstream.distributed._sinks import (
 )
 from sealstream.distributed._steps import StepBatch, StepPlanner
 from sealstream.distributed._worker import from_ipc
+from sealstream.distributed.live import LivePlanner, live_on_workers
 from sealstream.errors import CheckpointError
 from sealstream.pipeline import Pipeline
 from sealstream.sources._base import KEY, KEY_IS_INT, OFFSET, PARTITION
@@ -157,6 +160,18 @@ class DistributedJob(Job):
         through the live runtime's recorded steps (its order and plans are the
         single-process ones); only the window state is sharded."""
         actors = self._workers()
+        if self.live and live_on_workers(self.p):  # brokers: each partition's worker reads it
+            from functools import partial
+
+            from sealstream._runtime.live import open_live
+
+            merger = open_live(self, positions, partial(
+                LivePlanner, actors=actors, pipeline=self.p,
+                unseen=lambda: self.unseen_fields))
+            self.merger = merger  # type: ignore[assignment]
+            self.names = merger.names  # grows as partitions appear
+            self.rejected += merger.rejected_plans
+            return
         if self.live:
             super()._start_sources(positions)
             return

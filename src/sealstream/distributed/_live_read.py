@@ -1,0 +1,214 @@
+"""A worker's side of a live source on the data plane: its own partitions, read by
+its own client (a Kafka consumer per partition, assigned, never group-managed; a
+NATS connection), positioned where the coordinator's recorded plan says.
+
+The coordinator plans each step as a range ``[from, to)`` of positions per
+partition (:mod:`.live`) from a few numbers per partition the owners report
+(:meth:`LiveReader.poll`: the position after what they hold, the first and last
+record held); it records the plan, then each owner takes exactly that range
+(:meth:`LiveReader.read`, polling again when it holds less, as on a replay) and
+publishes the step's rows the way a bounded slab is published (breakpoints and one
+Arrow buffer per key worker in Ray's object store). Records polled beyond ``to``
+stay held for the next step, so a replay of the recorded plan reads exactly the
+same records.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from sealstream._runtime.engine import LIVE_SEQ_PARTITIONS, _transform_stage
+from sealstream._runtime.live import REPLAY_WAIT_S, _cut
+from sealstream.errors import SourceError, SourceExpiredError
+from sealstream.pipeline import Pipeline
+from sealstream.sources._base import BAD_SCHEMA, OFFSET, PARTITION, Chunk, RawSpan
+from sealstream.sources._live import LivePartition, LiveSource
+
+#: what the owner of a partition reports when polled: the position after the records
+#: it holds (its next position when it holds none), the first and the last record
+#: it holds (None: none)
+Report = tuple[int, int | None, int | None]
+
+
+@dataclass
+class _Held:
+    """One partition on its owner: the next position to hand out, the position after
+    everything polled, and what was polled at or after ``next`` but not handed out."""
+
+    part: LivePartition
+    next: int
+    after: int
+    pending: Chunk | None = None
+
+
+def _records(chunk: Chunk) -> tuple[int | None, int | None]:
+    """The first and the last record's position in ``chunk`` (None: it has none)."""
+    firsts = [int(frame.get_column(col)[0]) for frame, col in
+              ((chunk.events, OFFSET), (chunk.bad, "_offset")) if frame.height]
+    return (min(firsts) if firsts else None), chunk.last_offset
+
+
+def _below(chunk: Chunk, first: int) -> Chunk:
+    """``chunk`` without records before ``first`` (already handed out)."""
+    lo = _records(chunk)[0]
+    if lo is None or lo >= first:
+        return chunk
+    taken, rest = _cut(chunk, first)
+    if rest is None:
+        return Chunk(chunk.events.clear(), chunk.bad.clear(), None, chunk.position, False,
+                     chunk.raw)
+    return Chunk(rest.events, rest.bad, rest.last_offset, chunk.position, False, chunk.raw)
+
+
+class LiveReader:
+    """The live partitions a worker owns (partition index -> its held records)."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.p = pipeline
+        self.plan = pipeline.field_plan()
+        self.source: LiveSource | None = None
+        self.held: dict[int, _Held] = {}
+
+    def _source(self) -> LiveSource:
+        if self.source is None:
+            self.source = self.p.source.open_live(self.plan)  # type: ignore[union-attr]
+        assert self.source is not None
+        return self.source
+
+    def open(self, q: int, name: str, position: int | None, from_start: bool) -> int:
+        """Partition ``q`` (``name``) from ``position`` (None: its beginning when
+        ``from_start``, else the start mode). Returns the position it starts at."""
+        self.drop(q)
+        part = self._source().open(name, position, from_start)
+        earliest = part.earliest()
+        if position is not None and earliest is not None and position < earliest:
+            part.close()
+            raise SourceExpiredError(
+                f"partition {name!r}: the saved position {position} is below the earliest "
+                f"position still retained ({earliest}): records {position}..{earliest - 1} "
+                "were deleted before they were read; nothing was skipped")
+        at = part.tell() if position is None else position
+        self.held[q] = _Held(part, at, at)
+        return at
+
+    def drop(self, q: int) -> None:
+        old = self.held.pop(q, None)
+        if old is not None:
+            old.part.close()
+
+    def seek(self, q: int, position: int) -> None:
+        h = self.held[q]
+        h.part.seek(position)
+        h.next = h.after = position
+        h.pending = None
+
+    def end(self, q: int) -> int | None:
+        return self.held[q].part.end()
+
+    def poll(self, q: int, max_records: int, timeout_ms: int) -> Report:
+        """Poll partition ``q`` once unless it holds records already; report."""
+        h = self.held[q]
+        if h.pending is None:
+            got = h.part.poll(max(1, max_records), timeout_ms)
+            if got is not None and not (got.position.offset == h.next
+                                        and got.last_offset is None):
+                chunk = _below(got, h.next)
+                h.after = got.position.offset
+                if chunk.last_offset is not None or chunk.position.offset > h.next:
+                    h.pending = chunk
+        if h.pending is None:
+            return h.next, None, None
+        first, last = _records(h.pending)
+        return h.pending.position.offset, first, last
+
+    def take(self, q: int, name: str, frm: int, to: int, max_records: int, poll_ms: int
+             ) -> tuple[pl.DataFrame, pl.DataFrame, list[RawSpan]]:
+        """Exactly the records of ``[frm, to)``: the held ones, then polled (a replay,
+        or records the broker delivered in several polls) until the position
+        reaches ``to``; records at or after ``to`` stay held."""
+        h = self.held[q]
+        if h.next != frm:
+            self.seek(q, frm)
+        parts: list[Chunk] = []
+        deadline = time.monotonic() + REPLAY_WAIT_S
+        while True:
+            if h.pending is not None:
+                chunk, h.pending = h.pending, None
+            else:
+                if h.after >= to:
+                    break
+                got = h.part.poll(max(1, max_records), poll_ms or 100)
+                if got is None:
+                    raise SourceError(f"partition {name!r} ended at position {h.after}, "
+                                      f"before the position {to} a recorded step reads up to")
+                if got.position.offset == h.after and got.last_offset is None:
+                    if time.monotonic() > deadline:
+                        raise SourceError(
+                            f"partition {name!r}: a recorded step reads up to position "
+                            f"{to}, but the source delivers nothing after {h.after}")
+                    continue
+                chunk = _below(got, h.next)
+                h.after = got.position.offset
+            if chunk.position.offset > to:
+                taken, h.pending = _cut(chunk, to)
+                parts.append(taken)
+                break
+            parts.append(chunk)
+        h.next = to
+        schema = self.plan.event_schema()
+        events = [c.events for c in parts if c.events.height]
+        bad = [c.bad for c in parts if c.bad.height]
+        return (pl.concat(events) if events else pl.DataFrame(schema=schema),
+                pl.concat(bad) if bad else pl.DataFrame(schema=BAD_SCHEMA),
+                [c.raw for c in parts if c.raw is not None])
+
+    def close(self) -> None:
+        for q in list(self.held):
+            self.drop(q)
+        if self.source is not None:
+            self.source.close()
+            self.source = None
+
+
+def publish(pipeline: Pipeline, q: int, events: pl.DataFrame, bad: pl.DataFrame,
+            spans: list[RawSpan], workers: int, unseen: list[str], end: bool,
+            grid_op: Any) -> tuple[dict[str, Any], Any, list[Any]]:
+    """A live step's rows of partition ``q`` (offset order): transformed here, their
+    watermark breakpoints and each key worker's rows put in Ray's object store; a
+    summary of a few numbers back (bad records' rows when there are any)."""
+    import ray
+
+    from sealstream.distributed._plane import breakpoints, grid_of
+    from sealstream.distributed._shard import split
+    from sealstream.distributed._worker import _failed, _seen, to_ipc
+    from sealstream.windows.aggregates import SEQ
+
+    plan = pipeline.field_plan()
+    schema = dict(plan.event_schema())
+    schema[PARTITION] = pl.Int32()
+    events = (events.with_columns(pl.lit(q, dtype=pl.Int32).alias(PARTITION))
+              if events.height else pl.DataFrame(schema=schema)).select(list(schema))
+    failed_rows = None
+    transform = _transform_stage(pipeline, plan)
+    if transform is not None:
+        events, failed = transform.apply(events)
+        if failed.height:
+            failed_rows = _failed(pipeline, failed, spans)
+    read = events.height
+    events = events.with_columns((pl.col(OFFSET) * LIVE_SEQ_PARTITIONS + q).alias(SEQ))
+    breaks = breakpoints(q, events, pipeline.watermark.max_delay_ms, grid_of(grid_op),
+                         None, False, end)
+    if transform is not None:
+        events = transform.keep(events)
+    summary = {
+        "read": read,
+        "max_time": breaks.max_time,
+        "bad": to_ipc(bad) if bad.height else None,
+        "failed": to_ipc(failed_rows) if failed_rows is not None else None,
+        "seen": _seen(events, unseen) if unseen and events.height else [],
+    }
+    return summary, ray.put(breaks), [ray.put(to_ipc(part)) for part in split(events, workers)]

@@ -1,0 +1,296 @@
+"""Live sources on the data plane: each partition's worker reads it itself (its own
+Kafka consumer, assigned; its own NATS connection) the ranges the coordinator
+planned and recorded. The output equals one process reading the same topic; a
+SIGKILLed coordinator resumes (with another worker count) by replaying the recorded
+ranges on the workers; a lost worker restarts them all; what the coordinator
+receives per step does not grow with the step's events."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
+NATS_TESTS = Path(__file__).resolve().parents[1] / "sources" / "nats"
+for extra in (SCENARIOS, NATS_TESTS):
+    if str(extra) not in sys.path:  # _kafka_story imports _story as its neighbour
+        sys.path.append(str(extra))
+
+from _jet import Jet  # noqa: E402
+from _kafka_story import kafka_source_spec, produce_input  # noqa: E402
+from _story import assert_same_output, make_input, run, write_spec  # noqa: E402
+
+EVENTS = 600
+SPEC = {"every_events": 150, "batch_size": 40, "errors": True}
+
+
+def _job(spec: Path, workers: int, **kw: Any) -> Any:
+    from sealstream import load_spec
+    from sealstream.distributed import DistributedJob
+
+    return DistributedJob(load_spec(spec), workers=workers, **kw)
+
+
+@pytest.fixture(scope="module")
+def story(kafka: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A 3-partition topic (late events, bad records, integer keys) and the output
+    of one process reading it to its end."""
+    d = tmp_path_factory.mktemp("live-ref")
+    names = make_input(d, events=EVENTS, bad_every=97)
+    topic = produce_input(kafka.bootstrap, d, names)
+    spec = write_spec(d, names, **SPEC)
+    kafka_source_spec(spec, kafka.bootstrap, topic)
+    res = run(spec)
+    assert res.returncode == 0, res.stderr
+    return {"dir": d, "names": names, "topic": topic}
+
+
+def _spec(d: Path, kafka: Any, story: dict[str, Any]) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    spec = write_spec(d, story["names"], **SPEC)
+    kafka_source_spec(spec, kafka.bootstrap, story["topic"])
+    return spec
+
+
+def test_kafka_with_two_workers_equals_one_process(
+        ray_cluster: Any, kafka: Any, story: dict[str, Any], tmp_path: Path) -> None:
+    """2 workers, each reading its partitions of the topic through its own consumer:
+    results, late events and bad records equal one process's, exactly once; the
+    coordinator planned and recorded the steps but read no record."""
+    from sealstream.distributed.live import LivePlanner
+
+    spec = _spec(tmp_path, kafka, story)
+    job = _job(spec, 2)
+    job.run()
+    assert isinstance(job.merger, LivePlanner)
+    assert job.counters.events > 0 and job.counters.late_events > 0
+    assert job.counters.bad_records > 0
+    assert list((tmp_path / "ckpt" / "plans").glob("step-*.json")) or \
+        job.merger.step > 0
+    assert_same_output(tmp_path, story["dir"])
+
+
+class _KillWorker:
+    """A progress hook that SIGKILLs one worker after a randomly drawn step."""
+
+    def __init__(self, rng: random.Random, steps: int) -> None:
+        self.rng, self.at, self.step = rng, rng.randrange(2, steps), 0
+        self.killed: list[int] = []
+
+    def __call__(self, job: Any) -> None:
+        self.step += 1
+        if self.step >= self.at and not self.killed and job.worker_pids:
+            pid = self.rng.choice(job.worker_pids)
+            os.kill(pid, signal.SIGKILL)
+            self.killed.append(pid)
+
+
+def test_a_lost_worker_restarts_every_worker_from_the_newest_checkpoint(
+        ray_cluster: Any, kafka: Any, story: dict[str, Any], tmp_path: Path) -> None:
+    """A worker SIGKILLed after a random step: every worker restarts from the newest
+    checkpoint, the recorded steps after it are re-read by the new workers, and the
+    output is one process's exactly once."""
+    spec = _spec(tmp_path, kafka, story)
+    kill = _KillWorker(random.Random(3), steps=8)
+    job = _job(spec, 2, progress=kill)
+    job.run()
+    assert kill.killed and job.restarts == 1
+    assert_same_output(tmp_path, story["dir"])
+
+
+def test_sigkill_of_the_coordinator_then_resume_with_three_workers(
+        ray_cluster: Any, kafka: Any, story: dict[str, Any], tmp_path: Path) -> None:
+    """``run --workers 2`` SIGKILLed once a randomly drawn checkpoint is published
+    (and the plans of the steps after it recorded), resumed with 3 workers: the
+    recorded ranges are replayed by the workers that own them now, and the output
+    is one process's exactly once (a rescale 2 -> 3 of a live run)."""
+    spec = _spec(tmp_path, kafka, story)
+    target = random.Random(17).randint(1, 3)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sealstream", "run", str(spec), "--quiet", "--workers", "2",
+         "--ray", ray_cluster.address, "--batch-size", "20"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        while proc.poll() is None:
+            if len(list((tmp_path / "ckpt").glob("cp-*/MANIFEST.json"))) >= target:
+                proc.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.01)  # polling for the event (a published manifest), not a timer
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL, f"the run ended before the kill: {err}"
+    job = _job(spec, 3)
+    job.run()
+    assert job.resumed_from is not None
+    assert_same_output(tmp_path, story["dir"])
+
+
+def test_no_event_row_passes_through_the_coordinator(
+        ray_cluster: Any, kafka: Any, tmp_path: Path) -> None:
+    """A live run's steps of about 60 and of about 6,000 events: what the coordinator
+    receives per step (the owners' reports, the slabs' summaries, the key workers'
+    replies) is the same few hundred bytes."""
+    from confluent_kafka import Producer
+
+    from sealstream.testing.brokers import create_topic
+
+    topic = f"in-{uuid.uuid4().hex[:12]}"
+    create_topic(kafka.bootstrap, topic, 3)
+    producer = Producer({"bootstrap.servers": kafka.bootstrap, "linger.ms": 20})
+    for q in range(3):  # every event in one day-long window: nothing fires before the end
+        for i in range(6_000):
+            producer.produce(topic, json.dumps({"user": f"u{i % 4}",
+                                                "ts": 1_700_000_000_000 + i * 10 + q,
+                                                "amount": i % 7}).encode(), partition=q)
+    assert producer.flush(60) == 0
+    window = 'kind = "tumbling"\nsize_ms = 86400000\nallowed_lateness_ms = 0'
+    per_step: dict[int, list[int]] = {}
+    for batch in (20, 2_000):
+        d = tmp_path / f"b{batch}"
+        (d / "in").mkdir(parents=True)
+        spec = write_spec(d, ["in/none.jsonl"], window=window, batch_size=batch,
+                          every_events=100_000)
+        kafka_source_spec(spec, kafka.bootstrap, topic)
+        job = _job(spec, 2)
+        job.run()
+        assert job.counters.events == 18_000
+        steps = list(job.merger.step_bytes)
+        outputs = list(job.merger.output_bytes)
+        assert len(steps) >= 3
+        assert not any(outputs[:-1])
+        per_step[batch] = steps[:-1]  # the last step fires every window: results
+    small, big = max(per_step[20]), max(per_step[2_000])
+    assert big <= 3_000 and small <= 3_000, (small, big)
+    assert big <= small + 200, (small, big)  # 100 times the events, the same bytes
+
+
+def test_nats_with_two_workers_equals_one_process(
+        ray_cluster: Any, nats_server: Any, tmp_path: Path) -> None:
+    """A JetStream stream of 3 subjects (with sequence gaps: the subjects interleave),
+    read by 2 workers through connections of their own: one process's output."""
+    from test_nats_run import nats_spec, publish_files
+
+    jet = Jet(nats_server.url, f"S{uuid.uuid4().hex[:10]}")
+    jet.create([f"p{i}" for i in range(3)])
+    outs = []
+    for workers in (None, 2):
+        d = tmp_path / f"w{workers}"
+        names = make_input(d, events=400, bad_every=61)
+        if workers is None:
+            publish_files(jet, d, names)
+        spec = nats_spec(d, jet, names, **SPEC)
+        if workers is None:
+            res = run(spec)
+            assert res.returncode == 0, res.stderr
+        else:
+            job = _job(spec, workers)
+            job.run()
+            assert job.counters.late_events > 0
+        outs.append(d)
+    assert_same_output(outs[1], outs[0])
+
+
+def test_nats_killed_while_fed_equals_one_process_replaying_the_recorded_plan(
+        ray_cluster: Any, nats_server: Any, tmp_path: Path) -> None:
+    """``stop = "never"`` with 2 workers while a producer publishes (late messages,
+    bad ones, a subject that starts mid-run): SIGKILLed after random checkpoints, each
+    time resumed (2 or 3 workers, drawn); then a ``stop = "end"`` run with workers.
+    Here the steps' ranges decide which events are late, so the output is compared
+    with ONE process replaying the recorded plan into a fresh store: equal, line for
+    line."""
+    from _live_story import Log, committed, copy_plans, env, run_quiet
+    from test_nats_live_crash import Producer, spec_text
+
+    rng = random.Random(23)
+    jet = Jet(nats_server.url, f"S{uuid.uuid4().hex[:10]}")
+    jet.create(["a", "b", "c"])
+    d = tmp_path / "job"
+    d.mkdir()
+    (d / "never.toml").write_text(spec_text(jet, "never"), encoding="utf-8")
+    (d / "end.toml").write_text(spec_text(jet, "end"), encoding="utf-8")
+    producer = Producer(jet)
+    producer.start()
+
+    def credit() -> None:
+        for _ in range(rng.randint(1, 3)):
+            producer.credits.release()
+
+    def start(spec: str) -> subprocess.Popen[str]:
+        workers = str(rng.choice([2, 3]))
+        return subprocess.Popen(
+            [sys.executable, "-m", "sealstream", "run", spec, "--json", "--workers",
+             workers, "--ray", ray_cluster.address], cwd=d, env=env(),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    kills = 0
+    while producer.is_alive():
+        proc = start("never.toml")
+        try:
+            Log(proc).checkpoints(rng.randint(1, 4), credit,
+                                  give_up=lambda: not producer.is_alive())
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        kills += 1
+    producer.join()
+    assert producer.error is None, producer.error
+    proc = start("end.toml")
+    log = Log(proc)
+    rest = log.rest()
+    assert proc.returncode == 0, rest
+    got = committed(d)
+
+    ref = tmp_path / "ref"  # one process, the recorded plan, a fresh store
+    copy_plans(d, ref)
+    (ref / "end.toml").write_text(spec_text(jet, "end"), encoding="utf-8")
+    run_quiet(ref, "end.toml", timeout=300)
+    assert kills >= 2
+    assert got == committed(ref)
+    assert got["out"] and got["late"] and got["errors"]
+
+
+def test_a_broker_lost_mid_run_fails_the_run_with_one_line(
+        ray_cluster: Any, own_kafka: Any, tmp_path: Path) -> None:
+    """The broker goes away while 2 workers read a ``stop = "never"`` topic: their
+    clients (the coordinator's metadata lookups, the workers' consumers) retry for
+    ``fail_after_ms`` (warning lines), then the run stops with exit 1 and one error
+    line naming the broker, as one process does (no Ray traceback)."""
+    d = tmp_path / "run"
+    names = make_input(d, events=200)
+    topic = produce_input(own_kafka.bootstrap, d, names)
+    spec = write_spec(d, names, **SPEC)
+    kafka_source_spec(spec, own_kafka.bootstrap, topic)
+    spec.write_text(spec.read_text().replace(
+        'stop = "end"', 'stop = "never"\nfail_after_ms = 3000'))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sealstream", "run", str(spec), "--quiet", "--workers", "2",
+         "--ray", ray_cluster.address],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        deadline = time.monotonic() + 300
+        while not list((d / "ckpt").glob("cp-*/MANIFEST.json")):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
+            time.sleep(0.05)  # polling for the event (a published manifest), not a timer
+        own_kafka.broker.kill()
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert all(ln.startswith("sealstream: ") for ln in lines), err  # no traceback
+    errors = [ln for ln in lines if ln.startswith("sealstream: error:")]
+    assert len(errors) == 1 and own_kafka.bootstrap in errors[0], err

@@ -35,6 +35,7 @@ bench: $(STAMP) bench-flink bench-quix
 	$(PY) -m bench.transforms
 	$(PY) -m bench.scaleout
 	$(PY) -m bench.live
+	$(PY) -m bench.speed
 	$(PY) -m bench.live_soak
 	$(PY) -m bench.nats
 	$(PY) -m bench.kafka_eos

@@ -83,13 +83,14 @@ def run_polars_sliding(files: list[str], out: Path, size_ms: int, max_delay_ms: 
     import polars as pl
 
     schema = {"user": pl.String, "ts": pl.Int64, "amount": pl.Float64}
-    lf = pl.scan_ndjson(files, schema=schema)
     base = pl.col("ts") // slide_ms * slide_ms
-    frames = [lf.with_columns(window_start=base - k * slide_ms)
-              .filter(pl.col("window_start") + size_ms > pl.col("ts"))
-              for k in range(-(-size_ms // slide_ms))]
+    copies = list(range(-(-size_ms // slide_ms)))
     (
-        pl.concat(frames)
+        pl.scan_ndjson(files, schema=schema)
+        .with_columns(k=pl.lit(copies, dtype=pl.List(pl.Int64)))
+        .explode("k")
+        .with_columns(window_start=base - pl.col("k") * slide_ms)
+        .filter(pl.col("window_start") + size_ms > pl.col("ts"))
         .group_by(pl.col("user").alias("key"), "window_start")
         .agg(n=pl.len().cast(pl.Int64), total=pl.col("amount").sum())
         .select("key", "window_start", (pl.col("window_start") + size_ms).alias("window_end"),

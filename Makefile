@@ -38,6 +38,7 @@ bench: $(STAMP) bench-flink bench-quix
 	$(PY) -m bench.joins
 	$(PY) -m bench.scaleout
 	$(PY) -m bench.live
+	$(PY) -m bench.speed
 	$(PY) -m bench.live_soak
 	$(PY) -m bench.nats
 	$(PY) -m bench.kafka_eos

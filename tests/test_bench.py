@@ -116,3 +116,23 @@ def test_report_has_ratios_state_and_sweeps() -> None:
     assert "| bytes per open window in the checkpoint | 8.0 |" in md
     assert "| restore time / processing time | 0.20 |" in md
     assert "| keys | 3 |" in md
+
+
+@pytest.mark.parametrize("kind", ["tumbling", "sliding", "session"])
+def test_one_shot_polars_runners_equal_the_reference_model(
+    files: list[Path], tmp_path: Path, kind: str
+) -> None:
+    """bench.speed's comparators compute the same windows as sealstream's semantics."""
+    from bench.runners import run_polars, run_polars_session, run_polars_sliding
+
+    out = tmp_path / "out.jsonl"
+    names = [str(f) for f in files]
+    if kind == "tumbling":
+        run_polars(names, out, W.size_ms, W.max_delay_ms)
+    elif kind == "sliding":
+        run_polars_sliding(names, out, W.size_ms, W.max_delay_ms, slide_ms=W.slide_ms)
+    else:
+        run_polars_session(names, out, W.size_ms, W.max_delay_ms, gap_ms=W.gap_ms)
+    rows = {(r["key"], r["window_start"], r["window_end"], r["n"], r["total"])
+            for r in map(json.loads, out.read_text().splitlines())}
+    assert rows == _expected(kind)

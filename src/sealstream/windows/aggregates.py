@@ -121,12 +121,27 @@ def _narrow(x: np.ndarray) -> np.ndarray:
     return x
 
 
+#: from this many elements on, a wide integer key is sorted by Polars (multi-threaded)
+#: rather than NumPy's single-threaded stable sort (radix for 8/16-bit keys, which
+#: stays with NumPy: it is faster than either)
+PARALLEL_SORT_MIN = 1 << 15
+
+
+def stable_argsort(k: np.ndarray) -> np.ndarray:
+    """The stable permutation sorting ``k`` (ties keep their order)."""
+    if k.size < PARALLEL_SORT_MIN or k.dtype.itemsize <= 2 or k.dtype.kind not in "iu":
+        return np.argsort(k, kind="stable")
+    order = pl.DataFrame({"k": k}).select(pl.arg_sort_by("k", maintain_order=True))
+    out: np.ndarray = order.to_series().to_numpy().astype(np.intp, copy=False)
+    return out
+
+
 def lex_order(keys: list[np.ndarray]) -> np.ndarray:
     """Stable permutation sorting by ``keys`` (most significant first)."""
     order: np.ndarray | None = None
     for key in reversed(keys):
         k = _narrow(key if order is None else key[order])
-        step = np.argsort(k, kind="stable")
+        step = stable_argsort(k)
         order = step if order is None else order[step]
     assert order is not None
     return order

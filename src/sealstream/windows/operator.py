@@ -54,6 +54,7 @@ from sealstream.windows.aggregates import (
     Accumulators,
     key_words,
     lex_order,
+    stable_argsort,
 )
 from sealstream.windows.join import JoinRule
 
@@ -576,7 +577,7 @@ def _order_by(major: np.ndarray, minor: np.ndarray) -> np.ndarray:
     span = int(minor.max()) - lo + 1
     top = int(major.max()) + 1
     if int(major.min()) >= 0 and span * top < 2**62:
-        return np.argsort(major * span + (minor - lo), kind="stable")
+        return stable_argsort(major * span + (minor - lo))
     return np.lexsort((minor, major))
 
 

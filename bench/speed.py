@@ -1,0 +1,151 @@
+"""Batch path side by side: sealstream (before / after a change) against one-shot Polars.
+
+    python -m bench.speed [--before OLD_SRC] [--events N] [--repeat N]
+
+The benchmark's workload (JSONL, 3 partitions, 10,000 keys, ``max_delay_ms = 1000``),
+for each window (tumbling 60 s, session gap 30 s, sliding 60 s / 5 s): whole-process
+runs alternating in one loop (sealstream with the sources under ``--before`` when
+given, sealstream with this checkout's, the one-shot Polars query of
+``bench.runners``), median of ``--repeat``; the tumbling job also with a checkpoint
+every second. The rates are events over whole-process wall time (imports included,
+for every contender). Results: ``bench/results/speed-batch.md`` and ``.json``, with
+the date and the load average (the machine is shared: ratios matter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.harness import Workload, measure, prepare_data
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / "bench" / "work" / "speed"
+RESULTS = ROOT / "bench" / "results"
+TARGETS = {"tumbling": 0.6, "session": 0.6, "sliding": 0.9}
+WINDOWS: dict[str, dict[str, int]] = {
+    "tumbling": {"size_ms": 60_000},
+    "session": {"gap_ms": 30_000},
+    "sliding": {"size_ms": 60_000, "slide_ms": 5_000},
+}
+
+
+def spec(kind: str, files: list[Path], ckpt: bool) -> Path:
+    from sealstream.testing.datagen import write_spec
+
+    wd = WORK / f"{kind}{'-ckpt' if ckpt else ''}"
+    wd.mkdir(parents=True, exist_ok=True)
+    return write_spec(wd / "spec.toml", paths=[p.resolve() for p in files], name="bench",
+                      max_delay_ms=1000, window=kind,
+                      aggregates={"n": "count", "total": "sum(amount)"}, sink="out",
+                      checkpoint="ckpt" if ckpt else None,
+                      checkpoint_every_ms=1000 if ckpt else None, **WINDOWS[kind])
+
+
+def run_sealstream(path: Path, src: Path) -> float:
+    wd = path.parent
+    for sub in ("out", "ckpt"):
+        shutil.rmtree(wd / sub, ignore_errors=True)
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    r = measure([sys.executable, "-m", "sealstream", "run", str(path)], cwd=wd, env=env,
+                log=wd / "run.log", timeout=1800)
+    if r.returncode != 0:
+        raise RuntimeError(f"sealstream run failed: {(wd / 'run.log').read_text()[-400:]}")
+    return r.seconds
+
+
+def run_polars(kind: str, files: list[Path]) -> float:
+    wd = WORK / f"polars-{kind}"
+    wd.mkdir(parents=True, exist_ok=True)
+    runner = {"tumbling": "polars", "session": "polars-session",
+              "sliding": "polars-sliding"}[kind]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = measure([sys.executable, "-m", "bench.runners", runner, "--out", str(wd / "out.jsonl"),
+                 *[str(p) for p in files]], cwd=ROOT, env=env, log=wd / "run.log",
+                timeout=1800)
+    if r.returncode != 0:
+        raise RuntimeError(f"{runner} failed: {(wd / 'run.log').read_text()[-400:]}")
+    return r.seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.speed")
+    ap.add_argument("--before", type=Path, help="the old code's src directory")
+    ap.add_argument("--events", type=int, default=2_000_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--kinds", default="tumbling,session,sliding")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+
+    w = Workload(events=args.events, keys=10_000, partitions=3, disorder_ms=800,
+                 max_delay_ms=1000, size_ms=60_000, checkpoint_every_ms=1000, seed=0)
+    files = prepare_data(w, ROOT / "bench" / "data")
+    after = ROOT / "src"
+    load_before = os.getloadavg()
+    started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    times: dict[str, list[float]] = {}
+    kinds = args.kinds.split(",")
+    for i in range(args.repeat):
+        for kind in kinds:
+            contenders: list[tuple[str, Any]] = []
+            if args.before is not None:
+                contenders.append((f"{kind}/before",
+                                   lambda k=kind: run_sealstream(spec(k, files, False),
+                                                                 args.before.resolve())))
+            contenders.append((f"{kind}/after",
+                               lambda k=kind: run_sealstream(spec(k, files, False), after)))
+            contenders.append((f"{kind}/polars", lambda k=kind: run_polars(k, files)))
+            if kind == "tumbling":
+                contenders.append(("tumbling-ckpt/after",
+                                   lambda: run_sealstream(spec("tumbling", files, True), after)))
+            for name, fn in contenders:
+                s = fn()
+                times.setdefault(name, []).append(s)
+                print(f"[{i + 1}/{args.repeat}] {name}: {s:.2f} s "
+                      f"({args.events / s:,.0f} events/s)", flush=True)
+    load_after = os.getloadavg()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    rate = {k: args.events / v for k, v in med.items()}
+    lines = [
+        "# Batch path: sealstream against one-shot Polars (side by side)",
+        "",
+        f"`python -m bench.speed`, {started}: {args.events:,} events (JSONL, 3 partitions, "
+        f"10,000 keys), whole-process wall time, runs alternating, median of {args.repeat}. "
+        f"Load average (1 min) {load_before[0]:.2f} at the start, {load_after[0]:.2f} at "
+        "the end, on 2 cores shared with other jobs: ratios matter, not absolute rates.",
+        "",
+        "| window | sealstream before, events/s | sealstream now, events/s | one-shot Polars, "
+        "events/s | now / Polars | target | before / Polars |",
+        "| --- | ---: | ---: | ---: | ---: | --- | ---: |",
+    ]
+    for kind in kinds:
+        b = rate.get(f"{kind}/before")
+        a, p = rate[f"{kind}/after"], rate[f"{kind}/polars"]
+        ok = "met" if a / p >= TARGETS[kind] else "NOT met"
+        lines.append(
+            f"| {kind} | {f'{b:,.0f}' if b else '-'} | {a:,.0f} | {p:,.0f} | {a / p:.2f} | "
+            f">= {TARGETS[kind]} ({ok}) | {f'{b / p:.2f}' if b else '-'} |")
+    if "tumbling-ckpt/after" in rate:
+        r = rate["tumbling-ckpt/after"] / rate["tumbling/after"]
+        lines += ["", f"Checkpointed (every second) / unchecked, tumbling: {r:.0%} "
+                  f"(target >= 95 %: {'met' if r >= 0.95 else 'NOT met'}).", ""]
+    lines += ["All runs (seconds):", ""]
+    lines += [f"- {k}: {', '.join(f'{x:.2f}' for x in v)}" for k, v in times.items()]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "speed-batch.md").write_text("\n".join(lines) + "\n")
+    (args.out / "speed-batch.json").write_text(json.dumps(
+        {"started": started, "events": args.events, "load": [load_before, load_after],
+         "seconds": times, "median_s": med, "rate": rate}, indent=2) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -163,9 +163,10 @@ def main(argv: list[str] | None = None) -> int:
         "machine is shared). Coordinator CPU: this process's CPU time during the "
         "job (Ray's threads in it included); its share is of the coordinator's plus "
         "the workers' CPU time. Bytes: what the coordinator received per event; in "
-        "brackets the control part alone (summaries, references), the rest being "
-        "output: the identities of the results the workers staged themselves (for "
-        "the receipts), late events and bad records.",
+        "brackets the control part alone (summaries, references, the number of "
+        "results each worker staged), the rest being output rows still staged by the "
+        "coordinator: late events and bad records (the result identities stay on the "
+        "workers, which build the receipts).",
         "",
         "| config | worker start s | engine s | wall s | events/s | vs single (engine) | "
         "coordinator CPU s / M events | coordinator share of CPU | coordinator bytes / "

@@ -168,13 +168,14 @@ class Checkpointing:
                 if role == "results":
                     entry[role]["root"] = trees.EMPTY_ROOT
                 continue
-            sorted_ids = pl.concat(rec["ids"]).select(self._ids(role)).sort("id")["id"]
-            digest = trees.joined_digest(sorted_ids)
-            entry[role] = {"count": rec["count"], "digest": digest,
-                           "tokens": tokens.get(role, [])}
             if role == "results":  # the Merkle root the manifest signs (receipts.py)
-                entry[role]["root"] = trees.root(sorted_ids)
-                self._receipt_ids = sorted_ids
+                digest, root = self._results_digest(rec)
+                entry[role] = {"count": rec["count"], "digest": digest,
+                               "tokens": tokens.get(role, []), "root": root}
+            else:
+                sorted_ids = pl.concat(rec["ids"]).select(self._ids(role)).sort("id")["id"]
+                entry[role] = {"count": rec["count"], "digest": trees.joined_digest(sorted_ids),
+                               "tokens": tokens.get(role, [])}
             if "max_window_end" in rec:
                 entry[role]["max_window_end"] = rec["max_window_end"]
             self.receipts_total[role] = int(self.receipts_total.get(role, 0)) + rec["count"]
@@ -184,6 +185,14 @@ class Checkpointing:
         ).hexdigest()
         self.receipts_total["last_epoch"] = epoch
         return entry
+
+    def _results_digest(self, rec: dict[str, Any]) -> tuple[str, str]:
+        """The digest and Merkle root of an epoch's result ids (``rec`` as
+        :meth:`_receipt` gathered it); keeps the sorted ids, the leaves the checkpoint
+        writes. A distributed job builds them on a worker instead."""
+        sorted_ids = pl.concat(rec["ids"]).select(self._ids("results")).sort("id")["id"]
+        self._receipt_ids = sorted_ids
+        return trees.joined_digest(sorted_ids), trees.root(sorted_ids)
 
     def _log_committed(self, newer_than: int | None) -> None:
         """Append to the emission log the epochs (newer than ``newer_than``) whose

@@ -20,9 +20,10 @@ The two-phase commit is the single-process one, spread over the workers:
    restored checkpoint names (whichever worker staged it, with whatever worker count)
    and deletes every other staging file of the directory.
 
-What the coordinator still receives per result is its identity (key, window start and
-end), for the epoch's receipts; the result rows (their JSON text and aggregates) stay
-on the workers. A step whose results meet a suppression list (output already committed
+The coordinator receives no result row and no result identity: each worker keeps the
+identities of its results for the epoch's receipt, built on a worker
+(:mod:`._receipts`); per step only their number and largest window end come back.
+A step whose results meet a suppression list (output already committed
 by a run that fell back to an older checkpoint) is staged on the coordinator as before.
 """
 
@@ -35,6 +36,7 @@ from typing import Any
 
 import polars as pl
 
+from sealstream.distributed._receipts import EpochIds
 from sealstream.pipeline import Pipeline
 from sealstream.sinks import open_sink
 from sealstream.sinks._base import CommittedFile, Sink
@@ -63,7 +65,10 @@ class WorkerResults:
     meanwhile (as the coordinator's output stage did); :meth:`prepare` waits for them
     and raises what they raised."""
 
-    def __init__(self, pipeline: Pipeline, run_token: str, sort: bool) -> None:
+    def __init__(self, pipeline: Pipeline, run_token: str, sort: bool,
+                 keep_ids: bool = True) -> None:
+        """``keep_ids``: keep the results' identities for the receipts (a run with
+        checkpoints)."""
         funcs = {a.name: a.result_kind for a in pipeline.parsed_aggregates}
         self.sink = open_sink(pipeline.sink, "results", run_token, funcs)
         if not isinstance(self.sink, (JsonlDirSink, ParquetDirSink)):
@@ -73,14 +78,20 @@ class WorkerResults:
         self.op = WindowOperator(pipeline)  # its own: finalising reads no shared state
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="results")
         self.pending: list[Future[None]] = []
+        self.ids = EpochIds()
+        self.keep_ids = keep_ids
 
-    def stage(self, epoch: int, fired: pl.DataFrame) -> pl.DataFrame:
-        """Stage ``fired``'s result rows in ``epoch`` (on the writer thread); return
-        their identities."""
+    def stage(self, epoch: int, fired: pl.DataFrame) -> dict[str, int]:
+        """Stage ``fired``'s result rows in ``epoch`` (on the writer thread) and keep
+        their identities for the epoch's receipt (:mod:`._receipts`); return only
+        their number and largest window end."""
         if self.sort:
             fired = fired.sort([KEY, KEY_IS_INT, WSTART, WEND])
         self.pending.append(self.writer.submit(self._write, epoch, fired))
-        return fired.select(pl.col(KEY).alias("key"), KEY_IS_INT, WSTART, WEND)
+        if self.keep_ids:
+            self.ids.add(epoch, fired.select(pl.col(KEY).alias("key"), KEY_IS_INT, WSTART,
+                                             WEND))
+        return {"results": fired.height, "max_window_end": int(fired[WEND].max())}  # type: ignore[arg-type]
 
     def _write(self, epoch: int, fired: pl.DataFrame) -> None:
         results = self.op.finalize(fired)

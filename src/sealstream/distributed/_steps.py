@@ -12,9 +12,10 @@ without resolving them. Every worker runs the same watermark arithmetic
 coordinator's watermark state, recorded in checkpoints, is the workers'.
 
 What the coordinator receives per step: one summary per partition, one triple per
-worker (fired windows, or the identities of the results the worker staged itself
-(:mod:`._sinks`); late events; a count) and, when there are late events, their raw
-text. No event row: :attr:`StepPlanner.step_bytes` measures it.
+worker (fired windows, or the number of results the worker staged itself and their
+largest window end (:mod:`._sinks`, :mod:`._receipts`); late events; a count) and,
+when there are late events, their raw text. No event row:
+:attr:`StepPlanner.step_bytes` measures it.
 """
 
 from __future__ import annotations
@@ -185,11 +186,14 @@ class StepPlanner:
                        for q in range(self.n)]
 
     def gather_outputs(self, batch: StepBatch
-                       ) -> list[tuple[bytes | None, bytes | None, int]]:
+                       ) -> list[tuple[bytes | dict[str, int] | None, bytes | None, int]]:
+        """Each key worker's output of the step: fired windows (or, when it staged
+        them itself, their number and largest window end), late events, a count."""
         got = gather(batch.pending, "process")
         if self.step_bytes:
             self.step_bytes[-1] += _bytes(got)
-            self.output_bytes[-1] += sum(_bytes(f) + _bytes(lt) for f, lt, _ in got)
+            self.output_bytes[-1] += sum((_bytes(f) if isinstance(f, bytes) else 0)
+                                         + _bytes(lt) for f, lt, _ in got)
         return [tuple(g) for g in got]
 
     def raw_texts(self, partitions: npt.NDArray[np.int32],

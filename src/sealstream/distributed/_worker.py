@@ -30,7 +30,7 @@ import polars as pl
 
 from sealstream._runtime.engine import _transform_stage
 from sealstream._runtime.merge import SourcePosition
-from sealstream.checkpoint.manifest import part_name
+from sealstream.checkpoint.manifest import RECEIPT_IDS_NAME, part_name
 from sealstream.checkpoint.stores import CheckpointStore
 from sealstream.distributed._live_read import LiveReader, Report, publish
 from sealstream.distributed._plane import (
@@ -43,6 +43,8 @@ from sealstream.distributed._plane import (
     raw_texts,
     row_watermarks,
 )
+from sealstream.distributed._receipts import Built
+from sealstream.distributed._receipts import build as build_receipt
 from sealstream.distributed._sinks import WorkerResults
 from sealstream.pipeline import Pipeline
 from sealstream.sources import open_partition
@@ -83,13 +85,17 @@ class ShardWorker:
         self.results: WorkerResults | None = None
         #: the live partitions this worker reads itself (see :mod:`._live_read`)
         self.live: LiveReader | None = None
+        #: the last receipt this worker built as its epoch's receipt worker
+        self.receipt: Built | None = None
 
     # ------------------------------------------------------------- results sink
-    def open_results(self, pipeline: Pipeline, run_token: str, sort: bool) -> None:
-        """Stage results in part files of this worker's own (``run_token``)."""
+    def open_results(self, pipeline: Pipeline, run_token: str, sort: bool,
+                     keep_ids: bool = True) -> None:
+        """Stage results in part files of this worker's own (``run_token``);
+        ``keep_ids``: keep their identities for the receipts."""
         if self.results is not None:
             self.results.close()
-        self.results = WorkerResults(pipeline, run_token, sort)
+        self.results = WorkerResults(pipeline, run_token, sort, keep_ids)
 
     def prepare_results(self, epoch: int) -> list[str]:
         """Make this worker's staged results of ``epoch`` durable; their tokens."""
@@ -100,6 +106,45 @@ class ShardWorker:
         if self.results is None:
             raise RuntimeError("this worker has no results sink to commit")
         self.results.commit(epoch, tokens)
+
+    # ------------------------------------------------------------- receipts
+    def take_receipt_ids(self, epoch: int) -> list[Any]:
+        """This worker's result identities of ``epoch`` (:mod:`._receipts`), put in
+        Ray's object store by this worker: a reference (in a list, so that the caller
+        passes it on unresolved), or nothing when it staged no result in ``epoch``."""
+        import ray
+
+        ids = self.results.ids.take(epoch) if self.results is not None else None
+        return [] if ids is None else [ray.put(to_ipc(ids))]
+
+    def build_receipt(self, shares: list[Any], own: bytes | None) -> dict[str, Any]:
+        """Build an epoch's receipt from every worker's ids (``shares``: references to
+        what :meth:`take_receipt_ids` returned on each worker, asked for before this
+        call, so this worker's own is done; fetched from their workers here) and the
+        coordinator's own (``own``); keep the ids file for :meth:`write_receipt_ids`.
+        Returns the count, digest and root."""
+        import ray
+
+        refs = [r for share in ray.get(shares) for r in share]
+        frames = [from_ipc(b) for b in ray.get(refs)] if refs else []
+        if own is not None:
+            frames.append(from_ipc(own))
+        self.receipt = build_receipt(frames)
+        return self.receipt.summary()
+
+    def write_receipt_ids(self, cid: int, fence: Any, encryption_key: bytes | None
+                          ) -> tuple[str, str, int]:
+        """Write the built receipt's ids file into checkpoint ``cid`` (as
+        :meth:`write_part` writes a part); its name, SHA-256 and size."""
+        data = self.take_receipt_file()
+        self._store(encryption_key).write_part(cid, RECEIPT_IDS_NAME, data, fence)
+        return RECEIPT_IDS_NAME, sha256_hex(data), len(data)
+
+    def take_receipt_file(self) -> bytes:
+        """The built receipt's ids file (for the coordinator to write: SQLite store)."""
+        built, self.receipt = self.receipt, None
+        assert built is not None and built.data is not None, "build_receipt() first"
+        return built.data
 
     # ------------------------------------------------------------- data plane
     def open_slab(self, pipeline: Pipeline, q: int, name: str, path: str,
@@ -182,7 +227,7 @@ class ShardWorker:
 
     def process_step(self, wm: dict[str, Any], last_offsets: list[int | None], bound: int,
                      breaks: list[Any], shards: list[Any], stage: int | None = None
-                     ) -> tuple[bytes | None, bytes | None, int]:
+                     ) -> tuple[bytes | dict[str, int] | None, bytes | None, int]:
         """Apply this shard's rows of a step: ``breaks`` (one reference per partition
         read in the step) and ``shards`` (this worker's rows from each partition, in
         partition order) come from the partitions' workers through the
@@ -191,8 +236,9 @@ class ShardWorker:
 
         With ``stage`` (an epoch) and a results sink of this worker's own
         (:meth:`open_results`), the fired windows become result rows here and are
-        staged in that epoch of this worker's part file; only their identities go
-        back (the coordinator's receipts), in place of the fired windows."""
+        staged in that epoch of this worker's part file, their identities kept here
+        for the epoch's receipt (:mod:`._receipts`); only their number and largest
+        window end go back, in place of the fired windows."""
         import ray
 
         got: list[Breaks] = list(ray.get(breaks))
@@ -207,11 +253,12 @@ class ShardWorker:
         advance(state, got, bound)
         out = op.process(events, state.current())
         fired = out.fired
+        late = to_ipc(out.late) if out.late.height else None
         if stage is not None and fired.height and self.results is not None:
-            fired = self.results.stage(stage, fired)
+            # staged here: their number and largest window end go back, nothing else
+            return self.results.stage(stage, fired), late, events.height
         # nothing fired or late (most steps): nothing but None goes back
-        return (to_ipc(fired) if fired.height else None,
-                to_ipc(out.late) if out.late.height else None, events.height)
+        return (to_ipc(fired) if fired.height else None, late, events.height)
 
     # ------------------------------------------------------------- live sources
     def live_open(self, pipeline: Pipeline, q: int, name: str, position: int | None,

@@ -75,7 +75,7 @@ from sealstream.distributed._sinks import (
     worker_run_token,
 )
 from sealstream.distributed._steps import StepBatch, StepPlanner
-from sealstream.distributed._worker import from_ipc
+from sealstream.distributed._worker import from_ipc, to_ipc
 from sealstream.distributed.live import LivePlanner, live_on_workers
 from sealstream.errors import CheckpointError
 from sealstream.pipeline import Pipeline
@@ -123,6 +123,8 @@ class DistributedJob(Job):
     def _init_job(self) -> None:
         pipeline, kwargs = self._job_args
         self._actors: list[Any] = []
+        #: the worker holding the receipt ids of the checkpoint being written
+        self._receipt_builder: Any = None
         Job.__init__(self, pipeline, **kwargs)
         # each checkpoint holds the whole state as parts, never a delta chain
         self._incremental = False
@@ -200,13 +202,14 @@ class DistributedJob(Job):
         got = batch.planner.gather_outputs(batch)
         if batch.finished:  # every window fired: keep the watermark the data reached
             self.wm.end_of_input(self._reach_ms(), w_before)
-        if batch.staged:  # the workers staged their results: their identities came back
-            ids = [from_ipc(f) for f, _, _ in got if f is not None]
-            if ids:
-                staged = pl.concat(ids, how="vertical")
-                self.output.submit(lambda: self._count_staged(staged))
+        if batch.staged:  # the workers staged their results: a count and an end came back
+            counts = [f for f, _, _ in got if isinstance(f, dict)]
+            if counts:
+                n_staged = sum(int(c["results"]) for c in counts)
+                end = max(int(c["max_window_end"]) for c in counts)
+                self.output.submit(lambda: self._count_staged(n_staged, end))
             got = [(None, lt, n) for _, lt, n in got]
-        fires = [from_ipc(f) for f, _, _ in got if f is not None]
+        fires = [from_ipc(f) for f, _, _ in got if isinstance(f, bytes)]
         lates = [from_ipc(lt) for _, lt, _ in got if lt is not None]
         fired = pl.concat(fires, how="vertical") if fires else pl.DataFrame()
         late = pl.concat(lates, how="vertical") if lates else pl.DataFrame()
@@ -246,7 +249,7 @@ class DistributedJob(Job):
     def _open_worker_results(self) -> None:
         if isinstance(self.sinks.get("results"), WorkerPartsSink):
             gather([a.open_results.remote(self.p, worker_run_token(self.run_token, i),
-                                          self.workers > 1)
+                                          self.workers > 1, self.store is not None)
                     for i, a in enumerate(self._workers())], "open results")
 
     def results_stage_epoch(self) -> int | None:
@@ -259,12 +262,49 @@ class DistributedJob(Job):
             return None
         return self.epoch
 
-    def _count_staged(self, ids: pl.DataFrame) -> None:
+    def _count_staged(self, count: int, max_window_end: int) -> None:
         """The results the workers staged (on the output stage, like
-        :meth:`_emit_results`): counted, and their identities in the receipts."""
-        self.counters.windows_fired += ids.height
-        self.counters.results_written += ids.height
-        self._receipt("results", ids)
+        :meth:`_emit_results`): counted, and noted in the epoch's receipt, whose ids
+        stay on the workers (:mod:`._receipts`)."""
+        self.counters.windows_fired += count
+        self.counters.results_written += count
+        if self.store is None:
+            return
+        rec = self._receipts_now.setdefault("results", {"count": 0, "ids": []})
+        rec["count"] += count
+        rec["on_workers"] = int(rec.get("on_workers", 0)) + count
+        prev = rec.get("max_window_end")
+        rec["max_window_end"] = max_window_end if prev is None else max(prev, max_window_end)
+
+    # ------------------------------------------------------------ receipts
+    def _close_receipts(self, tokens: dict[str, list[str]]) -> Callable[[], dict[str, Any]]:
+        """When workers staged results in the closing epoch, ask each for its ids now
+        (in order after the epoch's steps on it; references only, resolved by the
+        epoch's receipt worker, never here)."""
+        rec = self._receipts_now.get("results")
+        if rec is not None and rec.get("on_workers"):
+            actors = list(self._workers())
+            shares = [a.take_receipt_ids.remote(self.epoch) for a in actors]
+            own = rec["ids"]
+            own_ipc = to_ipc(pl.concat(own, how="vertical")) if own else None
+            rec["builder"] = actors[self.epoch % len(actors)]
+            # asked for now, waited for on the writer thread: built meanwhile
+            rec["built"] = rec["builder"].build_receipt.remote(shares, own_ipc)
+        return super()._close_receipts(tokens)
+
+    def _results_digest(self, rec: dict[str, Any]) -> tuple[str, str]:
+        """On the writer thread: the epoch's receipt built by its receipt worker from
+        every worker's ids and the coordinator's own (steps it staged itself); only
+        the count, digest and root come back. The worker keeps the ids file until
+        :meth:`_write_checkpoint` has it written."""
+        if "builder" not in rec:
+            return super()._results_digest(rec)
+        built = gather([rec["built"]], "receipt")[0]
+        if int(built["count"]) != int(rec["count"]):
+            raise CheckpointError(f"epoch receipt: the workers hold {built['count']} result "
+                                  f"ids, {rec['count']} results were staged")
+        self._receipt_builder = rec["builder"]
+        return str(built["digest"]), str(built["root"])
 
     def _close_shards(self, healthy: bool = False) -> None:
         """Let the workers go: back to this driver's pool when ``healthy`` (the job
@@ -301,6 +341,10 @@ class DistributedJob(Job):
         (SQLite) the coordinator takes the parts' bytes and writes them itself."""
         op = self.operator
         if not isinstance(op, ShardedOperator) or chain is not None:
+            if self._receipt_builder is not None:
+                builder, self._receipt_builder = self._receipt_builder, None
+                self._receipt_ids = trees.decode_ids(gather(
+                    [builder.take_receipt_file.remote()], "receipt ids")[0])
             return super()._write_checkpoint(store, cid, snap, wm_json, chain, touched,
                                              last_state, receipts, pending, body, together)
         meta = {WATERMARK_META.decode(): wm_json}
@@ -315,6 +359,10 @@ class DistributedJob(Job):
             self._receipt_ids = None
         dirname = checkpoint_dirname(cid)
         direct = store.direct_parts
+        builder, self._receipt_builder = self._receipt_builder, None
+        if builder is not None and not direct:  # SQLite: the ids file through here
+            files["receipt_ids"] = (RECEIPT_IDS_NAME, gather(
+                [builder.take_receipt_file.remote()], "receipt ids")[0])
         written: dict[str, dict[str, Any]] = {}
         if direct:
             store.claim(cid)
@@ -325,6 +373,11 @@ class DistributedJob(Job):
                                           f"expected {part_name(i)!r}")
                 written[f"{incremental.PART_ROLE}{i}"] = {
                     "path": f"{dirname}/{name}", "sha256": digest, "bytes": size}
+            if builder is not None:  # the epoch's receipt worker writes its ids file
+                name, digest, size = gather([builder.write_receipt_ids.remote(
+                    cid, store.fence(), store.encryption_key)], "write receipt ids")[0]
+                written["receipt_ids"] = {"path": f"{dirname}/{name}", "sha256": digest,
+                                          "bytes": size}
             self.crash("after_write_parts")
         else:
             for i, data in enumerate(op.take_parts()):

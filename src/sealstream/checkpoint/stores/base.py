@@ -203,7 +203,8 @@ class CheckpointStore(abc.ABC):
         return None
 
     def write_part(self, cid: int, name: str, data: bytes, fence: Any) -> None:
-        """Add file ``name`` (a state part: ``state.part-NNNN.arrow``) to checkpoint
+        """Add file ``name`` (a state part: ``state.part-NNNN.arrow``, or the epoch's
+        result ids ``receipt-ids.arrow`` built by a worker) to checkpoint
         ``cid``, claimed and not yet published, from another process: create-if-absent,
         durable before it returns, and only while the run whose :meth:`fence` this is
         still holds the job's lock (LockHeldError otherwise, nothing written);
@@ -471,7 +472,7 @@ class CheckpointStore(abc.ABC):
 
 _ARROW_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 #: the only files a worker may add to a checkpoint (:meth:`CheckpointStore.write_part`)
-_PART_FILE = re.compile(r"state\.part-[0-9]{4,}\.arrow")
+_PART_FILE = re.compile(r"state\.part-[0-9]{4,}\.arrow|receipt-ids\.arrow")
 
 
 #: the most bytes of a manifest read (an encrypted one carries the envelope's overhead)

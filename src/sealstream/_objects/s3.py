@@ -32,6 +32,7 @@ import time
 import uuid
 from typing import Any
 
+from sealstream._env import seconds
 from sealstream._objects import (
     NoSuchBucketError,
     ObjectExistsError,
@@ -49,12 +50,7 @@ _PRECONDITION = {"PreconditionFailed", "ConditionalRequestConflict"}
 
 def retry_seconds() -> float:
     """How long server faults are retried (``SEALSTREAM_S3_RETRY_S``, default 30)."""
-    raw = os.environ.get("SEALSTREAM_S3_RETRY_S", "").strip()
-    try:
-        value = float(raw) if raw else 30.0
-    except ValueError:
-        value = 30.0
-    return max(0.0, value)
+    return seconds("SEALSTREAM_S3_RETRY_S", 30.0)
 
 
 def _redact(url: str) -> str:

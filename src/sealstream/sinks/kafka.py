@@ -91,6 +91,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from sealstream._env import seconds
 from sealstream.errors import SinkError
 from sealstream.sinks._base import JSON_LINE, CommittedFile, Sink, SinkRole
 from sealstream.sinks._files import (
@@ -151,12 +152,7 @@ def parse_location(value: object) -> tuple[str, dict[int, int]] | None:
 
 def retry_seconds() -> float:
     """How long broker faults are retried: ``SEALSTREAM_KAFKA_RETRY_S``, default 60."""
-    raw = os.environ.get("SEALSTREAM_KAFKA_RETRY_S", "").strip()
-    try:
-        value = float(raw) if raw else 60.0
-    except ValueError:
-        value = 60.0
-    return max(1.0, value)
+    return seconds("SEALSTREAM_KAFKA_RETRY_S", 60.0)
 
 
 class KafkaSink(Sink):

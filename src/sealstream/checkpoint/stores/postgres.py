@@ -57,7 +57,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import math
 import os
 import re
 import socket
@@ -66,6 +65,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
+from sealstream._env import seconds
 from sealstream.checkpoint import crypto
 from sealstream.checkpoint.manifest import MANIFEST_NAME
 from sealstream.checkpoint.stores._urls import redact
@@ -166,16 +166,7 @@ def quiet_driver() -> None:
 def retry_seconds() -> float:
     """How long transient connection errors are retried: ``SEALSTREAM_PG_RETRY_S``
     (seconds, >= 0) or :data:`RETRY_S`."""
-    text = os.environ.get(RETRY_ENV, "").strip()
-    if not text:
-        return RETRY_S
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not math.isfinite(value) or value < 0:
-        raise SpecError(f"{RETRY_ENV}: {text!r} is not a number of seconds >= 0")
-    return value
+    return seconds(RETRY_ENV, RETRY_S)
 
 
 def transient(exc: BaseException, conn: Any = None) -> bool:

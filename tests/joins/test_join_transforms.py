@@ -122,6 +122,7 @@ def test_each_source_is_filtered_and_derived_before_the_union(tmp_path: Path) ->
     bad = _rows(tmp_path, "errors")
     assert len(bad) == 1, bad
     assert bad[0]["_partition"] == "in/clicks.jsonl" and bad[0]["_line"] == 4, bad[0]
+    assert bad[0]["_raw"] == json.dumps(CLICKS[3]), bad[0]
     assert "sources.clicks.transform.fields.v2 = 'v * 2' failed" in bad[0]["_reason"], bad
 
 

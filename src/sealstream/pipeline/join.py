@@ -9,6 +9,8 @@ It runs as one job over the union of the sources' events:
   aggregate of a source reads only that source's events (the other rows carry a null
   there, and aggregates ignore nulls); a source's ``count`` counts the rows tagged
   with it;
+* a source's own ``[sources.NAME.transform]`` (:func:`source_transform`) is compiled
+  over that source's fields, before the renaming;
 * a count per source says which sides a window saw: the user's own ``count`` of that
   source when there is one, else a hidden one (``?seen:SOURCE``);
 * when a window fires, the join rule keeps or drops it and nulls the aggregates of a

@@ -4,10 +4,14 @@ its own fields and tagged, and the join rule applied to windows as they fire.
 The settings and their lowering are :mod:`sealstream.pipeline.join`; this module
 is the columnar part:
 
-* :class:`TaggedReader` wraps a partition reader of one source. Each chunk's value
-  fields are renamed ``SOURCE.FIELD`` and the source's 0/1 condition columns (its
-  counts, its seen-count) are set, then the chunk takes the union's columns (the
-  other sources' fields null). One column operation per chunk, never per event.
+* :class:`TaggedReader` wraps a partition reader of one source. A source with a
+  ``[sources.NAME.transform]`` runs it first, on the chunk's columns (the one-source
+  :class:`~sealstream.transforms.TransformStage`): derived fields, and the filter's
+  verdict as ``__keep``, which the engine applies after the watermark has seen the
+  events; records an expression fails on become the chunk's bad records. Each
+  chunk's value fields are renamed ``SOURCE.FIELD`` and the source's 0/1 condition
+  columns (its counts, its seen-count) are set, then the chunk takes the union's
+  columns (the other sources' fields null). One column operation per chunk, never per event.
 * :class:`JoinRule` filters fired windows (inner: every source seen; left: the left
   source seen), nulls the aggregates of unseen sides and adds the derived fields.
 """

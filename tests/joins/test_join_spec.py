@@ -114,9 +114,25 @@ BAD = {
                           "join.left: 'ads' is not a source"),
     "live source": (('kind = "jsonl"', 'kind = "kafka"'),
                     "sources.clicks.kind: 'kafka': live sources are not supported yet"),
-    "per-source transform": (('time = "ts"', 'time = "ts"\nwhere = "ad = \'a\'"'),
-                             "sources.clicks.where: per-source transforms and types are not "
-                             "supported yet"),
+    "per-source where outside its table": (
+        ('time = "ts"', 'time = "ts"\nwhere = "ad = \'a\'"'),
+        "sources.clicks.where: a source's filter and derived fields go in its "
+        "[sources.clicks.transform] table"),
+    "per-source types": (('time = "ts"', 'time = "ts"\ntypes = {cost = "decimal(9, 2)"}'),
+                         "sources.clicks.types: declared types are not supported yet"),
+    "per-source bad where": (
+        ('time = "ts"', 'time = "ts"\ntransform.where = "ad = = \'a\'"'),
+        "sources.clicks.transform.where"),
+    "per-source bad field": (
+        ('time = "ts"', 'time = "ts"\ntransform.fields.x = "nosuchfn(ad)"'),
+        "sources.clicks.transform.fields.x"),
+    "per-source unknown transform setting": (
+        ('time = "ts"', 'time = "ts"\ntransform.select = "ad"'),
+        "sources.clicks.transform.select: unknown setting"),
+    "per-source derived key": (
+        ('time = "ts"', 'time = "ts"\ntransform.fields.ad = "upper(ad)"'),
+        "sources.clicks.transform.fields.ad: deriving a source's key or time field is not "
+        "supported yet"),
     "count_if": (('clicks.n = "count"', 'clicks.n = "count_if(ad = \'a\')"'),
                  "aggregates.clicks.n: count_if is not supported yet"),
     "missing file": (('"in/views.csv"', '"in/nope.csv"'),
@@ -124,6 +140,12 @@ BAD = {
     "one file, two sources": (('"in/views.csv"', '"in/clicks.jsonl"'),
                               "sources.views.paths: partition 'in/clicks.jsonl' is also "
                               "named by source 'clicks'"),
+    "enrich": (("[sink]", '[[enrich]]\nname = "ads"\nkind = "csv"\npath = "in/views.csv"\n'
+                          'on = "ad_id"\n\n[sink]'),
+               "[[enrich]]: enrichment is not supported yet in a several-source job"),
+    "archive": (("[sink]", '[archive]\nurl = "arch"\n\n[sink]'),
+                "[archive]: the raw-event archive is supported for kind = \"kafka\" and "
+                "\"nats\" sources only"),
     "both forms": (("[sources.views]", '[source]\nkind = "jsonl"\n\n[sources.views]'),
                    "[source] and [sources.NAME]: give one source, or several, not both"),
 }
@@ -156,3 +178,27 @@ def test_a_changed_join_is_refused_on_resume(tmp_path: Path,
     _, err = capsys.readouterr()
     assert rc != 0
     assert 'join.type: "inner" -> "left"' in err, err
+
+
+def test_python_form_refuses_enrich_and_archive(tmp_path: Path) -> None:
+    from sealstream.archive import ArchiveSettings
+    from sealstream.enrich import Enrich
+    from sealstream.errors import SpecError
+
+    _job(tmp_path)
+    base = {
+        "name": "ctr",
+        "source": Sources({
+            "clicks": FileSource("jsonl", ("in/clicks.jsonl",), key="ad", time="ts",
+                                 base_dir=tmp_path),
+            "views": FileSource("csv", ("in/views.csv",), key="ad_id", time="time",
+                                base_dir=tmp_path)}),
+        "window": Tumbling(size_ms=10),
+        "aggregates": {"clicks.n": "count", "views.n": "count"},
+        "sink": Output(kind="jsonl", path="out", base_dir=tmp_path),
+    }
+    with pytest.raises(SpecError, match=r"^\[\[enrich\]\]: enrichment is not supported yet"):
+        Pipeline(**base, enrich=(Enrich(name="ads", kind="csv", path="in/views.csv",
+                                        on=("ad_id",), base_dir=tmp_path),))
+    with pytest.raises(SpecError, match=r"^\[archive\]: a several-source job reads bounded"):
+        Pipeline(**base, archive=ArchiveSettings(url=str(tmp_path / "arch")))

@@ -729,8 +729,8 @@ class Job(Checkpointing):
         if self.wm.closed_ms is not None:  # windows an earlier end-of-input flush closed
             events = events.with_columns(self.wm.judged(pl.col(WATERMARK)).alias(WATERMARK))
         read = events.height
-        if self.transform is not None:
-            events = self.transform.keep(events)
+        if self.transform is not None or isinstance(self.p.source, Sources):
+            events = TransformStage.keep(events)  # several sources: each one's filter
         if self.enricher is not None:
             events = self.enricher.keep(events)
         if batch.finished:

@@ -48,7 +48,7 @@ from sealstream.pipeline.model import (
     parse_aggregate,
 )
 from sealstream.pipeline.nats import NatsSourceSpec
-from sealstream.pipeline.source import FileSource, SourceKind, Sources
+from sealstream.pipeline.source import FileSource, SourceKind, Sources, SourceTransform
 from sealstream.pipeline.spec import (
     load_spec,
     pipeline_from_dict,
@@ -83,6 +83,7 @@ __all__ = [
     "Session",
     "Sliding",
     "SourceKind",
+    "SourceTransform",
     "Sources",
     "Tumbling",
     "WARN_BAD_RATIO",

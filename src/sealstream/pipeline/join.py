@@ -9,6 +9,8 @@ It runs as one job over the union of the sources' events:
   aggregate of a source reads only that source's events (the other rows carry a null
   there, and aggregates ignore nulls); a source's ``count`` counts the rows tagged
   with it;
+* a source's own ``[sources.NAME.transform]`` (:func:`source_transform`) is compiled
+  over that source's fields, before the renaming;
 * a count per source says which sides a window saw: the user's own ``count`` of that
   source when there is one, else a hidden one (``?seen:SOURCE``);
 * when a window fires, the join rule keeps or drops it and nulls the aggregates of a
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import polars as pl
@@ -34,6 +36,10 @@ from sealstream.sources._base import FieldKind, FieldPlan, int_col
 
 if TYPE_CHECKING:
     from sealstream.pipeline.model import Pipeline
+    from sealstream.transforms import CompiledTransform
+
+KEEP = "__keep"
+"""The filter's verdict column (as :data:`sealstream.transforms._compile.KEEP`)."""
 
 JoinType = Literal["inner", "left"]
 SEEN_PREFIX = "?seen:"
@@ -105,17 +111,62 @@ def seen_aggregate(aggs: list[Aggregate], source: str) -> str:
                  and not a.name.startswith("?")), seen_name(source))
 
 
+def own_aggregates(aggs: list[Aggregate], name: str) -> list[Aggregate]:
+    """A source's aggregates reading its fields under their own names."""
+    prefix = name + "."
+    return [a if a.field is None else replace(a, field=a.field.removeprefix(prefix))
+            for a in aggs if a.source == name]
+
+
 def source_plan(aggs: list[Aggregate], sources: Sources, name: str) -> FieldPlan:
     """What one source's reader extracts: its key, its time, and the fields its
-    aggregates read (under their own names)."""
+    aggregates and its transform read (under their own names; a field its transform
+    derives is not read)."""
     member = sources.members[name]
     assert isinstance(member.key, str)
-    prefix = name + "."
-    own = [a for a in aggs if a.source == name and a.field is not None]
-    kinds: dict[str, FieldKind] = {
-        f.removeprefix(prefix): k for f, k in field_kinds(own).items()
-    }
+    own = own_aggregates(aggs, name)
+    tf = source_transform(sources, aggs, name)
+    if tf is not None:
+        return tf.source_plan(member.key, member.time, own)
+    kinds: dict[str, FieldKind] = dict(field_kinds([a for a in own if a.field is not None]))
     return FieldPlan(key=member.key, time=member.time, fields=kinds)
+
+
+@dataclass(frozen=True)
+class _SourceSettings:
+    """One source's transform settings, as :func:`compile_transform` reads them."""
+
+    where: str | pl.Expr | None
+    fields: Mapping[str, str | pl.Expr]
+    parsed_aggregates: list[Aggregate]
+    map_batches: None = None
+    key_fields: None = None
+
+
+def source_transform(sources: Sources, aggs: list[Aggregate],
+                     name: str) -> CompiledTransform | None:
+    """The compiled ``[sources.NAME.transform]`` of one source (None without one);
+    every setting (in errors and in bad records' reasons) is named
+    ``sources.NAME.transform....``."""
+    from sealstream.transforms import compile_transform
+
+    st = sources.transforms.get(name)
+    if st is None or (st.where is None and not st.fields):
+        return None
+    member = sources.members[name]
+    pre = f"sources.{name}."
+    try:
+        tf = compile_transform(_SourceSettings(st.where, st.fields, own_aggregates(aggs, name)))
+    except SpecError as exc:
+        raise SpecError(pre + str(exc)) from None
+    assert tf is not None
+    for f in (member.key, member.time):
+        if f in tf.derived:
+            raise SpecError(f"{pre}transform.fields.{f}: deriving a source's key or time "
+                            "field is not supported yet in a several-source job")
+    steps = tuple(replace(s, setting=pre + s.setting) for s in tf.steps)
+    where = next((s for s in steps if s.kind == "where"), None)
+    return replace(tf, steps=steps, where=where)
 
 
 def condition_names(aggs: list[Aggregate], name: str) -> list[str]:
@@ -130,10 +181,21 @@ class UnionPlan(FieldPlan):
 
     conditions: tuple[str, ...] = ()
 
-    def event_schema(self) -> dict[str, pl.DataType]:
+    def _union_schema(self) -> dict[str, pl.DataType]:
         schema = super().event_schema()
         for c in self.conditions:
             schema[int_col(c)] = pl.Int64()
+        return schema
+
+
+    #: some source has a filter: events carry its verdict (the engine drops the
+    #: events it rejects once the watermark has seen them, as for one source)
+    keep: bool = False
+
+    def event_schema(self) -> dict[str, pl.DataType]:
+        schema = self._union_schema()
+        if self.keep:
+            schema[KEEP] = pl.Boolean()
         return schema
 
 
@@ -141,8 +203,9 @@ def union_plan(aggs: list[Aggregate], sources: Sources) -> FieldPlan:
     """The columns of the union's events: every source's renamed fields and every
     condition field, keyed and timed as the first source (names unused)."""
     conditions = tuple(c for name in sources.names for c in condition_names(aggs, name))
+    keep = any(t.where is not None for t in sources.transforms.values())
     return UnionPlan(key=sources.key, time=sources.time, fields=dict(field_kinds(aggs)),
-                     conditions=conditions)
+                     conditions=conditions, keep=keep)
 
 
 def quote_names(text: str, names: set[str], setting: str) -> str:
@@ -228,9 +291,20 @@ def check_join(p: Pipeline) -> None:
         raise SpecError("source.types: declared types are not supported yet in a "
                         "several-source job")
     if p.where is not None or p.fields or p.map_batches is not None:
-        raise SpecError("transform: transforms are not supported yet in a several-source job")
+        raise SpecError("transform: in a several-source job each source has its own "
+                        "[sources.NAME.transform] (a [transform] of the union is not "
+                        "supported yet)")
+    for name in sources.names:
+        source_transform(sources, aggs, name)
     if p.workers is not None:
         raise SpecError("pipeline.workers: a several-source job runs in one process for now")
+    if p.enrich:
+        raise SpecError("[[enrich]]: enrichment is not supported yet in a several-source job "
+                        "(a job with one [source] can enrich)")
+    if p.archive is not None:
+        raise SpecError("[archive]: a several-source job reads bounded files, which are "
+                        "re-read from their files; the raw-event archive is for kafka and "
+                        "nats sources (remove the section)")
     derived_exprs(p)
 
 
@@ -242,9 +316,17 @@ def join_fingerprint(p: Pipeline) -> dict[str, Any]:
     return {
         "sources": {
             name: {"kind": m.kind, "partitions": [n for n, _ in m.partitions()],
-                   "key": m.key, "time": m.time}
+                   "key": m.key, "time": m.time, **_transform_print(p, name)}
             for name, m in sorted(p.source.members.items())
         },
         "join": {"type": join.type, **({"left": left} if join.type == "left" else {}),
                  "fields": {n: t for n, t, _ in derived_exprs(p)}},
     }
+
+
+def _transform_print(p: Pipeline, name: str) -> dict[str, Any]:
+    """A source's transform in the fingerprint, only when it has one (so the
+    fingerprint of a job without them is what it was)."""
+    assert isinstance(p.source, Sources)
+    tf = source_transform(p.source, p.parsed_aggregates, name)
+    return {} if tf is None else {"transform": tf.fingerprint()}

@@ -10,9 +10,11 @@ import glob
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+
+import polars as pl
 
 from sealstream.errors import SpecError
 
@@ -117,6 +119,17 @@ _SOURCE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
+class SourceTransform:
+    """One source's own transform in a several-source job (docs/joins.md): the spec's
+    ``[sources.NAME.transform]`` table. ``fields``: derived fields of that source's
+    events, name -> SQL (or Polars) expression, in order; ``where``: a filter over
+    them. Both read that source's fields only, before the union."""
+
+    where: str | pl.Expr | None = None
+    fields: Mapping[str, str | pl.Expr] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Sources:
     """Several bounded file sources in one job (docs/joins.md), keyed by name.
 
@@ -136,6 +149,8 @@ class Sources:
     """
 
     members: Mapping[str, FileSource]
+    #: per source: its own filter and derived fields, applied before the union
+    transforms: Mapping[str, SourceTransform] = field(default_factory=dict)
     kind: Literal["sources"] = "sources"
     follow: bool = False
     stop: str | None = None
@@ -160,6 +175,16 @@ class Sources:
             if src.key_fields is not None:
                 raise SpecError(f"sources.{name}.key: a compound key is not supported yet "
                                 "in a several-source job")
+        if not isinstance(self.transforms, Mapping):
+            raise SpecError("sources: transforms= expects a mapping of source name to "
+                            f"SourceTransform, got {self.transforms!r:.60}")
+        for name, tf in self.transforms.items():
+            if name not in self.members:
+                raise SpecError(f"sources.{name}.transform: {name!r} is not a source; the "
+                                f"sources are {', '.join(sorted(self.members))}")
+            if not isinstance(tf, SourceTransform):
+                raise SpecError(f"sources.{name}.transform: expected a SourceTransform, "
+                                f"got {tf!r:.60}")
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -24,7 +24,7 @@ from sealstream.pipeline.model import (
     Window,
 )
 from sealstream.pipeline.nats import NATS_SETTINGS, NatsSourceSpec, nats_source_from_dict
-from sealstream.pipeline.source import FileSource, Sources
+from sealstream.pipeline.source import FileSource, Sources, SourceTransform
 from sealstream.pipeline.validate import check_bad_ratio, check_max_age
 
 _SECTIONS: dict[str, set[str]] = {
@@ -254,14 +254,18 @@ def _several_sources(data: dict[str, Any], base_dir: Path) -> Sources | None:
     if "source" in data:
         raise SpecError("[source] and [sources.NAME]: give one source, or several, not both")
     members: dict[str, FileSource] = {}
+    transforms: dict[str, SourceTransform] = {}
     for name, table in data["sources"].items():
         sec = f"sources.{name}"
         if not isinstance(table, dict):
             raise SpecError(f"{sec}: expected a [{sec}] table, got {table!r}")
         for key in table:
-            if key in ("where", "fields", "transform", "types"):
-                raise SpecError(f"{sec}.{key}: per-source transforms and types are not "
-                                "supported yet in a several-source job")
+            if key in ("where", "fields"):
+                raise SpecError(f"{sec}.{key}: a source's filter and derived fields go in "
+                                f"its [{sec}.transform] table, as [transform] for one source")
+            if key == "types":
+                raise SpecError(f"{sec}.types: declared types are not supported yet in a "
+                                "several-source job")
             if key not in _SOURCE_KEYS:
                 raise SpecError(f"{sec}.{key}: unknown setting; [{sec}] takes "
                                 f"{', '.join(sorted(_SOURCE_KEYS))}")
@@ -270,13 +274,31 @@ def _several_sources(data: dict[str, Any], base_dir: Path) -> Sources | None:
             raise SpecError(f"{sec}.kind: {kind!r}: live sources are not supported yet in a "
                             "several-source job (bounded files only: jsonl, csv, parquet)")
         try:
-            members[name] = _file_source(table, kind, base_dir)
+            members[name] = _file_source({k: v for k, v in table.items() if k != "transform"},
+                                         kind, base_dir)
         except SpecError as exc:
             raise SpecError(f"{sec}.{str(exc).removeprefix('source.')}") from None
-    return Sources(members)
+        if "transform" in table:
+            transforms[name] = _source_transform(table["transform"], sec)
+    return Sources(members, transforms=transforms)
 
 
-_SOURCE_KEYS = {"kind", "paths", "path", "key", "time"}
+_SOURCE_KEYS = {"kind", "paths", "path", "key", "time", "transform"}
+
+
+def _source_transform(raw: object, sec: str) -> SourceTransform:
+    """``[sources.NAME.transform]``: ``where`` and ``fields.NAME``, as ``[transform]``."""
+    if not isinstance(raw, dict):
+        raise SpecError(f"{sec}.transform: expected a [{sec}.transform] table, got {raw!r}")
+    for key in raw:
+        if key not in _SECTIONS["transform"]:
+            raise SpecError(f"{sec}.transform.{key}: unknown setting; [{sec}.transform] takes "
+                            f"{', '.join(sorted(_SECTIONS['transform']))}")
+    try:
+        where, fields = _transform(raw)
+    except SpecError as exc:
+        raise SpecError(f"{sec}.{exc}") from None
+    return SourceTransform(where=where, fields=fields)
 
 
 def _join_section(sec: dict[str, Any]) -> Join:

@@ -4,10 +4,14 @@ its own fields and tagged, and the join rule applied to windows as they fire.
 The settings and their lowering are :mod:`sealstream.pipeline.join`; this module
 is the columnar part:
 
-* :class:`TaggedReader` wraps a partition reader of one source. Each chunk's value
-  fields are renamed ``SOURCE.FIELD`` and the source's 0/1 condition columns (its
-  counts, its seen-count) are set, then the chunk takes the union's columns (the
-  other sources' fields null). One column operation per chunk, never per event.
+* :class:`TaggedReader` wraps a partition reader of one source. A source with a
+  ``[sources.NAME.transform]`` runs it first, on the chunk's columns (the one-source
+  :class:`~sealstream.transforms.TransformStage`): derived fields, and the filter's
+  verdict as ``__keep``, which the engine applies after the watermark has seen the
+  events; records an expression fails on become the chunk's bad records. Each
+  chunk's value fields are renamed ``SOURCE.FIELD`` and the source's 0/1 condition
+  columns (its counts, its seen-count) are set, then the chunk takes the union's
+  columns (the other sources' fields null). One column operation per chunk, never per event.
 * :class:`JoinRule` filters fired windows (inner: every source seen; left: the left
   source seen), nulls the aggregates of unseen sides and adds the derived fields.
 """
@@ -17,20 +21,26 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 from sealstream import sources as _sources
-from sealstream.aggspec import Aggregate, condition_field
+from sealstream.aggspec import Aggregate, condition_field, field_kinds
 from sealstream.pipeline import Pipeline
 from sealstream.pipeline.join import (
+    KEEP,
     Join,
     condition_names,
     derived_exprs,
+    own_aggregates,
     seen_aggregate,
     source_plan,
+    source_transform,
 )
 from sealstream.pipeline.source import Sources
 from sealstream.sources._base import (
+    BAD_SCHEMA,
+    PARTITION,
     Chunk,
     FieldPlan,
     PartitionPosition,
@@ -39,6 +49,7 @@ from sealstream.sources._base import (
     int_col,
     json_col,
 )
+from sealstream.transforms import TransformStage
 from sealstream.windows.aggregates import Accumulators, _float_json, _json_string
 
 __all__ = ["JoinRule", "TaggedReader", "open_readers"]
@@ -48,11 +59,15 @@ class TaggedReader:
     """A partition reader of one source whose chunks carry the union's columns."""
 
     def __init__(self, reader: PartitionReader, source: str, own: FieldPlan,
-                 conditions: list[str], union: FieldPlan) -> None:
+                 conditions: list[str], union: FieldPlan,
+                 stage: TransformStage | None = None, header_lines: int = 0) -> None:
         self.reader = reader
         self.name = reader.name
+        self._stage = stage
+        self._header = header_lines
         renames: dict[str, str] = {}
-        for f in own.fields:
+        fields = set(own.fields) | (set(stage.tf.derived) if stage is not None else set())
+        for f in sorted(fields):
             for col in (int_col, float_col, json_col):
                 renames[col(f)] = col(f"{source}.{f}")
         self._renames = renames
@@ -64,8 +79,8 @@ class TaggedReader:
         if self._conditions:
             events = events.with_columns(self._conditions)
         have = set(events.columns)
-        missing = [pl.lit(None, dtype=t).alias(c) for c, t in self._schema.items()
-                   if c not in have]
+        missing = [pl.lit(True if c == KEEP else None, dtype=t).alias(c)
+                   for c, t in self._schema.items() if c not in have]
         if missing:
             events = events.with_columns(missing)
         return events.select(list(self._schema))
@@ -74,7 +89,31 @@ class TaggedReader:
         chunk = self.reader.next_chunk(max_records)
         if chunk is None:
             return None
+        if self._stage is not None:
+            chunk = self._transform(chunk)
         return replace(chunk, events=self._conform(chunk.events))
+
+    def _transform(self, chunk: Chunk) -> Chunk:
+        """The source's own derived fields and filter verdict, on the chunk's columns;
+        records an expression fails on become the chunk's bad records (file, line)."""
+        assert self._stage is not None
+        events = chunk.events.with_columns(pl.lit(0, dtype=pl.Int32).alias(PARTITION))
+        events, failed = self._stage.apply(events)
+        events = events.drop(PARTITION)
+        if not failed.height:
+            return replace(chunk, events=events)
+        offs = failed.get_column("_offset").to_numpy().astype(np.int64, copy=False)
+        raw = (chunk.raw.texts(offs) if chunk.raw is not None
+               else pl.Series([None] * len(offs), dtype=pl.String))
+        bad = failed.select(
+            pl.col("_offset"),
+            (pl.col("_offset") + 1 + self._header).alias("_line"),
+            pl.col("_reason"),
+            raw.alias("_raw"),
+        )
+        bad = bad.select(pl.col(c).cast(t) for c, t in BAD_SCHEMA.items())
+        bad = pl.concat([chunk.bad.select(list(BAD_SCHEMA)), bad])
+        return replace(chunk, events=events, bad=bad.sort("_offset"))
 
     def size_hint(self) -> tuple[int, int] | None:
         return self.reader.size_hint()
@@ -91,12 +130,26 @@ def open_readers(p: Pipeline, partitions: list[tuple[str, Path]],
     union = p.field_plan()
     out: list[PartitionReader] = []
     owners = p.source.partition_sources()
+    stages = {src: _stage(aggs, p.source, src) for src in p.source.names}
     for (name, path), pos, src in zip(partitions, resume, owners, strict=True):
         member = p.source.members[src]
         own = source_plan(aggs, p.source, src)
         reader = _sources.open_partition(member.kind, name, path, own, pos)
-        out.append(TaggedReader(reader, src, own, condition_names(aggs, src), union))
+        out.append(TaggedReader(reader, src, own, condition_names(aggs, src), union,
+                                stages[src], 1 if member.kind == "csv" else 0))
     return out
+
+
+def _stage(aggs: list[Aggregate], sources: Sources, name: str) -> TransformStage | None:
+    """One source's ``[sources.NAME.transform]`` as a stage over its own columns."""
+    tf = source_transform(sources, aggs, name)
+    if tf is None:
+        return None
+    member = sources.members[name]
+    plan = source_plan(aggs, sources, name)
+    numeric = frozenset(f for f, k in field_kinds(own_aggregates(aggs, name)).items()
+                        if k == "numeric" and f in tf.derived)
+    return TransformStage(tf, plan, numeric, member.key, member.time)
 
 
 def _json_of(col: pl.Expr, dtype: pl.DataType) -> pl.Expr:

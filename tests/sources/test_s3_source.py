@@ -133,3 +133,47 @@ def test_no_object_or_no_bucket_is_one_line_exit_2(tmp_path: Path, s3_server: An
               else "bucket 'no-such-bucket-here' does not exist")
     assert needle in res.stderr, res.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.parametrize("kind", ["csv", "parquet"])
+def test_csv_and_parquet_objects_give_the_output_of_local_files(tmp_path: Path, kind: str,
+                                                                s3_server: Any) -> None:
+    import polars as pl
+
+    from sealstream.testing.specs import files_source, spec_text
+
+    root = f"s3://{s3_server.bucket}/src-{uuid.uuid4().hex[:12]}"
+    client = _client(s3_server)
+    runs = {}
+    for where in ("local", "s3"):
+        d = tmp_path / where
+        (d / "in").mkdir(parents=True)
+        paths = []
+        for p in range(2):
+            rows = pl.DataFrame({
+                "user": [f"u{(i * 7 + p) % 5}" for i in range(300)],
+                "ts": [1_700_000_000_000 + i * 137 - (i % 11) * 60 for i in range(300)],
+                "amount": [float((i * 13 + p) % 29) for i in range(300)],
+            })
+            name = f"in/p{p}.{kind}"
+            if kind == "csv":
+                rows.write_csv(d / name)
+            else:
+                rows.write_parquet(d / name)
+            if where == "s3":
+                client.put_object(Bucket=s3_server.bucket,
+                                  Key=f"{root.split('/', 3)[3]}/{name}",
+                                  Body=(d / name).read_bytes())
+                (d / name).unlink()
+                paths.append(f"{root}/in/p*.{kind}")
+            else:
+                paths.append(name)
+        spec = d / "spec.toml"
+        spec.write_text(spec_text("s3kinds", files_source(sorted(set(paths)), kind=kind),
+                                  batch_size=40, every_events=100))
+        res = run(spec, env=s3_server.env())
+        assert res.returncode == 0, res.stderr
+        runs[where] = sorted(
+            line for f in (d / "out").glob("*.jsonl") if not f.name.startswith((".", "_"))
+            for line in f.read_text().splitlines() if line.strip())
+    assert runs["local"] and runs["s3"] == runs["local"]

@@ -1,5 +1,5 @@
 """What object storage does not cover yet is refused in one line (exit 2), before
-anything is read or created: S3 inputs and the raw-event archive; and S3 outputs
+anything is read or created: followed S3 inputs and the raw-event archive; and S3 outputs
 that cannot work (a bad bucket name, prefixes inside each other, an endpoint for a
 local directory)."""
 
@@ -16,6 +16,7 @@ from test_pipeline_spec import base_spec, write_inputs, write_spec
 
 def _edit_source(spec: dict[str, Any]) -> None:
     spec["source"]["paths"] = ["s3://bucket/events/*.jsonl"]
+    spec["source"]["follow"] = True
 
 
 def _edit_sink(spec: dict[str, Any]) -> None:
@@ -36,7 +37,7 @@ def _edit_archive(spec: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(("edit", "needle"), [
-    (_edit_source, "source.paths[0]: 's3://bucket/events/*.jsonl': reading inputs from S3 "
+    (_edit_source, "source.paths[0]: 's3://bucket/events/*.jsonl': following objects in S3 "
                    "is not supported yet"),
     (_edit_sink, "late.path: 's3://bucket/out/late' overlaps the sink output; give each its "
                  "own prefix"),

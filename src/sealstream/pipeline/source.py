@@ -79,7 +79,12 @@ class FileSource:
         """``(name as written, resolved path)`` for every partition, in read order.
         ``allow_empty``: a glob matching nothing (yet) is not an error (following)."""
         out: list[tuple[str, Path]] = []
-        for written in self.paths:
+        for i, written in enumerate(self.paths):
+            if written.lower().startswith("s3://"):  # downloaded once (docs/object-storage.md)
+                from sealstream.sources.files.s3 import resolve
+
+                out.extend(resolve(f"source.paths[{i}]", written, self.base_dir))
+                continue
             if glob.has_magic(written):
                 matches = sorted(glob.glob(written, root_dir=self.base_dir))
                 if not matches and allow_empty:

@@ -119,14 +119,13 @@ def _check_types(p: Pipeline) -> None:
 
 
 def _refuse_object_paths(p: Pipeline) -> None:
-    """Sources in object storage are not supported yet: one line saying so, before
-    anything is read. Outputs in S3 (jsonl, parquet) are checked here: a well-formed
+    """Sources in object storage are bounded only (followed ones refused in one line,
+    before anything is read). Outputs in S3 (jsonl, parquet) are checked here: a well-formed
     ``s3://bucket/prefix``, none inside another's prefix nor the checkpoints'."""
     for i, path in enumerate(p.source.paths):
-        if path.lower().startswith("s3://"):
-            raise SpecError(f"source.paths[{i}]: {path!r}: reading inputs from S3 is not "
-                            "supported yet; copy them to a local directory (only checkpoints "
-                            "can be in S3 so far)")
+        if path.lower().startswith("s3://") and getattr(p.source, "follow", False):
+            raise SpecError(f"source.paths[{i}]: {path!r}: following objects in S3 is not "
+                            "supported yet (bounded runs only: remove follow)")
     urls: dict[str, str] = {}
     for section, out in (("sink", p.sink), ("late", p.late), ("errors", p.errors)):
         if out is None:

@@ -32,6 +32,16 @@ def open_partition(
     file changes while it is read (truncated, rewritten or replaced; growing is
     not a change), before it serves any record read after the change.
     """
+    if name.lower().startswith("s3://"):  # a cached object: positions carry its ETag
+        from .s3 import S3Partition
+
+        return S3Partition(lambda pos: _open_file(kind, name, path, plan, pos),
+                           name, path, position)
+    return _open_file(kind, name, path, plan, position)
+
+
+def _open_file(kind: str, name: str, path: Path, plan: FieldPlan,
+               position: PartitionPosition | None) -> PartitionReader:
     if kind == "jsonl":
         from .jsonl import JsonlReader
 

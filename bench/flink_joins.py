@@ -237,10 +237,15 @@ def main(argv: list[str] | None = None) -> int:
         ours[job], summary = run_sealstream(WORK, job)
         late[job] = int(summary.get("late_events", 0))
     t = time.monotonic()
+    # PYTHONSAFEPATH: without it the script's directory, bench/, comes first on the
+    # path, and its profile.py shadows the standard module that PyFlink's Beam
+    # worker imports (through cProfile)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONSAFEPATH"] = "1"
     res = subprocess.run([str(py), str(ROOT / "bench" / "flink_joins_job.py"),
                           "--in-dir", str(WORK), "--out", str(WORK),
                           "--size-ms", str(SIZE_MS), "--max-delay-ms", str(DELAY_MS)],
-                         capture_output=True, text=True, timeout=1800)
+                         capture_output=True, text=True, timeout=1800, env=env)
     flink_s = time.monotonic() - t
     if res.returncode != 0:
         raise SystemExit(f"flink_joins: the PyFlink job failed: {res.stderr.strip()[-2000:]}")

@@ -106,13 +106,13 @@ def main(argv: list[str] | None = None) -> int:
         SELECT i.ad_id, i.window_start, i.window_end, c.n, i.n, i.cost,
                CAST(c.n AS DOUBLE) / i.n AS ctr
         FROM {i} i LEFT JOIN {c} c ON {on}""", args.out / "left.jsonl", cols + ["ctr"])
+    env.execute_sql("""CREATE TEMPORARY VIEW enriched AS
+        SELECT e.ad_id, e.rt, e.cost, a.bid, a.tier
+        FROM impressions AS e
+        LEFT JOIN ads FOR SYSTEM_TIME AS OF e.rt AS a ON e.ad_id = a.ad_id""")
     n_enrich = _collect(env, f"""
         SELECT ad_id, window_start, window_end, COUNT(*), SUM(cost), SUM(bid), MAX(tier)
-        FROM TABLE(TUMBLE(TABLE (
-            SELECT e.ad_id, e.rt, e.cost, a.bid, a.tier
-            FROM impressions AS e
-            LEFT JOIN ads FOR SYSTEM_TIME AS OF e.rt AS a ON e.ad_id = a.ad_id),
-          DESCRIPTOR(rt), INTERVAL '{size}' SECOND))
+        FROM TABLE(TUMBLE(TABLE enriched, DESCRIPTOR(rt), INTERVAL '{size}' SECOND))
         GROUP BY ad_id, window_start, window_end""", args.out / "enrich.jsonl",
                         ["key", "window_start", "window_end", "n", "cost", "bid", "tier"])
     print(json.dumps({"inner": n_inner, "left": n_left, "enrich": n_enrich}))

@@ -36,6 +36,7 @@ bench: $(STAMP) bench-flink bench-quix
 	$(PY) -m bench.incremental
 	$(PY) -m bench.transforms
 	$(PY) -m bench.joins
+	$(PY) -m bench.flink_joins
 	$(PY) -m bench.scaleout
 	$(PY) -m bench.live
 	$(PY) -m bench.speed

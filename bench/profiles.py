@@ -1,6 +1,6 @@
 """Sampling profiles (py-spy) of three runs: Kafka -> files, JSONL tumbling, JSONL session.
 
-    python -m bench.profile [--events N] [--rate HZ] [--only kafka,tumbling,session]
+    python -m bench.profiles [--events N] [--rate HZ] [--only kafka,tumbling,session]
 
 Each run is ``sealstream run`` of the standard job (3 partitions, 10,000 keys,
 ``max_delay_ms = 1000``, checkpoint every second) under ``py-spy record --native``,
@@ -161,7 +161,7 @@ def write_table(name: str, title: str, raw: Path, extra: str, plain: dict[str, A
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.profile")
+    ap = argparse.ArgumentParser(prog="python -m bench.profiles")
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--keys", type=int, default=10_000)
     ap.add_argument("--rate", type=int, default=200)

@@ -124,11 +124,18 @@ class WorkerPartsSink(Sink):
     (``after_commit_worker_part``: after each worker's commit)."""
 
     def __init__(self, local: Sink, actors: Callable[[], list[Any]],
-                 crash: Callable[[str], None]) -> None:
+                 crash: Callable[[str], None], output: str = "results",
+                 before: Callable[[], None] | None = None) -> None:
+        """``output``: the job's output this sink is (``results``, ``late`` or
+        ``errors``, :mod:`._records`; the latter's commits are crash point
+        ``after_commit_worker_records``); ``before``: called before a prepare (waits
+        for the workers' staging calls)."""
         self.local = local
         self.role = local.role
+        self.output = output
         self._actors = actors
         self._crash = crash
+        self._before = before
 
     def write(self, epoch: int, frame: pl.DataFrame) -> None:
         self.local.write(epoch, frame)
@@ -141,9 +148,12 @@ class WorkerPartsSink(Sink):
     def prepare_deferred(self, epoch: int) -> tuple[list[str], Callable[[], None]]:
         from sealstream.distributed._shard import gather
 
+        if self._before is not None:
+            self._before()
         tokens, done = self.local.prepare_deferred(epoch)
         actors = self._actors()
-        parts = gather([a.prepare_results.remote(epoch) for a in actors], "prepare results")
+        parts = gather([a.prepare_results.remote(epoch, self.output) for a in actors],
+                       f"prepare {self.output}")
         return list(tokens) + [t for ts in parts for t in ts], done
 
     def commit(self, epoch: int, tokens: list[str]) -> None:
@@ -164,8 +174,10 @@ class WorkerPartsSink(Sink):
                 here.append(t)
         self.local.commit(epoch, here)
         for i in sorted(by_worker):
-            gather([actors[i].commit_results.remote(epoch, by_worker[i])], "commit results")
-            self._crash("after_commit_worker_part")
+            gather([actors[i].commit_results.remote(epoch, by_worker[i], self.output)],
+                   f"commit {self.output}")
+            self._crash("after_commit_worker_part" if self.output == "results"
+                        else "after_commit_worker_records")
 
     def recover(self, prepared: dict[int, list[str]]) -> None:
         self.local.recover(prepared)

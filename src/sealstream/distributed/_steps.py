@@ -55,6 +55,12 @@ class StepBatch(Batch):
     #: the workers staged the step's results themselves (:mod:`._sinks`): what they
     #: return in place of fired windows is the results' identities
     staged: bool = False
+    #: the data plane's step number; the bad records its readers kept
+    #: (:mod:`._records`); the key workers return their late events as a count and a
+    #: reference
+    plane_step: int = 0
+    kept_bad: int = 0
+    late_refs: bool = False
 
     def raw_texts(
         self, partitions: npt.NDArray[np.int32], offsets: npt.NDArray[np.int64]
@@ -126,8 +132,10 @@ class StepPlanner:
         wm = self.job.wm.to_json()
         last = list(self.job.wm.last_offset)
         stage = self.job.results_stage_epoch()
+        late_refs = self.job.records_on_workers("late")
         pending = [a.process_step.remote(wm, last, bound, breaks,
-                                         [shards[i] for _, _, shards in got], stage)
+                                         [shards[i] for _, _, shards in got], stage,
+                                         late_refs)
                    for i, a in enumerate(self.actors)]
         sums = [s for s, _, _ in got]
         self.step += 1
@@ -168,6 +176,10 @@ class StepPlanner:
             infos=infos,
             planner=self,
             staged=stage is not None,
+            plane_step=self.step - 1,
+            kept_bad=sum(int(s["n_bad"]) for s in sums if s["bad"] is None
+                         and s["failed"] is None),
+            late_refs=late_refs,
         )
         self.step_bytes.append(received)
         self.output_bytes.append(rows)
@@ -180,20 +192,24 @@ class StepPlanner:
     def _read(self, bound: int) -> tuple[int, list[Any]]:
         """Ask every partition's worker for its slab below ``bound`` (not waited for)."""
         unseen = list(self.job.unseen_fields)  # a superset of what is still unseen
+        keep_bad = self.job.records_on_workers("errors")
         return bound, [self.owner[q].read_step.remote(self.p, q, self.n, bound,
                                                        max(1, self.batch_size),
-                                                       len(self.actors), unseen, self.step)
+                                                       len(self.actors), unseen, self.step,
+                                                       keep_bad)
                        for q in range(self.n)]
 
     def gather_outputs(self, batch: StepBatch
-                       ) -> list[tuple[bytes | dict[str, int] | None, bytes | None, int]]:
+                       ) -> list[tuple[bytes | dict[str, int] | None,
+                                       bytes | dict[str, Any] | None, int]]:
         """Each key worker's output of the step: fired windows (or, when it staged
         them itself, their number and largest window end), late events, a count."""
         got = gather(batch.pending, "process")
         if self.step_bytes:
             self.step_bytes[-1] += _bytes(got)
             self.output_bytes[-1] += sum((_bytes(f) if isinstance(f, bytes) else 0)
-                                         + _bytes(lt) for f, lt, _ in got)
+                                         + (_bytes(lt) if isinstance(lt, bytes) else 0)
+                                         for f, lt, _ in got)
         return [tuple(g) for g in got]
 
     def raw_texts(self, partitions: npt.NDArray[np.int32],

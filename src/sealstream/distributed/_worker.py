@@ -45,6 +45,13 @@ from sealstream.distributed._plane import (
 )
 from sealstream.distributed._receipts import Built
 from sealstream.distributed._receipts import build as build_receipt
+from sealstream.distributed._records import (
+    WorkerRecords,
+    bad_frame,
+    late_frame,
+    late_of,
+    records_digest,
+)
 from sealstream.distributed._sinks import WorkerResults
 from sealstream.pipeline import Pipeline
 from sealstream.sources import open_partition
@@ -87,6 +94,12 @@ class ShardWorker:
         self.live: LiveReader | None = None
         #: the last receipt this worker built as its epoch's receipt worker
         self.receipt: Built | None = None
+        #: this worker's own [late] / [errors] sinks (:mod:`._records`), and the bad
+        #: records of its partitions' slabs kept until their epoch is known:
+        #: (partition, step) -> (parse failures, transform failures)
+        self.records: dict[str, WorkerRecords] = {}
+        self.bad_rows: dict[tuple[int, int], tuple[pl.DataFrame | None,
+                                                   pl.DataFrame | None]] = {}
 
     # ------------------------------------------------------------- results sink
     def open_results(self, pipeline: Pipeline, run_token: str, sort: bool,
@@ -97,25 +110,82 @@ class ShardWorker:
             self.results.close()
         self.results = WorkerResults(pipeline, run_token, sort, keep_ids)
 
-    def prepare_results(self, epoch: int) -> list[str]:
-        """Make this worker's staged results of ``epoch`` durable; their tokens."""
+    def prepare_results(self, epoch: int, role: str = "results") -> list[str]:
+        """Make this worker's staged ``role`` output of ``epoch`` durable; its tokens."""
+        if role != "results":
+            rec = self.records.get(role)
+            return rec.sink.prepare(epoch) if rec is not None else []
         return self.results.prepare(epoch) if self.results is not None else []
 
-    def commit_results(self, epoch: int, tokens: list[str]) -> None:
+    def commit_results(self, epoch: int, tokens: list[str], role: str = "results") -> None:
         """Publish this worker's prepared ``tokens`` of ``epoch`` (idempotent)."""
+        if role != "results":
+            if role not in self.records:
+                raise RuntimeError(f"this worker has no {role} sink to commit")
+            self.records[role].sink.commit(epoch, tokens)
+            return
         if self.results is None:
             raise RuntimeError("this worker has no results sink to commit")
         self.results.commit(epoch, tokens)
 
+    def open_records(self, pipeline: Pipeline, role: str, run_token: str, names: list[str],
+                     keep_ids: bool) -> None:
+        """Stage ``role`` (late events or bad records) in part files of this worker's
+        own (:mod:`._records`)."""
+        old = self.records.pop(role, None)
+        if old is not None:
+            old.close()
+        self.records[role] = WorkerRecords(pipeline, role, run_token, names, keep_ids)
+
+    def stage_records(self, mine: list[int], step: int, late_epoch: int | None,
+                      errors_epoch: int | None, late: list[Any]) -> None:
+        """Stage the bad records and late events of the partitions ``mine``, which this
+        worker read in ``step``: its kept bad records in ``errors_epoch``; the late rows of its
+        partitions among ``late`` (references from the key workers), with the raw text
+        it holds, in ``late_epoch``."""
+        import ray
+
+        if errors_epoch is not None and "errors" in self.records:
+            rec = self.records["errors"]
+            kept = [self.bad_rows.pop((q, step), (None, None)) for q in mine]
+            parsed = [b for b, _ in kept if b is not None]
+            failed = [f for _, f in kept if f is not None]
+            if parsed:
+                rec.stage(errors_epoch, bad_frame(rec.names, pl.concat(parsed, how="vertical")
+                                                  .sort(["_offset", "_p"])))
+            if failed:
+                rec.stage(errors_epoch, bad_frame(rec.names, pl.concat(failed, how="vertical")))
+        if late_epoch is not None and late and "late" in self.records:
+            rec = self.records["late"]
+            rows = late_of([from_ipc(b) for b in ray.get(late)], set(mine))
+            if rows is not None:
+                rec.stage(late_epoch, late_frame(rec.names, rows,
+                                                 {q: self.spans[(q, step)] for q in mine}))
+
     # ------------------------------------------------------------- receipts
-    def take_receipt_ids(self, epoch: int) -> list[Any]:
+    def take_receipt_ids(self, epoch: int, role: str = "results") -> list[Any]:
         """This worker's result identities of ``epoch`` (:mod:`._receipts`), put in
         Ray's object store by this worker: a reference (in a list, so that the caller
         passes it on unresolved), or nothing when it staged no result in ``epoch``."""
         import ray
 
-        ids = self.results.ids.take(epoch) if self.results is not None else None
+        if role != "results":
+            rec = self.records.get(role)
+            ids = rec.ids.take(epoch) if rec is not None else None
+        else:
+            ids = self.results.ids.take(epoch) if self.results is not None else None
         return [] if ids is None else [ray.put(to_ipc(ids))]
+
+    def build_records_receipt(self, shares: list[Any], own: bytes | None) -> dict[str, Any]:
+        """The count and digest of an epoch's late events or bad records from every
+        worker's ids (``shares``, as :meth:`build_receipt`) and the coordinator's own."""
+        import ray
+
+        refs = [r for share in ray.get(shares) for r in share]
+        frames = [from_ipc(b) for b in ray.get(refs)] if refs else []
+        if own is not None:
+            frames.append(from_ipc(own))
+        return records_digest(frames)
 
     def build_receipt(self, shares: list[Any], own: bytes | None) -> dict[str, Any]:
         """Build an epoch's receipt from every worker's ids (``shares``: references to
@@ -160,16 +230,19 @@ class ShardWorker:
         reader = open_partition(pipeline.source.kind, name, Path(path), plan, pos.resume)
         self.slabs[q] = SlabReader(reader, pos)
         self.spans = {k: v for k, v in self.spans.items() if k[0] != q}
+        self.bad_rows = {k: v for k, v in self.bad_rows.items() if k[0] != q}
         return self.slabs[q].start_offset()
 
     def read_step(self, pipeline: Pipeline, q: int, n_parts: int, bound: int,
-                  chunk_records: int, workers: int, unseen: list[str], step: int
-                  ) -> tuple[dict[str, Any], Any, list[Any]]:
+                  chunk_records: int, workers: int, unseen: list[str], step: int,
+                  keep_bad: bool = False) -> tuple[dict[str, Any], Any, list[Any]]:
         """Partition ``q``'s records with offset below ``bound``: parsed (and
         transformed) here, their watermark breakpoints and each worker's rows put in
         Ray's object store by this worker. Returns a summary of a few numbers per
         partition (bad records' rows when there are any), the breakpoints' reference
-        and one reference per worker: no event row goes back to the coordinator."""
+        and one reference per worker: no event row goes back to the coordinator.
+        ``keep_bad``: bad records are kept here (their number goes back) until
+        :meth:`stage_records` stages them."""
         import ray
 
         from sealstream.distributed._shard import split
@@ -177,6 +250,8 @@ class ShardWorker:
         plan = pipeline.field_plan()
         slab = self.slabs[q].take(bound, chunk_records)
         self.spans.pop((q, step - 2), None)
+        self.bad_rows.pop((q, step - 2), None)
+        self.bad_rows.pop((q, step), None)
         self.spans[(q, step)] = slab.raw
         schema = dict(plan.event_schema())
         schema[PARTITION] = pl.Int32()
@@ -198,6 +273,16 @@ class ShardWorker:
             events = transform.keep(events)
         seen = _seen(events, unseen) if unseen and events.height else []
         shards = [ray.put(to_ipc(part)) for part in split(events, workers)]
+        n_bad = (bad.height if bad is not None else 0) + (
+            failed_rows.height if failed_rows is not None else 0)
+        if keep_bad and n_bad:
+            def with_p(f: pl.DataFrame | None) -> pl.DataFrame | None:
+                if f is None or not f.height:
+                    return None
+                return f.select("_offset", "_line", "_reason", "_raw").with_columns(
+                    pl.lit(q, dtype=pl.Int32).alias("_p"))
+            self.bad_rows[(q, step)] = (with_p(bad), with_p(failed_rows))
+            bad, failed_rows = None, None
         summary = {
             "read": read,
             "max_time": breaks.max_time,
@@ -210,6 +295,7 @@ class ShardWorker:
             "failed": to_ipc(failed_rows) if failed_rows is not None else None,
             "seen": seen,
             "hint": self.slabs[q].size_hint(),
+            "n_bad": n_bad,
         }
         return summary, ray.put(breaks), shards
 
@@ -226,8 +312,10 @@ class ShardWorker:
         return to_ipc(texts.to_frame())
 
     def process_step(self, wm: dict[str, Any], last_offsets: list[int | None], bound: int,
-                     breaks: list[Any], shards: list[Any], stage: int | None = None
-                     ) -> tuple[bytes | dict[str, int] | None, bytes | None, int]:
+                     breaks: list[Any], shards: list[Any], stage: int | None = None,
+                     late_refs: bool = False
+                     ) -> tuple[bytes | dict[str, int] | None, bytes | dict[str, Any] | None,
+                                int]:
         """Apply this shard's rows of a step: ``breaks`` (one reference per partition
         read in the step) and ``shards`` (this worker's rows from each partition, in
         partition order) come from the partitions' workers through the
@@ -238,7 +326,11 @@ class ShardWorker:
         (:meth:`open_results`), the fired windows become result rows here and are
         staged in that epoch of this worker's part file, their identities kept here
         for the epoch's receipt (:mod:`._receipts`); only their number and largest
-        window end go back, in place of the fired windows."""
+        window end go back, in place of the fired windows.
+
+        ``late_refs``: the late events are put in Ray's object store here; their
+        number and the reference go back (for the partitions' readers to stage them,
+        :meth:`stage_records`), not the rows."""
         import ray
 
         got: list[Breaks] = list(ray.get(breaks))
@@ -253,7 +345,10 @@ class ShardWorker:
         advance(state, got, bound)
         out = op.process(events, state.current())
         fired = out.fired
-        late = to_ipc(out.late) if out.late.height else None
+        late: bytes | dict[str, Any] | None = None
+        if out.late.height:
+            late = ({"n": out.late.height, "ref": [ray.put(to_ipc(out.late))]} if late_refs
+                    else to_ipc(out.late))
         if stage is not None and fired.height and self.results is not None:
             # staged here: their number and largest window end go back, nothing else
             return self.results.stage(stage, fired), late, events.height

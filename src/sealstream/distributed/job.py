@@ -4,7 +4,8 @@ The coordinator (this process) is the single-process :class:`~sealstream.Job`
 as the control plane: it plans steps, keeps the watermark state, stages output
 in the sinks and writes the checkpoints, as on one process (except results in a
 JSON Lines or Parquet directory of a bounded run, which each worker stages and
-commits itself: :mod:`._sinks`). For bounded sources
+commits itself: :mod:`._sinks`; late events and bad records in such directories are
+staged by the partitions' readers: :mod:`._records`). For bounded sources
 the data plane runs on the workers (:mod:`._steps`, :mod:`._plane`): partition
 ``i`` is read and parsed by worker ``i mod N``, which sends each key's worker its
 rows and its partition's watermark breakpoints through Ray's object store; each
@@ -39,6 +40,8 @@ checkpoint is suppressed, never written twice).
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -48,6 +51,7 @@ import polars as pl
 
 from sealstream._runtime.engine import Job
 from sealstream._runtime.merge import Batch, SourcePosition
+from sealstream._runtime.persist import ROLES
 from sealstream._runtime.summary import RunSummary
 from sealstream.checkpoint import receipts as trees
 from sealstream.checkpoint.manifest import (
@@ -61,6 +65,7 @@ from sealstream.checkpoint.manifest import (
 from sealstream.checkpoint.stores import CheckpointStore, checkpoint_dirname
 from sealstream.distributed._cluster import connect
 from sealstream.distributed._plane import advance, prepare
+from sealstream.distributed._records import ROLES as RECORD_ROLES
 from sealstream.distributed._shard import (
     ROUTING,
     ShardedOperator,
@@ -125,6 +130,8 @@ class DistributedJob(Job):
         self._actors: list[Any] = []
         #: the worker holding the receipt ids of the checkpoint being written
         self._receipt_builder: Any = None
+        #: the workers' staging calls of late events and bad records (:mod:`._records`)
+        self._record_calls: list[Any] = []
         Job.__init__(self, pipeline, **kwargs)
         # each checkpoint holds the whole state as parts, never a delta chain
         self._incremental = False
@@ -200,6 +207,8 @@ class DistributedJob(Job):
         w_before = self.wm.global_ms
         advance(self.wm, batch.infos, batch.bound)
         got = batch.planner.gather_outputs(batch)
+        if batch.late_refs or batch.kept_bad:
+            got = self._stage_records(batch, got)
         if batch.finished:  # every window fired: keep the watermark the data reached
             self.wm.end_of_input(self._reach_ms(), w_before)
         if batch.staged:  # the workers staged their results: a count and an end came back
@@ -210,7 +219,7 @@ class DistributedJob(Job):
                 self.output.submit(lambda: self._count_staged(n_staged, end))
             got = [(None, lt, n) for _, lt, n in got]
         fires = [from_ipc(f) for f, _, _ in got if isinstance(f, bytes)]
-        lates = [from_ipc(lt) for _, lt, _ in got if lt is not None]
+        lates = [from_ipc(lt) for _, lt, _ in got if isinstance(lt, bytes)]
         fired = pl.concat(fires, how="vertical") if fires else pl.DataFrame()
         late = pl.concat(lates, how="vertical") if lates else pl.DataFrame()
         if self.workers > 1:
@@ -234,8 +243,11 @@ class DistributedJob(Job):
                 self._receipt("late", frame)
         if self.crash.targets:
             self.output.drain()
+            self._drain_records()
         self.crash("after_stage")
-        return read
+        # bad records kept on the workers count towards the checkpoint interval, as the
+        # ones the batch carries do (the loop adds ``batch.bad.height``)
+        return read + batch.kept_bad
 
     # ------------------------------------------------------------ results sinks
     def _open_sinks(self) -> None:
@@ -245,12 +257,71 @@ class DistributedJob(Job):
         results = self.sinks["results"]
         if not self.live and stages_on_workers(results):
             self.sinks["results"] = WorkerPartsSink(results, self._workers, self.crash)
+        for role in RECORD_ROLES:  # late events, bad records: staged by the readers
+            sink = self.sinks.get(role)
+            if sink is not None and not self.live and stages_on_workers(sink):
+                self.sinks[role] = WorkerPartsSink(sink, self._workers, self.crash, role,
+                                                   self._drain_records)
 
     def _open_worker_results(self) -> None:
         if isinstance(self.sinks.get("results"), WorkerPartsSink):
             gather([a.open_results.remote(self.p, worker_run_token(self.run_token, i),
                                           self.workers > 1, self.store is not None)
                     for i, a in enumerate(self._workers())], "open results")
+        for role in RECORD_ROLES:
+            if isinstance(self.sinks.get(role), WorkerPartsSink):
+                gather([a.open_records.remote(self.p, role,
+                                              worker_run_token(self.run_token, i),
+                                              list(self.names), self.store is not None)
+                        for i, a in enumerate(self._workers())], f"open {role}")
+
+    def records_on_workers(self, role: str) -> bool:
+        """Whether the workers stage this step's ``role`` (late events, bad records):
+        a directory output staged per worker, with no suppression list left for it
+        (a list only shrinks: once empty, it stays so for the run)."""
+        if not isinstance(self.sinks.get(role), WorkerPartsSink):
+            return False
+        sup = self.suppress.get(role)
+        return sup is None or not sup.height
+
+    def _stage_records(self, batch: StepBatch, got: list[Any]) -> list[Any]:
+        """Ask the step's readers to stage its late events (references from the key
+        workers, passed on unresolved) and the bad records they kept, in this epoch;
+        count them. Returns ``got`` without the late references."""
+        assert batch.planner is not None
+        refs = [r for _, lt, _ in got if isinstance(lt, dict) for r in lt["ref"]]
+        n_late = sum(int(lt["n"]) for _, lt, _ in got if isinstance(lt, dict))
+        if refs or batch.kept_bad:
+            actors = self._workers()
+            owners = sorted({q % len(actors) for q in range(batch.planner.n)})
+            late_epoch = self.epoch if refs else None
+            errors_epoch = self.epoch if batch.kept_bad else None
+            parts = range(batch.planner.n)
+            self._record_calls += [actors[i].stage_records.remote(
+                [q for q in parts if q % len(actors) == i], batch.plane_step, late_epoch,
+                errors_epoch, refs) for i in owners]
+        if n_late:
+            self.counters.late_events += n_late
+            self._count_records("late", n_late)
+        if batch.kept_bad:
+            self.counters.bad_records += batch.kept_bad
+            self._count_records("errors", batch.kept_bad)
+        return [(f, None if isinstance(lt, dict) else lt, n) for f, lt, n in got]
+
+    def _drain_records(self) -> None:
+        """Wait for the workers' staging calls (raising what they raised)."""
+        calls, self._record_calls = self._record_calls, []
+        if calls:
+            gather(calls, "stage records")
+
+    def _count_records(self, role: str, count: int) -> None:
+        """Late events or bad records the workers staged, in the epoch's receipt (their
+        ids stay on the workers)."""
+        if self.store is None:
+            return
+        rec = self._receipts_now.setdefault(role, {"count": 0, "ids": []})
+        rec["count"] += count
+        rec["on_workers"] = int(rec.get("on_workers", 0)) + count
 
     def results_stage_epoch(self) -> int | None:
         """The epoch the workers stage this step's results in, or None when the
@@ -290,7 +361,60 @@ class DistributedJob(Job):
             rec["builder"] = actors[self.epoch % len(actors)]
             # asked for now, waited for on the writer thread: built meanwhile
             rec["built"] = rec["builder"].build_receipt.remote(shares, own_ipc)
+        for role in RECORD_ROLES:
+            rec = self._receipts_now.get(role)
+            if rec is None or not rec.get("on_workers"):
+                continue
+            self._drain_records()
+            actors = list(self._workers())
+            shares = [a.take_receipt_ids.remote(self.epoch, role) for a in actors]
+            own = rec["ids"]
+            own_ipc = to_ipc(pl.concat(own, how="vertical")) if own else None
+            rec["built_records"] = actors[self.epoch % len(actors)].build_records_receipt \
+                .remote(shares, own_ipc)
         return super()._close_receipts(tokens)
+
+    def _digest_receipts(
+        self, epoch: int, now: dict[str, dict[str, Any]], tokens: dict[str, list[str]]
+    ) -> dict[str, Any]:
+        """The single-process epoch entry; the digest of late events or bad records
+        staged by the workers comes from the worker that built it (count and digest)."""
+        if not any("built_records" in now.get(r, {}) for r in RECORD_ROLES):
+            return super()._digest_receipts(epoch, now, tokens)
+        entry: dict[str, Any] = {"epoch": epoch}
+        self._receipt_ids = None
+        for role in ROLES:
+            rec = now.get(role)
+            if rec is None:
+                entry[role] = {"count": 0, "digest": hashlib.sha256(b"").hexdigest(),
+                               "tokens": tokens.get(role, [])}
+                if role == "results":
+                    entry[role]["root"] = trees.EMPTY_ROOT
+                continue
+            if role == "results":
+                digest, root = self._results_digest(rec)
+                entry[role] = {"count": rec["count"], "digest": digest,
+                               "tokens": tokens.get(role, []), "root": root}
+            elif "built_records" in rec:
+                built = gather([rec["built_records"]], "receipt")[0]
+                if int(built["count"]) != int(rec["count"]):
+                    raise CheckpointError(f"epoch receipt: the workers hold {built['count']} "
+                                          f"{role} ids, {rec['count']} were staged")
+                entry[role] = {"count": rec["count"], "digest": str(built["digest"]),
+                               "tokens": tokens.get(role, [])}
+            else:
+                ids = pl.concat(rec["ids"]).select(self._ids(role)).sort("id")["id"]
+                entry[role] = {"count": rec["count"], "digest": trees.joined_digest(ids),
+                               "tokens": tokens.get(role, [])}
+            if "max_window_end" in rec:
+                entry[role]["max_window_end"] = rec["max_window_end"]
+            self.receipts_total[role] = int(self.receipts_total.get(role, 0)) + rec["count"]
+        self.receipts_total["digest"] = hashlib.sha256(
+            (str(self.receipts_total.get("digest", "")) + json.dumps(entry, sort_keys=True))
+            .encode()
+        ).hexdigest()
+        self.receipts_total["last_epoch"] = epoch
+        return entry
 
     def _results_digest(self, rec: dict[str, Any]) -> tuple[str, str]:
         """On the writer thread: the epoch's receipt built by its receipt worker from

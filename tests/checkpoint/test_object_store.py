@@ -6,6 +6,7 @@ retries told apart from conflicts, and multipart uploads of large state."""
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,21 @@ def test_idempotent_retry_is_told_apart_from_a_conflict(s3_env: Any, tmp_path: P
     assert objects.get("a", 1, 2) == b"am"
     assert objects.get("a", 10) == b""
     assert objects.get("absent") is None
+
+
+def test_the_probe_leaves_nothing_and_sweeps_what_killed_probes_left(
+        s3_env: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    objects = S3Objects.from_url(_url(s3_env, tmp_path))
+    objects.probe()
+    assert objects.keys() == []
+    # a run SIGKILLed between its probe's create and its delete leaves this behind
+    assert objects.create(".probe/left-by-a-killed-run", b"1")
+    objects.probe()  # younger than PROBE_STALE_S: it may be a probe still running
+    assert objects.keys() == [".probe/left-by-a-killed-run"]
+    time.sleep(1.5)  # LastModified has a one-second grain
+    monkeypatch.setattr(S3Objects, "PROBE_STALE_S", 0.5)
+    objects.probe()
+    assert objects.keys() == []
 
 
 def test_large_state_goes_up_in_parts_and_is_never_overwritten(s3_env: Any, tmp_path: Path,

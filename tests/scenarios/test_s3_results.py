@@ -66,7 +66,9 @@ def _download(root: str, server: Any, into: Path) -> None:
         keys = objects.keys()
         assert [k for k in keys if k.startswith(".part-")] == [], f"{sub}: staging left"
         (into / sub).mkdir(parents=True, exist_ok=True)
-        for key in keys:
+        # a run SIGKILLed during its store probe can leave its probe object, which
+        # the next run's probe deletes once a minute old (docs/object-storage.md)
+        for key in [k for k in keys if not k.startswith(".probe/")]:
             assert key.startswith("part-") and key.endswith(".jsonl"), key
             (into / sub / key).write_bytes(objects.get(key))
 

@@ -302,9 +302,28 @@ class S3Objects(Objects):
                                    f"{self._code(exc)[0]}") from None
         return str(resp["ETag"])
 
+    #: a probe takes a few round trips; one older than this (by the server's clock)
+    #: was left by a run killed during its probe, never by a probe still running
+    PROBE_STALE_S = 60.0
+
+    def _sweep_probes(self, ours: str) -> None:
+        """Delete the probe objects of runs killed between a probe's create and its
+        delete. Ages are compared on the server's clock (each LastModified against that
+        of our own probe object), so a skewed local clock cannot delete a live probe."""
+        resp = self._call("list probe objects", self.client.list_objects_v2,
+                          Prefix=self._key(".probe/x")[:-1])
+        found = {o["Key"]: o["LastModified"] for o in resp.get("Contents", [])}
+        now = found.get(ours)
+        if now is None:
+            return  # listing not yet showing our probe: sweep next time
+        for k, when in found.items():
+            if k != ours and (now - when).total_seconds() > self.PROBE_STALE_S:
+                self._call("remove a stale probe object", self.client.delete_object, Key=k)
+
     def probe(self) -> None:
         """Create one probe object twice (the second must be refused) and replace it
-        with a stale version (must be refused too), then remove it."""
+        with a stale version (must be refused too), then remove it, and remove the
+        probe objects that runs killed during their probe left (see _sweep_probes)."""
         from botocore.exceptions import ClientError
 
         key = f".probe/{uuid.uuid4().hex}"
@@ -316,21 +335,27 @@ class S3Objects(Objects):
         who = f"{self._shown_endpoint}" + (f" ({server})" if server else "")
         missing = None
         try:
-            self._call("write a probe object", c.put_object, Key=full, Body=b"2",
-                       IfNoneMatch="*")
-            missing = "create-if-absent (If-None-Match: *): a second create of one key succeeded"
-        except ClientError as exc:
-            if not self._is_precondition(exc):
-                raise
-        if missing is None:
             try:
-                self._call("write a probe object", c.put_object, Key=full, Body=b"3",
-                           IfMatch='"0123456789abcdef0123456789abcdef"')
-                missing = "compare-and-swap (If-Match): a replace of a stale version succeeded"
+                self._call("write a probe object", c.put_object, Key=full, Body=b"2",
+                           IfNoneMatch="*")
+                missing = ("create-if-absent (If-None-Match: *): a second create of one key "
+                           "succeeded")
             except ClientError as exc:
                 if not self._is_precondition(exc):
                     raise
-        self._call("remove the probe object", c.delete_object, Key=full)
+            if missing is None:
+                try:
+                    self._call("write a probe object", c.put_object, Key=full, Body=b"3",
+                               IfMatch='"0123456789abcdef0123456789abcdef"')
+                    missing = ("compare-and-swap (If-Match): a replace of a stale version "
+                               "succeeded")
+                except ClientError as exc:
+                    if not self._is_precondition(exc):
+                        raise
+            if missing is None:
+                self._sweep_probes(full)
+        finally:
+            self._call("remove the probe object", c.delete_object, Key=full)
         if missing is not None:
             raise ObjectStoreError(
                 f"refusing {self.location}: the S3 server at {who} does not honour "

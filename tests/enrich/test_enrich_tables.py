@@ -158,3 +158,43 @@ def test_a_deleted_changelog_topic_is_one_clear_error(
         f"sealstream: error: enrich.users: changelog topic {topic!r} does not exist on "
         f"{kafka.bootstrap} (deleted?); the table cannot be read"]
     assert results(tmp_path) == committed
+
+
+def test_a_changelog_of_several_partitions_equals_a_plain_reference(kafka: Any) -> None:
+    """Records read in batches, a column per field: the newest version of each key at
+    each timestamp (ties by offset, tombstones kept as absent) over three partitions."""
+    from sealstream.enrich._changelog import load_changelog
+    from sealstream.enrich._settings import Enrich
+
+    topic = kafka.new_topic(3)
+    records: list[tuple[str, dict[str, Any] | None, int]] = [
+        (f"u{i % 37}", None if i % 11 == 0 else {"n": i}, 1 + 1000 * (i % 13)) for i in range(600)]
+    produce(kafka.bootstrap, topic, records)
+    table = load_changelog(Enrich(name="users", kind="kafka", on=("user",),
+                                  bootstrap=kafka.bootstrap, topic=topic))
+    # the reference: one partition per key, so the later record of a key and stamp is
+    # the later one produced
+    want: dict[tuple[str, int], int | None] = {}
+    for key, value, ts in records:
+        want[(key, ts)] = None if value is None else value["n"]
+    got = {(r["user"], r["__vf"]): (r["n"] if r["__present"] else None)
+           for r in table.frame.iter_rows(named=True)}
+    assert got == want
+    assert sum(table.version["positions"].values()) == len(records)
+
+
+def test_a_changelog_value_that_is_not_utf8_names_partition_and_offset(kafka: Any) -> None:
+    from sealstream.enrich._changelog import load_changelog
+    from sealstream.enrich._settings import Enrich
+    from sealstream.errors import SourceError
+
+    topic = kafka.new_topic(1)
+    p = ck.Producer({"bootstrap.servers": kafka.bootstrap})
+    p.produce(topic, b'{"n": 1}', key=b"u1", timestamp=1)
+    p.produce(topic, b'{"n": "\xff"}', key=b"u2", timestamp=2)
+    assert p.flush(30) == 0
+    with pytest.raises(SourceError) as info:
+        load_changelog(Enrich(name="users", kind="kafka", on=("user",),
+                              bootstrap=kafka.bootstrap, topic=topic))
+    assert str(info.value) == (f"enrich.users: changelog topic {topic!r} partition 0 offset 1: "
+                               "its value is not UTF-8 text")

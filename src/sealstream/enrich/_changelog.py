@@ -15,6 +15,8 @@ end), so it joins the same versions as the run that wrote the checkpoint.
 from __future__ import annotations
 
 import time
+from itertools import repeat
+from operator import is_, itemgetter
 from typing import Any
 
 import polars as pl
@@ -70,49 +72,76 @@ def load_changelog(e: Enrich, pinned: dict[str, Any] | None = None) -> Table:
                         "(the topic was deleted or re-created)")
                 high = want
             ranges[p] = (int(low), int(high))
-        keys: list[bytes | None] = []
-        values: list[bytes | None] = []
-        stamps: list[int] = []
-        offsets: list[int] = []
+        batches: list[pl.DataFrame] = []
         todo = {p for p, (lo, hi) in ranges.items() if hi > lo}
         if todo:
             consumer.assign([TopicPartition(e.topic, p, ranges[p][0]) for p in sorted(todo)])
+        ends = pl.DataFrame({"__p": sorted(ranges), "__end": [ranges[p][1] for p in
+                                                              sorted(ranges)]},
+                            schema={"__p": pl.Int64, "__end": pl.Int64})
         while todo:
             if time.monotonic() >= deadline + 60:
                 raise _fail(e, f"reading topic {e.topic!r}")
-            for msg in consumer.consume(_BATCH, timeout=1.0):
-                if msg.error() is not None:
-                    continue
-                p, off = msg.partition(), msg.offset()
-                if p is None or off is None or p not in todo or off >= ranges[p][1]:
-                    continue
-                keys.append(msg.key())
-                values.append(msg.value())
-                stamps.append(msg.timestamp()[1])
-                offsets.append(off)
-                if off + 1 >= ranges[p][1]:
-                    todo.discard(p)
+            msgs = consumer.consume(_BATCH, timeout=1.0)
+            if not msgs:
+                continue
+            # per message only C-level calls (map over the method descriptors), then the
+            # range checks in columns: no Python frame per record
+            batch = _columns(msgs).join(ends, on="__p").filter(
+                pl.col("__ok") & (pl.col("__o") < pl.col("__end")))
+            batches.append(batch.drop("__ok", "__end"))
+            done = batch.group_by("__p").agg((pl.col("__o").max() + 1 >= pl.col("__end")
+                                              .first()).alias("done")).filter("done")
+            todo -= set(done.get_column("__p").to_list())
     finally:
         consumer.close()
-    frame = _frame(e, keys, values, stamps, offsets)
+    frame = _frame(e, pl.concat(batches) if batches else _columns([]).drop("__ok"))
     positions = {str(p): hi for p, (_, hi) in sorted(ranges.items())}
     return Table(e, frame, {"sha256": snapshot_hash(frame), "rows": frame.height,
                             "positions": positions}, versioned=True)
 
 
-def _frame(e: Enrich, keys: list[bytes | None], values: list[bytes | None],
-           stamps: list[int], offsets: list[int]) -> pl.DataFrame:
+def _columns(msgs: list[Any]) -> pl.DataFrame:
+    """The messages as columns: partition, offset, key, value, timestamp and whether
+    the message is a record (not an error or end-of-partition event)."""
+    from confluent_kafka import Message
+
+    return pl.DataFrame({
+        "__p": pl.Series(list(map(Message.partition, msgs)), dtype=pl.Int64),
+        "__o": pl.Series(list(map(Message.offset, msgs)), dtype=pl.Int64),
+        "__k": pl.Series(list(map(Message.key, msgs)), dtype=pl.Binary),
+        "__v": pl.Series(list(map(Message.value, msgs)), dtype=pl.Binary),
+        VALID_FROM: pl.Series(list(map(itemgetter(1), map(Message.timestamp, msgs))),
+                              dtype=pl.Int64),
+        "__ok": pl.Series(list(map(is_, map(Message.error, msgs), repeat(None))),
+                          dtype=pl.Boolean),
+    })
+
+
+def _not_utf8(records: pl.DataFrame) -> str:
+    """Where the first key or value that is not UTF-8 is (the error path only)."""
+    for p, o, k, v in records.select("__p", "__o", "__k", "__v").iter_rows():
+        for what, data in (("key", k), ("value", v)):
+            try:
+                if data is not None:
+                    data.decode("utf-8")
+            except UnicodeDecodeError:
+                return f"partition {p} offset {o}: its {what}"
+    return "a record"  # pragma: no cover - polars and Python disagree on UTF-8
+
+
+def _frame(e: Enrich, records: pl.DataFrame) -> pl.DataFrame:
     """The records as rows: the key column, the value's columns, ``__vf`` and
     ``__present``; one row per key and timestamp (the last by offset)."""
     field = e.on[0]
-    raw = pl.DataFrame({
-        field: pl.Series([k.decode("utf-8", "replace") if k is not None else None
-                          for k in keys], dtype=pl.String),
-        "__v": pl.Series([v.decode("utf-8", "replace") if v is not None else None
-                          for v in values], dtype=pl.String),
-        VALID_FROM: pl.Series(stamps, dtype=pl.Int64),
-        "__o": pl.Series(offsets, dtype=pl.Int64),
-    }).filter(pl.col(field).is_not_null())
+    try:
+        raw = records.select(
+            pl.col("__k").cast(pl.String).alias(field),
+            pl.col("__v").cast(pl.String), VALID_FROM, "__o",
+        ).filter(pl.col(field).is_not_null())
+    except pl.exceptions.ComputeError:
+        raise SourceError(f"enrich.{e.name}: changelog topic {e.topic!r} {_not_utf8(records)} "
+                          "is not UTF-8 text") from None
     raw = raw.sort([VALID_FROM, "__o"]).unique([field, VALID_FROM], keep="last",
                                                maintain_order=True)
     present = raw.get_column("__v").is_not_null()

@@ -125,7 +125,8 @@ class LivePlanner(LiveMerger):
     @property
     def output_bytes(self) -> list[int]:
         """Of which output rows (fired windows, late events and their text, bad
-        records): a live source's outputs are staged by the coordinator."""
+        records): 0 when the workers stage every output (directories,
+        :mod:`._sinks`, :mod:`._records`)."""
         return self.outputs.output_bytes
 
     # ------------------------------------------------------------ partitions

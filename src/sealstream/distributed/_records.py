@@ -1,4 +1,4 @@
-"""Late events and bad records staged by the workers (bounded sources).
+"""Late events and bad records staged by the workers (bounded sources; Kafka and NATS).
 
 With a JSON Lines or Parquet directory for ``[late]`` or ``[errors]``, these rows are
 staged as results are (:mod:`._sinks`): a part file per worker and epoch

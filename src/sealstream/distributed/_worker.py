@@ -138,12 +138,18 @@ class ShardWorker:
         self.records[role] = WorkerRecords(pipeline, role, run_token, names, keep_ids)
 
     def stage_records(self, mine: list[int], step: int, late_epoch: int | None,
-                      errors_epoch: int | None, late: list[Any]) -> None:
+                      errors_epoch: int | None, late: list[Any],
+                      names: list[str] | None = None) -> None:
         """Stage the bad records and late events of the partitions ``mine``, which this
         worker read in ``step``: its kept bad records in ``errors_epoch``; the late rows of its
         partitions among ``late`` (references from the key workers), with the raw text
-        it holds, in ``late_epoch``."""
+        it holds, in ``late_epoch``. ``names``: the partitions' names now (a live
+        source's grow as partitions appear)."""
         import ray
+
+        for rec in self.records.values():
+            if names is not None and len(names) > len(rec.names):
+                rec.names = list(names)
 
         if errors_epoch is not None and "errors" in self.records:
             rec = self.records["errors"]
@@ -276,12 +282,7 @@ class ShardWorker:
         n_bad = (bad.height if bad is not None else 0) + (
             failed_rows.height if failed_rows is not None else 0)
         if keep_bad and n_bad:
-            def with_p(f: pl.DataFrame | None) -> pl.DataFrame | None:
-                if f is None or not f.height:
-                    return None
-                return f.select("_offset", "_line", "_reason", "_raw").with_columns(
-                    pl.lit(q, dtype=pl.Int32).alias("_p"))
-            self.bad_rows[(q, step)] = (with_p(bad), with_p(failed_rows))
+            self.bad_rows[(q, step)] = (_with_p(bad, q), _with_p(failed_rows, q))
             bad, failed_rows = None, None
         summary = {
             "read": read,
@@ -376,16 +377,33 @@ class ShardWorker:
         self.live.seek(q, position)
 
     def live_read(self, q: int, name: str, frm: int, to: int, max_records: int,
-                  poll_ms: int, workers: int, unseen: list[str], step: int, end: bool
-                  ) -> tuple[dict[str, Any], Any, list[Any]]:
+                  poll_ms: int, workers: int, unseen: list[str], step: int, end: bool,
+                  keep_bad: bool = False) -> tuple[dict[str, Any], Any, list[Any]]:
         """Live partition ``q``'s records ``[frm, to)`` of a planned step, published
-        as a bounded slab is (:func:`._live_read.publish`)."""
+        as a bounded slab is (:func:`._live_read.publish`). ``keep_bad``: the bad
+        records are kept here, as :meth:`read_step` keeps them, until
+        :meth:`stage_records` stages them; only their number goes back."""
         assert self.live is not None
         events, bad, spans = self.live.take(q, name, frm, to, max_records, poll_ms)
         self.spans.pop((q, step - 2), None)
         self.spans[(q, step)] = spans
-        return publish(self.live.p, q, events, bad, spans, workers, unseen, end,
-                       self._grid_op(self.live.p))
+        got = publish(self.live.p, q, events, bad, spans, workers, unseen, end,
+                      self._grid_op(self.live.p))
+        return self._keep_live_bad(q, step, got[0], keep_bad), got[1], got[2]
+
+    def _keep_live_bad(self, q: int, step: int, summary: dict[str, Any], keep: bool
+                       ) -> dict[str, Any]:
+        """A live slab's summary with its bad records kept here (``keep``) in place of
+        their rows: ``n_bad`` says how many."""
+        self.bad_rows.pop((q, step - 2), None)
+        self.bad_rows.pop((q, step), None)
+        parsed = from_ipc(summary["bad"]) if summary["bad"] is not None else None
+        failed = from_ipc(summary["failed"]) if summary["failed"] is not None else None
+        n_bad = sum(f.height for f in (parsed, failed) if f is not None)
+        if keep and n_bad:
+            self.bad_rows[(q, step)] = (_with_p(parsed, q), _with_p(failed, q))
+            summary = dict(summary, bad=None, failed=None)
+        return dict(summary, n_bad=n_bad)
 
     def live_close(self) -> None:
         if self.live is not None:
@@ -476,6 +494,14 @@ def _failed(pipeline: Pipeline, failed: pl.DataFrame, spans: list[Any]) -> pl.Da
         pl.col("_reason"),
         raw_texts(spans, offs).alias("_raw"),
     )
+
+
+def _with_p(frame: pl.DataFrame | None, q: int) -> pl.DataFrame | None:
+    """Bad records of partition ``q`` as a worker keeps them (None: none)."""
+    if frame is None or not frame.height:
+        return None
+    return frame.select("_offset", "_line", "_reason", "_raw").with_columns(
+        pl.lit(q, dtype=pl.Int32).alias("_p"))
 
 
 def _seen(events: pl.DataFrame, unseen: list[str]) -> list[str]:

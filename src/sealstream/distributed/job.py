@@ -3,9 +3,10 @@
 The coordinator (this process) is the single-process :class:`~sealstream.Job`
 as the control plane: it plans steps, keeps the watermark state, stages output
 in the sinks and writes the checkpoints, as on one process (except results in a
-JSON Lines or Parquet directory of a bounded run, which each worker stages and
-commits itself: :mod:`._sinks`; late events and bad records in such directories are
-staged by the partitions' readers: :mod:`._records`). For bounded sources
+JSON Lines or Parquet directory of a bounded run or of a live run read by the
+workers (Kafka, NATS), which each worker stages and commits itself: :mod:`._sinks`;
+late events and bad records in such directories are staged by the partitions'
+readers: :mod:`._records`). For bounded sources
 the data plane runs on the workers (:mod:`._steps`, :mod:`._plane`): partition
 ``i`` is read and parsed by worker ``i mod N``, which sends each key's worker its
 rows and its partition's watermark breakpoints through Ray's object store; each
@@ -176,10 +177,11 @@ class DistributedJob(Job):
 
             merger = open_live(self, positions, partial(
                 LivePlanner, actors=actors, pipeline=self.p,
-                unseen=lambda: self.unseen_fields))
+                unseen=lambda: self.unseen_fields, job=self))
             self.merger = merger  # type: ignore[assignment]
             self.names = merger.names  # grows as partitions appear
             self.rejected += merger.rejected_plans
+            self._open_worker_results()
             return
         if self.live:
             super()._start_sources(positions)
@@ -251,15 +253,17 @@ class DistributedJob(Job):
 
     # ------------------------------------------------------------ results sinks
     def _open_sinks(self) -> None:
-        """Bounded sources with a JSON Lines or Parquet results directory: every worker
-        stages its own results (:mod:`._sinks`); other outputs stay here."""
+        """Bounded sources, and live sources whose partitions the workers read (Kafka,
+        NATS), with a JSON Lines or Parquet results directory: every worker stages its
+        own results (:mod:`._sinks`); other outputs stay here."""
         super()._open_sinks()
         results = self.sinks["results"]
-        if not self.live and stages_on_workers(results):
+        on_workers = not self.live or live_on_workers(self.p)
+        if on_workers and stages_on_workers(results):
             self.sinks["results"] = WorkerPartsSink(results, self._workers, self.crash)
         for role in RECORD_ROLES:  # late events, bad records: staged by the readers
             sink = self.sinks.get(role)
-            if sink is not None and not self.live and stages_on_workers(sink):
+            if sink is not None and on_workers and stages_on_workers(sink):
                 self.sinks[role] = WorkerPartsSink(sink, self._workers, self.crash, role,
                                                    self._drain_records)
 
@@ -297,9 +301,10 @@ class DistributedJob(Job):
             late_epoch = self.epoch if refs else None
             errors_epoch = self.epoch if batch.kept_bad else None
             parts = range(batch.planner.n)
+            names = list(self.names)  # (a live source's grow)
             self._record_calls += [actors[i].stage_records.remote(
                 [q for q in parts if q % len(actors) == i], batch.plane_step, late_epoch,
-                errors_epoch, refs) for i in owners]
+                errors_epoch, refs, names) for i in owners]
         if n_late:
             self.counters.late_events += n_late
             self._count_records("late", n_late)

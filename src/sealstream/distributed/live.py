@@ -92,16 +92,25 @@ class _Outputs(StepPlanner):
         self.step_bytes: list[int] = []
         self.output_bytes: list[int] = []
 
+    @property
+    def n(self) -> int:  # type: ignore[override]
+        """The partitions opened so far (whose owners stage their late events and bad
+        records, :meth:`DistributedJob._stage_records`)."""
+        return len(self.owner)
+
 
 class LivePlanner(LiveMerger):
     """The live merger of a run with workers: plans from the owners' reports,
     records, replays; the owners read (see the module docstring)."""
 
     def __init__(self, *args: Any, actors: list[Any], pipeline: Pipeline,
-                 unseen: Any, **kwargs: Any) -> None:
+                 unseen: Any, job: Any = None, **kwargs: Any) -> None:
+        """``job``: the :class:`DistributedJob`, which says who stages a step's
+        outputs (the workers, :mod:`._sinks` and :mod:`._records`, or itself)."""
         self.actors = actors
         self.p = pipeline
         self._unseen = unseen  # the fields no event carried yet (the job's, live)
+        self._job = job
         self.outputs = _Outputs()
         super().__init__(*args, **kwargs)
 
@@ -116,7 +125,8 @@ class LivePlanner(LiveMerger):
     @property
     def output_bytes(self) -> list[int]:
         """Of which output rows (fired windows, late events and their text, bad
-        records): a live source's outputs are staged by the coordinator."""
+        records): 0 when the workers stage every output (directories,
+        :mod:`._sinks`, :mod:`._records`)."""
         return self.outputs.output_bytes
 
     # ------------------------------------------------------------ partitions
@@ -236,12 +246,13 @@ class LivePlanner(LiveMerger):
         step = self.outputs.step  # numbers the owners' raw text of the step
         self.outputs.step += 1
         unseen = list(self._unseen())
+        keep_bad = self._job is not None and self._job.records_on_workers("errors")
         refs = []
         for q, (name, c) in enumerate(zip(self.names, self.cursors, strict=True)):
             frm, to = plan.ranges.get(name, (c.next, c.next))
             refs.append(self._owner(q).live_read.remote(
                 q, name, frm, to, self.batch_size, self.poll_ms, len(self.actors), unseen,
-                step, plan.end))
+                step, plan.end, keep_bad))
             c.next = to
             c.resume = c.after = PartitionPosition(offset=to)
         got = gather(refs, "read")
@@ -256,11 +267,15 @@ class LivePlanner(LiveMerger):
         end = plan is not None and plan.end
         sums = [s for s, _, _ in got]
         pending = []
+        job = self._job
+        stage = job.results_stage_epoch() if job is not None and plan is not None else None
+        late_refs = job is not None and plan is not None and job.records_on_workers("late")
         if plan is not None:
             wm, last = self.wm.to_json(), [None] * len(self.cursors)
             breaks = [ref for _, ref, _ in got]
             pending = [a.process_step.remote(wm, last, 0, breaks,
-                                             [shards[i] for _, _, shards in got], None)
+                                             [shards[i] for _, _, shards in got], stage,
+                                             late_refs)
                        for i, a in enumerate(self.actors)]
         empty = np.zeros(0, np.int64)
         infos = [Breaks(q, empty, empty, s["max_time"], None, False, end)
@@ -293,6 +308,11 @@ class LivePlanner(LiveMerger):
             failed=pl.concat(failed, how="vertical") if failed else None,
             infos=infos,
             planner=self.outputs,
+            staged=stage is not None,
+            plane_step=self.outputs.step - 1,
+            kept_bad=sum(int(s.get("n_bad", 0)) for s in sums if s["bad"] is None
+                         and s["failed"] is None),
+            late_refs=late_refs,
         )
 
     def _received(self, got: Any) -> None:

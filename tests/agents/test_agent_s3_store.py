@@ -206,3 +206,52 @@ def test_a_damaged_journal_or_lease_is_refused_in_one_line(backend_url: str,
     assert "LEASE is not a lease" in refused.stderr.strip().splitlines()[-1]
     objects.replace("LEASE", doc, objects.read_versioned("LEASE")[1])
     assert _states(backend_url) == [0, 1]
+
+
+def test_writes_of_one_transaction_combine_as_in_sql(tmp_path: Any) -> None:
+    """Create-if-absent after a replace or a creation leaves the row; after a deletion
+    it creates it; ``add`` (outcome not needed) keeps a row already stored. On local
+    objects: the protocol is the same on any Objects."""
+    from sealstream._objects import LocalObjects
+
+    rows = S3RowStore("local", objects=LocalObjects(tmp_path / "objects"))
+    with rows.transaction() as tx:
+        tx.insert("s", "e", "", "stored", b"old")
+        tx.insert("s", "e", "", "gone", b"old")
+    with rows.transaction() as tx:
+        tx.upsert("s", "e", "", "replaced", b"put")
+        tx.add("s", "e", "", "replaced", b"added")
+        tx.add("s", "e", "", "twice", b"first")
+        tx.add("s", "e", "", "twice", b"second")
+        tx.add("s", "e", "", "stored", b"added")
+        assert tx.get("s", "e", "", "stored") == b"old"
+        assert tx.delete("s", "e", "", ["gone"]) == 1
+        assert tx.insert("s", "e", "", "gone", b"new")
+        assert not tx.insert("s", "e", "", "twice", b"third")
+    assert {r.name: r.data for r in rows.scan("s", "e", "")} == {
+        "gone": b"new", "replaced": b"put", "stored": b"old", "twice": b"first"}
+    rows.close()
+
+
+def test_a_reader_without_the_lease_sees_committed_unapplied_writes(tmp_path: Any) -> None:
+    """A writer killed after its commit point (here: its rows never applied) leaves a
+    journal that ``LEASE`` names; a reader that does not take the lease lays it over
+    the rows."""
+    from sealstream._objects import LocalObjects
+
+    objects = LocalObjects(tmp_path / "objects")
+    writer = S3RowStore("local", objects=objects)
+    with writer.transaction() as tx:
+        tx.insert("s", "e", "", "a", b"1")
+    writer._apply = lambda journal, ops: None  # type: ignore[method-assign] # "killed"
+    with writer.transaction() as tx:
+        tx.upsert("s", "e", "", "a", b"2")
+        tx.insert("s", "e", "", "b", b"3")
+    assert objects.keys("journal/") and objects.get(row_key(("s", "e", "", "a"))) == b"1"
+    from sealstream.agents import _s3store
+
+    reader = S3RowStore("local", objects=objects)
+    reader._lease = _s3store._Lease()  # as another process would: not the holder
+    with reader.reading() as tx:
+        assert {r.name: r.data for r in tx.scan("s", "e", "")} == {"a": b"2", "b": b"3"}
+        assert [k[0] for k in tx.keys("s", "e", "")] == ["b", "a"]

@@ -69,7 +69,8 @@ ROWS = "rows/"
 _RUN = uuid.uuid4().hex  # this process's run id (one lease holder per process)
 _T = TypeVar("_T")
 Key = tuple[str, str, str, str]
-#: a write: ("ins" create-if-absent | "put" replace | "del", bytes or None)
+#: a write: ("ins" create-if-absent, known absent | "add" create-if-absent, whatever
+#: is there | "put" replace | "del", bytes or None)
 Op = tuple[str, bytes | None]
 
 
@@ -167,14 +168,17 @@ class _S3Tx(RowTx):
     def _lookup_many(self, keys: Sequence[Key]) -> dict[Key, bytes]:
         out: dict[Key, bytes] = {}
         stored = []
+        added: dict[Key, bytes] = {}
         for key in keys:
             op = self._view(key)
-            if op is None:
+            if op is None or op[0] == "add":
                 stored.append(key)
+                if op is not None and op[1] is not None:
+                    added[key] = op[1]  # unless a row is there already
             elif op[1] is not None:
                 out[key] = op[1]
-        out.update(self._s._get_rows(stored))
-        return out
+        found = self._s._get_rows(stored)
+        return {**added, **found, **out}
 
     def _list(self, space: str, execution: str | None, ns: str | None,
               prefix: str | None) -> list[Key]:
@@ -238,8 +242,10 @@ class _S3Tx(RowTx):
                                   "unit of work (use transaction())")
         self.seen.pop(key, None)
         before = self.ops.get(key)
-        if op[0] == "ins" and before is not None and before[0] != "ins":
-            op = ("put", op[1])  # deleted (or replaced) then created in one transaction
+        if op[0] in ("ins", "add") and before is not None:
+            if before[0] != "del":
+                return  # there already (created or replaced in this transaction)
+            op = ("put", op[1])  # deleted then created in one transaction
         self.ops[key] = op
 
     def insert(self, space: str, execution: str, ns: str, name: str, data: bytes) -> bool:
@@ -248,6 +254,24 @@ class _S3Tx(RowTx):
             return False
         self._write(key, ("ins", bytes(data)))
         return True
+
+    def insert_many(self, space: str, execution: str, ns: str, rows: dict[str, bytes]
+                    ) -> set[str]:
+        keys = [(space, execution, ns, n) for n in rows]
+        there = self._read(lambda: self._lookup_many(keys))  # in parallel
+        for key in keys:
+            if key not in there:
+                self._write(key, ("ins", bytes(rows[key[3]])))
+        return {k[3] for k in keys if k not in there}
+
+    def add(self, space: str, execution: str, ns: str, name: str, data: bytes) -> None:
+        """Create-if-absent without reading first: applied with ``If-None-Match: *``,
+        a row already there (whatever its bytes) stays."""
+        self._write((space, execution, ns, name), ("add", bytes(data)))
+
+    def add_many(self, space: str, execution: str, ns: str, rows: dict[str, bytes]) -> None:
+        for name, data in rows.items():
+            self.add(space, execution, ns, name, data)
 
     def upsert(self, space: str, execution: str, ns: str, name: str, data: bytes) -> None:
         if not isinstance(data, (bytes, bytearray, memoryview)):
@@ -349,7 +373,7 @@ class S3RowStore(RowStore):
 
     def _lease_etag(self) -> str:
         try:
-            got = self.objects.head(LEASE)
+            got = self.objects.read_versioned(LEASE)  # its version as replace() sees it
         except ObjectStoreError as exc:
             raise self._fail(exc) from None
         return "" if got is None else got[1]
@@ -373,7 +397,7 @@ class S3RowStore(RowStore):
             doc = json.loads(body)
             ops: dict[Key, Op] = {}
             for kind, s, e, n, m, data in doc["ops"]:
-                if kind not in ("ins", "put", "del") or not all(
+                if kind not in ("ins", "add", "put", "del") or not all(
                         isinstance(c, str) for c in (s, e, n, m)):
                     raise ValueError(kind)
                 ops[(s, e, n, m)] = (kind, None if data is None else base64.b64decode(
@@ -463,18 +487,20 @@ class S3RowStore(RowStore):
             (key, (kind, data)), obj = item, row_key(item[0])
             if kind == "del":
                 self.objects.delete(obj)
-            elif kind == "ins":
+            elif kind in ("ins", "add"):
                 assert data is not None
                 try:
                     self.objects.create(obj, data)
                 except ObjectExistsError:
+                    if kind == "add":
+                        return  # it was there: "add" leaves it
                     raise CheckpointError(
                         f"agent store {self.location}: row {key[0]}/{key[3]} of "
                         f"{key[1]!r} exists with other bytes (changed behind the store's "
                         "back); refusing to overwrite it") from None
             else:
                 assert data is not None
-                now = self.objects.head(obj)
+                now = self.objects.read_versioned(obj)  # the version replace() compares
                 self.objects.replace(obj, data, None if now is None else now[1])
             self.crash("s3_rows_row_applied")
         try:

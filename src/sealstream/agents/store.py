@@ -884,13 +884,18 @@ def _redact(url: str) -> str:
 
 
 def open_row_store(where: str | Path) -> RowStore:
-    """A row store from ``postgresql://...``, ``sqlite:///path`` or a plain file path."""
+    """A row store from ``postgresql://...``, ``sqlite:///path``, ``s3://bucket/prefix``
+    (:mod:`sealstream.agents._s3store`) or a plain file path."""
     text = str(where)
     if text.startswith(("postgresql://", "postgres://")):
         return PostgresRowStore(text)
     if text.startswith("sqlite:///"):
         return SqliteRowStore(Path(text[len("sqlite:///"):]))
+    if text.lower().startswith("s3://"):
+        from sealstream.agents._s3store import S3RowStore
+
+        return S3RowStore(text)
     if "://" in text:
         raise CheckpointError(f"unsupported agent store URL {_redact(text)!r} "
-                              "(use sqlite:///PATH or postgresql://...)")
+                              "(use sqlite:///PATH, postgresql://... or s3://BUCKET/PREFIX)")
     return SqliteRowStore(Path(text))

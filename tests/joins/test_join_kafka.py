@@ -291,10 +291,6 @@ def test_a_topic_deleted_mid_run_stops_it_in_one_line(kafka: Any, tmp_path: Path
 
 
 BAD = {
-    "nats": ('kind = "nats"\nurl = "nats://127.0.0.1:1"\nstream = "s"\nsubjects = ["a"]\n'
-             'key = "ad"\ntime = "ts"',
-             "sources.clicks.kind: 'nats': a NATS source is not supported yet in a "
-             "several-source job"),
     "stop never beside a bounded file": (
         'kind = "kafka"\nbootstrap = "127.0.0.1:1"\ntopic = "c"\nstop = "never"\n'
         'key = "ad"\ntime = "ts"',

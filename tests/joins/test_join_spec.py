@@ -112,9 +112,9 @@ BAD = {
                   "join.type: 'outer' is not one of inner, left"),
     "left side unknown": (('type = "inner"', 'type = "left"\nleft = "ads"'),
                           "join.left: 'ads' is not a source"),
-    "nats source": (('kind = "jsonl"', 'kind = "nats"'),
-                    "sources.clicks.kind: 'nats': a NATS source is not supported yet in a "
-                    "several-source job"),
+    "file settings in a kafka source": (('kind = "jsonl"', 'kind = "kafka"'),
+                                        "sources.clicks.paths: unknown setting; "
+                                        "[sources.clicks] takes bootstrap, client"),
     "per-source where outside its table": (
         ('time = "ts"', 'time = "ts"\nwhere = "ad = \'a\'"'),
         "sources.clicks.where: a source's filter and derived fields go in its "

@@ -32,6 +32,7 @@ import polars as pl
 from sealstream.aggspec import Aggregate, condition_field, field_kinds, parse_aggregate
 from sealstream.errors import SpecError
 from sealstream.pipeline.kafka import KafkaSourceSpec
+from sealstream.pipeline.nats import NatsSourceSpec
 from sealstream.pipeline.source import FileSource, Sources
 from sealstream.sources._base import FieldKind, FieldPlan, int_col
 
@@ -281,9 +282,9 @@ def check_join(p: Pipeline) -> None:
                             f"{member.time!r}")
         if isinstance(member, FileSource) and not member.paths:
             raise SpecError(f"sources.{name}.paths: at least one input file is needed")
-        if member.kind not in ("jsonl", "csv", "parquet", "kafka"):
+        if member.kind not in ("jsonl", "csv", "parquet", "kafka", "nats"):
             raise SpecError(f"sources.{name}.kind: {member.kind!r} is not one of jsonl, csv, "
-                            "parquet, kafka")
+                            "parquet, kafka, nats")
     aggs = lowered_aggregates(p.aggregates, sources)
     for a in aggs:
         if a.source is not None and a.field is not None:
@@ -327,11 +328,14 @@ def join_fingerprint(p: Pipeline) -> dict[str, Any]:
     }
 
 
-def _partitions_print(m: FileSource | KafkaSourceSpec) -> list[str]:
+def _partitions_print(m: FileSource | KafkaSourceSpec | NatsSourceSpec) -> list[str]:
     """A source's partitions in the fingerprint, as for one source: a topic (its
-    partitions may grow), a followed source's paths as written, else the files."""
+    partitions may grow), NATS subjects, a followed source's paths as written, else
+    the files."""
     if isinstance(m, KafkaSourceSpec):
         return [m.topic]
+    if isinstance(m, NatsSourceSpec):
+        return list(m.subjects)
     if m.follow:
         return list(m.paths)
     return [n for n, _ in m.partitions()]

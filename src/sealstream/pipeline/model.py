@@ -161,6 +161,9 @@ class _Required:
 
 _REQUIRED: Any = _Required()
 
+SourcesArg = Mapping[str, FileSource | KafkaSourceSpec | NatsSourceSpec] | Sources
+"""``Pipeline(sources=...)``: source name -> source, or a :class:`Sources`."""
+
 
 @dataclass(frozen=True)
 class Pipeline:
@@ -208,10 +211,9 @@ class Pipeline:
     #: not part of the fingerprint (it holds no state)
     archive: ArchiveSettings | None = None
     #: several sources, by name (``source=Sources(sources)``); not kept as a field
-    sources: InitVar[Mapping[str, FileSource | KafkaSourceSpec] | Sources | None] = None
+    sources: InitVar[SourcesArg | None] = None
 
-    def __post_init__(self, sources: Mapping[str, FileSource | KafkaSourceSpec] | Sources
-                      | None) -> None:
+    def __post_init__(self, sources: SourcesArg | None) -> None:
         from sealstream.pipeline.validate import validate
 
         if sources is not None:

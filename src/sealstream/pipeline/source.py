@@ -20,6 +20,7 @@ from sealstream.errors import SpecError
 
 if TYPE_CHECKING:
     from sealstream.pipeline.kafka import KafkaSourceSpec
+    from sealstream.pipeline.nats import NatsSourceSpec
 
 SourceKind = Literal["jsonl", "csv", "parquet"]
 
@@ -141,15 +142,16 @@ class SourceTransform:
 class Sources:
     """Several sources in one job (docs/joins.md), keyed by name.
 
-    Each member is a :class:`FileSource` (bounded, or followed) or a
-    :class:`~sealstream.pipeline.kafka.KafkaSourceSpec`, with its own kind, key and
+    Each member is a :class:`FileSource` (bounded, or followed), a
+    :class:`~sealstream.pipeline.kafka.KafkaSourceSpec` or a
+    :class:`~sealstream.pipeline.nats.NatsSourceSpec`, with its own kind, key and
     time fields. The job reads them as **one partition list**: the sources in name
     order, each one's partitions after each other (files in the order
     :meth:`FileSource.partitions` gives, a topic's partitions by number). Partitions
     are partitions (one global watermark over all of them), and this order is the read
     order that decides lateness when partitions interleave.
 
-    With a Kafka source, or a followed file, the job is a live run (planned,
+    With a Kafka or NATS source, or a followed file, the job is a live run (planned,
     recorded steps over every source's partitions, docs/live.md); its bounded file
     sources are then read as files that do not grow. Every source stops the same
     way: ``stop = "end"`` on every live source ends the run when every partition of
@@ -164,7 +166,7 @@ class Sources:
     ('clicks', 'views')
     """
 
-    members: Mapping[str, FileSource | KafkaSourceSpec]
+    members: Mapping[str, FileSource | KafkaSourceSpec | NatsSourceSpec]
     #: per source: its own filter and derived fields, applied before the union
     transforms: Mapping[str, SourceTransform] = field(default_factory=dict)
     kind: Literal["sources"] = "sources"
@@ -175,6 +177,7 @@ class Sources:
 
     def __post_init__(self) -> None:
         from sealstream.pipeline.kafka import KafkaSourceSpec
+        from sealstream.pipeline.nats import NatsSourceSpec
 
         if not isinstance(self.members, Mapping) or not self.members:
             raise SpecError("sources: expected a table of NAME = source, with at least one")
@@ -182,13 +185,10 @@ class Sources:
             if not isinstance(name, str) or not _SOURCE_NAME.match(name):
                 raise SpecError(f"sources.{name}: a source name is a letter then letters, "
                                 "digits or _")
-            if not isinstance(src, FileSource | KafkaSourceSpec):
+            if not isinstance(src, FileSource | KafkaSourceSpec | NatsSourceSpec):
                 kind = getattr(src, "kind", type(src).__name__)
-                what = ("a NATS source is not supported yet in a several-source job"
-                        if kind == "nats" else "not a source")
-                raise SpecError(f"sources.{name}.kind: {kind!r}: {what} (several sources "
-                                "in one job are files (jsonl, csv, parquet) and Kafka "
-                                "topics for now)")
+                raise SpecError(f"sources.{name}.kind: {kind!r}: not a source (a "
+                                "FileSource, KafkaSourceSpec or NatsSourceSpec)")
             if src.key_fields is not None:
                 raise SpecError(f"sources.{name}.key: a compound key is not supported yet "
                                 "in a several-source job")
@@ -235,7 +235,7 @@ class Sources:
         """The source named first (the default left side of a left join)."""
         return next(iter(self.members))
 
-    def _first(self) -> FileSource | KafkaSourceSpec:
+    def _first(self) -> FileSource | KafkaSourceSpec | NatsSourceSpec:
         return self.members[self.names[0]]
 
     @property

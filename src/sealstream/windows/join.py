@@ -155,7 +155,7 @@ def tagger(p: Pipeline, src: str) -> Tagger:
     assert isinstance(p.source, Sources)
     aggs = p.parsed_aggregates
     member = p.source.members[src]
-    base = 0 if member.kind == "kafka" else 2 if member.kind == "csv" else 1
+    base = 0 if member.kind in ("kafka", "nats") else 2 if member.kind == "csv" else 1
     return Tagger(src, source_plan(aggs, p.source, src), condition_names(aggs, src),
                   p.field_plan(), _stage(aggs, p.source, src), base)
 

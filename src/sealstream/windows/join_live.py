@@ -29,6 +29,7 @@ from sealstream.errors import SourceError
 from sealstream.pipeline import Pipeline
 from sealstream.pipeline.join import source_plan
 from sealstream.pipeline.kafka import KafkaSourceSpec
+from sealstream.pipeline.nats import NatsSourceSpec
 from sealstream.pipeline.source import Sources
 from sealstream.sources._base import Chunk, PartitionPosition
 from sealstream.sources._live import LivePartition, LiveSource
@@ -161,6 +162,8 @@ def open_union(p: Pipeline, known: Mapping[str, PartitionPosition]) -> UnionLive
         if isinstance(spec, KafkaSourceSpec):
             if spec.group is None:  # the consumer group told the positions: the job's name
                 spec = replace(spec, group=p.name)
+            members[src] = spec.open_live(plan)
+        elif isinstance(spec, NatsSourceSpec):
             members[src] = spec.open_live(plan)
         else:
             own = {n: pos for n, pos in known.items()

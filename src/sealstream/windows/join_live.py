@@ -33,6 +33,7 @@ from sealstream.pipeline.nats import NatsSourceSpec
 from sealstream.pipeline.source import Sources
 from sealstream.sources._base import Chunk, PartitionPosition
 from sealstream.sources._live import LivePartition, LiveSource
+from sealstream.sources.files.follow import FollowedFiles
 from sealstream.windows.join import Tagger, tagger
 
 __all__ = ["TaggedPartition", "UnionLiveSource", "open_union"]
@@ -43,10 +44,15 @@ class TaggedPartition:
     other attribute (``first_file``, ``position``, ``connected``...) is the
     partition's own."""
 
-    def __init__(self, part: LivePartition, tag: Tagger) -> None:
+    def __init__(self, part: LivePartition, tag: Tagger, end_once: bool = False) -> None:
+        """``end_once``: a file's end is measured once (``stop = "end"`` reads it when
+        the partition opens), then unknown: the lag of a file is not measured (a
+        whole-file count every few seconds would cost more than it tells)."""
         self.part = part
         self.name = part.name
         self._tag = tag
+        self._end_once = end_once
+        self._ended = False
 
     def poll(self, max_records: int, timeout_ms: int) -> Chunk | None:
         chunk = self.part.poll(max_records, timeout_ms)
@@ -62,6 +68,9 @@ class TaggedPartition:
         return self.part.earliest()
 
     def end(self) -> int | None:
+        if self._end_once and self._ended:
+            return None
+        self._ended = True
         return self.part.end()
 
     def close(self) -> None:
@@ -80,6 +89,9 @@ class UnionLiveSource:
         self.taggers = dict(taggers)
         #: partition name -> the source that reads it
         self.owner: dict[str, str] = {}
+        #: the sources of files (their lag is not measured)
+        self.files = {src for src, m in self.members.items()
+                      if isinstance(m, FollowedFiles)}
 
     def discover(self) -> list[str]:
         out: list[str] = []
@@ -111,7 +123,7 @@ class UnionLiveSource:
             part = self.members[src].open(name, position, from_start)
         except SourceError as exc:
             raise _named(exc, src) from None
-        return TaggedPartition(part, self.taggers[src])
+        return TaggedPartition(part, self.taggers[src], src in self.files)
 
     def open_at(self, name: str, position: PartitionPosition) -> TaggedPartition:
         """A followed file's partition at a full file position."""
@@ -119,7 +131,7 @@ class UnionLiveSource:
         open_at = getattr(self.members[src], "open_at", None)
         if open_at is None:  # an integer position: the source seeks to it
             return self.open(name, position.offset)
-        return TaggedPartition(open_at(name, position), self.taggers[src])
+        return TaggedPartition(open_at(name, position), self.taggers[src], src in self.files)
 
     def commit_group(self, positions: dict[str, int]) -> None:
         for src, member in self.members.items():
@@ -151,8 +163,6 @@ def _named(exc: SourceError, src: str) -> SourceError:
 def open_union(p: Pipeline, known: Mapping[str, PartitionPosition]) -> UnionLiveSource:
     """The live source of the several-source pipeline ``p``; ``known``: a restored
     checkpoint's positions by partition name (followed files know their files)."""
-    from sealstream.sources.files.follow import FollowedFiles
-
     assert isinstance(p.source, Sources)
     aggs = p.parsed_aggregates
     members: dict[str, LiveSource] = {}

@@ -190,6 +190,15 @@ def test_ctr_from_two_topics_equals_the_same_join_from_files(kafka: Any, tmp_pat
     this_run = json.loads(summary.read_text())["this_run"]
     assert this_run["events"] + this_run["bad_records"] == 4 * 50
 
+    # a replay from the start into a new destination reads both topics again: the
+    # output of the two runs, once
+    dest = tmp_path / "replayed"
+    r = subprocess.run([sys.executable, "-m", "sealstream", "replay", str(both), "--from",
+                        "start", "--to", str(dest), "--quiet"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert_same_output(dest, both.parent)
+
 
 def test_an_app_change_is_refused_naming_the_source(kafka: Any, tmp_path: Path) -> None:
     files = _input(tmp_path, n=50)

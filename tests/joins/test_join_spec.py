@@ -112,8 +112,9 @@ BAD = {
                   "join.type: 'outer' is not one of inner, left"),
     "left side unknown": (('type = "inner"', 'type = "left"\nleft = "ads"'),
                           "join.left: 'ads' is not a source"),
-    "live source": (('kind = "jsonl"', 'kind = "kafka"'),
-                    "sources.clicks.kind: 'kafka': live sources are not supported yet"),
+    "file settings in a kafka source": (('kind = "jsonl"', 'kind = "kafka"'),
+                                        "sources.clicks.paths: unknown setting; "
+                                        "[sources.clicks] takes bootstrap, client"),
     "per-source where outside its table": (
         ('time = "ts"', 'time = "ts"\nwhere = "ad = \'a\'"'),
         "sources.clicks.where: a source's filter and derived fields go in its "
@@ -200,5 +201,6 @@ def test_python_form_refuses_enrich_and_archive(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match=r"^\[\[enrich\]\]: enrichment is not supported yet"):
         Pipeline(**base, enrich=(Enrich(name="ads", kind="csv", path="in/views.csv",
                                         on=("ad_id",), base_dir=tmp_path),))
-    with pytest.raises(SpecError, match=r"^\[archive\]: a several-source job reads bounded"):
+    with pytest.raises(SpecError, match=r"^\[archive\]: the raw-event archive is not supported yet "
+                                        r"in a several-source job"):
         Pipeline(**base, archive=ArchiveSettings(url=str(tmp_path / "arch")))

@@ -855,8 +855,9 @@ class Job(Checkpointing):
         if "errors" not in self.sinks:
             first = bad.row(0, named=True)
             name = self.names[first["_p"]]
-            where = (f"offset {first['_offset']}" if self.p.source.kind == "kafka"
-                     else f"line {first['_line']}")
+            by_offset = self.p.source.kind == "kafka" or (
+                isinstance(self.p.source, Sources) and self.p.source.is_topic_partition(name))
+            where = f"offset {first['_offset']}" if by_offset else f"line {first['_line']}"
             raise BadRecordError(
                 f"{name}: {where}: {first['_reason']} "
                 "(add an [errors] output to divert bad records instead of stopping)"

@@ -712,9 +712,15 @@ def open_live(job: Any, positions: list[SourcePosition],
         # the consumer group told the positions after each checkpoint, for lag tools:
         # by default the pipeline's name (group = "" turns it off)
         spec = replace(spec, group=p.name)
-    source: LiveSource = (spec.open_live(job.plan) if spec.kind in ("kafka", "nats")
-                          else FollowedFiles(spec.kind, spec, job.plan, known={
-                              n: sp.resume for n, sp in zip(job.names, positions, strict=True)}))
+    known = {n: sp.resume for n, sp in zip(job.names, positions, strict=True)}
+    source: LiveSource
+    if spec.kind == "sources":  # several sources as one (docs/joins.md)
+        from sealstream.windows.join_live import open_union
+
+        source = open_union(p, known)
+    else:
+        source = (spec.open_live(job.plan) if spec.kind in ("kafka", "nats")
+                  else FollowedFiles(spec.kind, spec, job.plan, known=known))
     return merger(
         source, job.plan, list(job.names), positions, p.batch_size,
         store=job.store, key=job.key, wm=job.wm,

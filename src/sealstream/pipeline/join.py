@@ -31,7 +31,9 @@ import polars as pl
 
 from sealstream.aggspec import Aggregate, condition_field, field_kinds, parse_aggregate
 from sealstream.errors import SpecError
-from sealstream.pipeline.source import Sources
+from sealstream.pipeline.kafka import KafkaSourceSpec
+from sealstream.pipeline.nats import NatsSourceSpec
+from sealstream.pipeline.source import FileSource, Sources
 from sealstream.sources._base import FieldKind, FieldPlan, int_col
 
 if TYPE_CHECKING:
@@ -278,9 +280,11 @@ def check_join(p: Pipeline) -> None:
         if member.key == member.time:
             raise SpecError(f"sources.{name}.key and sources.{name}.time are the same field "
                             f"{member.time!r}")
-        if member.kind not in ("jsonl", "csv", "parquet"):
+        if isinstance(member, FileSource) and not member.paths:
+            raise SpecError(f"sources.{name}.paths: at least one input file is needed")
+        if member.kind not in ("jsonl", "csv", "parquet", "kafka", "nats"):
             raise SpecError(f"sources.{name}.kind: {member.kind!r} is not one of jsonl, csv, "
-                            "parquet")
+                            "parquet, kafka, nats")
     aggs = lowered_aggregates(p.aggregates, sources)
     for a in aggs:
         if a.source is not None and a.field is not None:
@@ -302,9 +306,9 @@ def check_join(p: Pipeline) -> None:
         raise SpecError("[[enrich]]: enrichment is not supported yet in a several-source job "
                         "(a job with one [source] can enrich)")
     if p.archive is not None:
-        raise SpecError("[archive]: a several-source job reads bounded files, which are "
-                        "re-read from their files; the raw-event archive is for kafka and "
-                        "nats sources (remove the section)")
+        raise SpecError("[archive]: the raw-event archive is not supported yet in a "
+                        "several-source job; it is for a job with one kafka or nats "
+                        "[source] (remove the section)")
     derived_exprs(p)
 
 
@@ -315,13 +319,26 @@ def join_fingerprint(p: Pipeline) -> dict[str, Any]:
     left = join.left or p.source.first_named
     return {
         "sources": {
-            name: {"kind": m.kind, "partitions": [n for n, _ in m.partitions()],
+            name: {"kind": m.kind, "partitions": _partitions_print(m),
                    "key": m.key, "time": m.time, **_transform_print(p, name)}
             for name, m in sorted(p.source.members.items())
         },
         "join": {"type": join.type, **({"left": left} if join.type == "left" else {}),
                  "fields": {n: t for n, t, _ in derived_exprs(p)}},
     }
+
+
+def _partitions_print(m: FileSource | KafkaSourceSpec | NatsSourceSpec) -> list[str]:
+    """A source's partitions in the fingerprint, as for one source: a topic (its
+    partitions may grow), NATS subjects, a followed source's paths as written, else
+    the files."""
+    if isinstance(m, KafkaSourceSpec):
+        return [m.topic]
+    if isinstance(m, NatsSourceSpec):
+        return list(m.subjects)
+    if m.follow:
+        return list(m.paths)
+    return [n for n, _ in m.partitions()]
 
 
 def _transform_print(p: Pipeline, name: str) -> dict[str, Any]:

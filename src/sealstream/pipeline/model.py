@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -152,16 +152,35 @@ class Checkpoints:
                           self.endpoint_url)
 
 
+class _Required:
+    """The default of a required setting that ``sources=`` makes optional to write."""
+
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+_REQUIRED: Any = _Required()
+
+SourcesArg = Mapping[str, FileSource | KafkaSourceSpec | NatsSourceSpec] | Sources
+"""``Pipeline(sources=...)``: source name -> source, or a :class:`Sources`."""
+
+
 @dataclass(frozen=True)
 class Pipeline:
-    """A complete, validated pipeline definition. See the module docstring."""
+    """A complete, validated pipeline definition. See the module docstring.
+
+    ``source``, ``window``, ``aggregates`` and ``sink`` are required; several
+    sources are given either as ``source=Sources({...})`` or, the same, as
+    ``sources={"clicks": ..., "impressions": ...}`` (a mapping of source name to
+    source, or a :class:`Sources`; docs/joins.md), never both.
+    """
 
     name: str
     #: one source, or several (:class:`Sources`, joined: see ``join`` and docs/joins.md)
-    source: FileSource | KafkaSourceSpec | NatsSourceSpec | Sources
-    window: Window
-    aggregates: Mapping[str, str]
-    sink: Output
+    source: FileSource | KafkaSourceSpec | NatsSourceSpec | Sources = _REQUIRED
+    window: Window = _REQUIRED
+    aggregates: Mapping[str, str] = _REQUIRED
+    sink: Output = _REQUIRED
     watermark: Watermark = field(default_factory=Watermark)
     late: Output | None = None
     errors: Output | None = None
@@ -191,9 +210,21 @@ class Pipeline:
     #: ``[archive]``: the raw-event archive of a live source (docs/object-storage.md);
     #: not part of the fingerprint (it holds no state)
     archive: ArchiveSettings | None = None
+    #: several sources, by name (``source=Sources(sources)``); not kept as a field
+    sources: InitVar[SourcesArg | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, sources: SourcesArg | None) -> None:
         from sealstream.pipeline.validate import validate
+
+        if sources is not None:
+            if self.source is not _REQUIRED:
+                raise SpecError("source= and sources=: give one source, or several, not both")
+            object.__setattr__(self, "source", sources if isinstance(sources, Sources)
+                               else Sources(sources))
+        for setting in ("source", "window", "aggregates", "sink"):
+            if getattr(self, setting) is _REQUIRED:
+                raise SpecError(f"{setting}: required setting is missing"
+                                + (" (source= or sources=)" if setting == "source" else ""))
 
         validate(self)
 

@@ -12,11 +12,15 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import polars as pl
 
 from sealstream.errors import SpecError
+
+if TYPE_CHECKING:
+    from sealstream.pipeline.kafka import KafkaSourceSpec
+    from sealstream.pipeline.nats import NatsSourceSpec
 
 SourceKind = Literal["jsonl", "csv", "parquet"]
 
@@ -136,13 +140,22 @@ class SourceTransform:
 
 @dataclass(frozen=True)
 class Sources:
-    """Several bounded file sources in one job (docs/joins.md), keyed by name.
+    """Several sources in one job (docs/joins.md), keyed by name.
 
-    Each member is a :class:`FileSource` with its own kind, paths, key and time
-    fields. The job reads them as **one partition list**: the sources in name order,
-    each one's partitions after each other in the order :meth:`FileSource.partitions`
-    gives. Partitions are partitions (one global watermark over all of them), and this
-    order is the read order that decides lateness when partitions interleave.
+    Each member is a :class:`FileSource` (bounded, or followed), a
+    :class:`~sealstream.pipeline.kafka.KafkaSourceSpec` or a
+    :class:`~sealstream.pipeline.nats.NatsSourceSpec`, with its own kind, key and
+    time fields. The job reads them as **one partition list**: the sources in name
+    order, each one's partitions after each other (files in the order
+    :meth:`FileSource.partitions` gives, a topic's partitions by number). Partitions
+    are partitions (one global watermark over all of them), and this order is the read
+    order that decides lateness when partitions interleave.
+
+    With a Kafka or NATS source, or a followed file, the job is a live run (planned,
+    recorded steps over every source's partitions, docs/live.md); its bounded file
+    sources are then read as files that do not grow. Every source stops the same
+    way: ``stop = "end"`` on every live source ends the run when every partition of
+    every source has reached the end it had at start.
 
     The attributes below let the job treat the union as one source; ``key`` and
     ``time`` are the first source's (by name), for display only.
@@ -153,33 +166,34 @@ class Sources:
     ('clicks', 'views')
     """
 
-    members: Mapping[str, FileSource]
+    members: Mapping[str, FileSource | KafkaSourceSpec | NatsSourceSpec]
     #: per source: its own filter and derived fields, applied before the union
     transforms: Mapping[str, SourceTransform] = field(default_factory=dict)
     kind: Literal["sources"] = "sources"
     follow: bool = False
+    #: None: the members' common stop mode; "end" forces it (``sealstream replay``)
     stop: str | None = None
     fail_after_ms: int | None = None
-    poll_ms: int = 200
 
     def __post_init__(self) -> None:
+        from sealstream.pipeline.kafka import KafkaSourceSpec
+        from sealstream.pipeline.nats import NatsSourceSpec
+
         if not isinstance(self.members, Mapping) or not self.members:
             raise SpecError("sources: expected a table of NAME = source, with at least one")
         for name, src in self.members.items():
             if not isinstance(name, str) or not _SOURCE_NAME.match(name):
                 raise SpecError(f"sources.{name}: a source name is a letter then letters, "
                                 "digits or _")
-            if not isinstance(src, FileSource):
+            if not isinstance(src, FileSource | KafkaSourceSpec | NatsSourceSpec):
                 kind = getattr(src, "kind", type(src).__name__)
-                raise SpecError(f"sources.{name}.kind: {kind!r}: several sources in one job "
-                                "are bounded files (jsonl, csv, parquet) for now; a live "
-                                "source is not supported yet in a several-source job")
-            if src.follow:
-                raise SpecError(f"sources.{name}.follow: following files is not supported "
-                                "yet in a several-source job")
+                raise SpecError(f"sources.{name}.kind: {kind!r}: not a source (a "
+                                "FileSource, KafkaSourceSpec or NatsSourceSpec)")
             if src.key_fields is not None:
                 raise SpecError(f"sources.{name}.key: a compound key is not supported yet "
                                 "in a several-source job")
+        if self.live:
+            self._check_live()
         if not isinstance(self.transforms, Mapping):
             raise SpecError("sources: transforms= expects a mapping of source name to "
                             f"SourceTransform, got {self.transforms!r:.60}")
@@ -191,6 +205,26 @@ class Sources:
                 raise SpecError(f"sources.{name}.transform: expected a SourceTransform, "
                                 f"got {tf!r:.60}")
 
+    def _check_live(self) -> None:
+        """A live several-source job: files it can read as partitions of a live run,
+        and one stop mode for every source."""
+        modes: dict[str, list[str]] = {}
+        for name in self.names:
+            src = self.members[name]
+            if isinstance(src, FileSource) and src.kind not in ("jsonl", "csv"):
+                raise SpecError(f"sources.{name}.kind: {src.kind!r}: a {src.kind} file "
+                                "source is not supported yet in a several-source job with "
+                                "a live source (jsonl and csv files are)")
+            modes.setdefault(src.stop_mode, []).append(name)
+        if len(modes) > 1:
+            ends, nevers = ", ".join(modes["end"]), ", ".join(modes["never"])
+            raise SpecError(f"sources.{modes['never'][0]}.stop: every source of a "
+                            "several-source job stops the same way (for now): "
+                            f"{ends} stop(s) at the end they have at start, {nevers} "
+                            "never; set stop = \"end\" on every live source (a backfill), "
+                            "or follow = true on the file sources and no stop (a job that "
+                            "runs until stopped)")
+
     @property
     def names(self) -> tuple[str, ...]:
         """The sources in read order (by name)."""
@@ -201,12 +235,17 @@ class Sources:
         """The source named first (the default left side of a left join)."""
         return next(iter(self.members))
 
-    def _first(self) -> FileSource:
+    def _first(self) -> FileSource | KafkaSourceSpec | NatsSourceSpec:
         return self.members[self.names[0]]
 
     @property
     def paths(self) -> tuple[str, ...]:
         return tuple(p for n in self.names for p in self.members[n].paths)
+
+    @property
+    def poll_ms(self) -> int:
+        """How long one poll of a quiet partition waits: the shortest of the sources'."""
+        return min(self.members[n].poll_ms for n in self.names)
 
     @property
     def key(self) -> str:
@@ -224,24 +263,34 @@ class Sources:
 
     @property
     def live(self) -> bool:
-        return False
+        """A live run when some source is (a Kafka topic, a followed file)."""
+        return any(self.members[n].live for n in self.names)
 
     @property
     def stop_mode(self) -> str:
-        return "end"
+        """Every source's (they agree: checked), or ``stop`` when given."""
+        return self.stop or self.members[self.names[0]].stop_mode
 
     @property
     def key_fields(self) -> tuple[str, ...] | None:
         return None
 
     def partitions(self, allow_empty: bool = False) -> list[tuple[str, Path]]:
-        """Every source's partitions, sources in name order (the read order)."""
+        """Every source's partitions, sources in name order (the read order). A live
+        job (``allow_empty``) lists none here: its run discovers them, in this order."""
+        if self.live and allow_empty:
+            return []
+        if self.live:
+            raise SpecError("sources: a several-source job with a live source has no "
+                            "files to list; it is read live")
         out: list[tuple[str, Path]] = []
         owner: dict[str, str] = {}
         written_by: dict[str, str] = {}
         for name in self.names:
+            member = self.members[name]
+            assert isinstance(member, FileSource)  # a job of files only
             try:
-                parts = self.members[name].partitions(allow_empty)
+                parts = member.partitions(allow_empty)
             except SpecError as exc:
                 raise SpecError(f"sources.{name}.{str(exc).removeprefix('source.')}") from None
             for written, path in parts:
@@ -256,6 +305,13 @@ class Sources:
                 owner[real] = name
                 out.append((written, path))
         return out
+
+    def is_topic_partition(self, partition: str) -> bool:
+        """Whether ``partition`` is a partition of a Kafka source (``TOPIC/N``: its
+        records are named by offset, not by line)."""
+        topic, _, n = partition.rpartition("/")
+        return n.isdigit() and any(getattr(m, "topic", None) == topic and m.kind == "kafka"
+                                   for m in self.members.values())
 
     def partition_sources(self) -> list[str]:
         """The source of each partition, in :meth:`partitions` order."""

@@ -253,12 +253,15 @@ def _several_sources(data: dict[str, Any], base_dir: Path) -> Sources | None:
         return None
     if "source" in data:
         raise SpecError("[source] and [sources.NAME]: give one source, or several, not both")
-    members: dict[str, FileSource] = {}
+    members: dict[str, FileSource | KafkaSourceSpec | NatsSourceSpec] = {}
     transforms: dict[str, SourceTransform] = {}
     for name, table in data["sources"].items():
         sec = f"sources.{name}"
         if not isinstance(table, dict):
             raise SpecError(f"{sec}: expected a [{sec}] table, got {table!r}")
+        kind = _get(table, sec, "kind", str, _MISSING)
+        keys = (_KAFKA_KEYS if kind == "kafka" else _NATS_KEYS if kind == "nats"
+                else _SOURCE_KEYS)
         for key in table:
             if key in ("where", "fields"):
                 raise SpecError(f"{sec}.{key}: a source's filter and derived fields go in "
@@ -266,16 +269,14 @@ def _several_sources(data: dict[str, Any], base_dir: Path) -> Sources | None:
             if key == "types":
                 raise SpecError(f"{sec}.types: declared types are not supported yet in a "
                                 "several-source job")
-            if key not in _SOURCE_KEYS:
+            if key not in keys:
                 raise SpecError(f"{sec}.{key}: unknown setting; [{sec}] takes "
-                                f"{', '.join(sorted(_SOURCE_KEYS))}")
-        kind = _get(table, sec, "kind", str, _MISSING)
-        if kind in ("kafka", "nats"):
-            raise SpecError(f"{sec}.kind: {kind!r}: live sources are not supported yet in a "
-                            "several-source job (bounded files only: jsonl, csv, parquet)")
+                                f"{', '.join(sorted(keys))}")
+        own = {k: v for k, v in table.items() if k != "transform"}
         try:
-            members[name] = _file_source({k: v for k, v in table.items() if k != "transform"},
-                                         kind, base_dir)
+            members[name] = (kafka_source_from_dict(own) if kind == "kafka"
+                             else nats_source_from_dict(own) if kind == "nats"
+                             else _file_source(own, kind, base_dir))
         except SpecError as exc:
             raise SpecError(f"{sec}.{str(exc).removeprefix('source.')}") from None
         if "transform" in table:
@@ -283,7 +284,10 @@ def _several_sources(data: dict[str, Any], base_dir: Path) -> Sources | None:
     return Sources(members, transforms=transforms)
 
 
-_SOURCE_KEYS = {"kind", "paths", "path", "key", "time", "transform"}
+_SOURCE_KEYS = {"kind", "paths", "path", "key", "time", "transform", "follow", "stop",
+                "poll_ms"}
+_KAFKA_KEYS = set(KAFKA_SETTINGS) | {"kind", "key", "time", "transform"}
+_NATS_KEYS = set(NATS_SETTINGS) | {"kind", "key", "time", "transform"}
 
 
 def _source_transform(raw: object, sec: str) -> SourceTransform:

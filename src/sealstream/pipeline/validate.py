@@ -187,7 +187,7 @@ def validate(p: Pipeline) -> None:
     if p.source.kind not in ("jsonl", "csv", "parquet", "kafka", "nats", "sources"):
         raise SpecError(f"source.kind: {p.source.kind!r} is not one of jsonl, csv, parquet, "
                         "kafka, nats")
-    if not p.source.paths and p.source.kind not in ("kafka", "nats"):
+    if not p.source.paths and p.source.kind not in ("kafka", "nats", "sources"):
         raise SpecError("source.paths: at least one input file is needed")
     keys = p.source.key_fields or (p.source.key,)
     if not keys:

@@ -52,19 +52,20 @@ from sealstream.sources._base import (
 from sealstream.transforms import TransformStage
 from sealstream.windows.aggregates import Accumulators, _float_json, _json_string
 
-__all__ = ["JoinRule", "TaggedReader", "open_readers"]
+__all__ = ["JoinRule", "TaggedReader", "Tagger", "open_readers", "tagger"]
 
 
-class TaggedReader:
-    """A partition reader of one source whose chunks carry the union's columns."""
+class Tagger:
+    """What a chunk of one source becomes in the union: its transform run, its fields
+    renamed ``SOURCE.FIELD``, its condition columns set, the union's columns.
+    ``line_base``: a record's line is its position plus this (a file: 1, plus 1 for a
+    CSV header; a topic: 0, its bad records are named by offset)."""
 
-    def __init__(self, reader: PartitionReader, source: str, own: FieldPlan,
-                 conditions: list[str], union: FieldPlan,
-                 stage: TransformStage | None = None, header_lines: int = 0) -> None:
-        self.reader = reader
-        self.name = reader.name
+    def __init__(self, source: str, own: FieldPlan, conditions: list[str], union: FieldPlan,
+                 stage: TransformStage | None = None, line_base: int = 1) -> None:
+        self.source = source
         self._stage = stage
-        self._header = header_lines
+        self._line_base = line_base
         renames: dict[str, str] = {}
         fields = set(own.fields) | (set(stage.tf.derived) if stage is not None else set())
         for f in sorted(fields):
@@ -85,11 +86,9 @@ class TaggedReader:
             events = events.with_columns(missing)
         return events.select(list(self._schema))
 
-    def next_chunk(self, max_records: int) -> Chunk | None:
-        chunk = self.reader.next_chunk(max_records)
-        if chunk is None:
-            return None
-        if self._stage is not None:
+    def tag(self, chunk: Chunk) -> Chunk:
+        """The chunk with the union's columns (its transform run first)."""
+        if self._stage is not None and (chunk.events.height or chunk.bad.height):
             chunk = self._transform(chunk)
         return replace(chunk, events=self._conform(chunk.events))
 
@@ -107,13 +106,26 @@ class TaggedReader:
                else pl.Series([None] * len(offs), dtype=pl.String))
         bad = failed.select(
             pl.col("_offset"),
-            (pl.col("_offset") + 1 + self._header).alias("_line"),
+            (pl.col("_offset") + self._line_base).alias("_line"),
             pl.col("_reason"),
             raw.alias("_raw"),
         )
         bad = bad.select(pl.col(c).cast(t) for c, t in BAD_SCHEMA.items())
         bad = pl.concat([chunk.bad.select(list(BAD_SCHEMA)), bad])
         return replace(chunk, events=events, bad=bad.sort("_offset"))
+
+
+class TaggedReader:
+    """A partition reader of one source whose chunks carry the union's columns."""
+
+    def __init__(self, reader: PartitionReader, tagger: Tagger) -> None:
+        self.reader = reader
+        self.name = reader.name
+        self.tagger = tagger
+
+    def next_chunk(self, max_records: int) -> Chunk | None:
+        chunk = self.reader.next_chunk(max_records)
+        return None if chunk is None else self.tagger.tag(chunk)
 
     def size_hint(self) -> tuple[int, int] | None:
         return self.reader.size_hint()
@@ -127,17 +139,25 @@ def open_readers(p: Pipeline, partitions: list[tuple[str, Path]],
     """One tagged reader per partition of the union, in the read order."""
     assert isinstance(p.source, Sources)
     aggs = p.parsed_aggregates
-    union = p.field_plan()
     out: list[PartitionReader] = []
     owners = p.source.partition_sources()
-    stages = {src: _stage(aggs, p.source, src) for src in p.source.names}
+    taggers = {src: tagger(p, src) for src in p.source.names}
     for (name, path), pos, src in zip(partitions, resume, owners, strict=True):
         member = p.source.members[src]
         own = source_plan(aggs, p.source, src)
         reader = _sources.open_partition(member.kind, name, path, own, pos)
-        out.append(TaggedReader(reader, src, own, condition_names(aggs, src), union,
-                                stages[src], 1 if member.kind == "csv" else 0))
+        out.append(TaggedReader(reader, taggers[src]))
     return out
+
+
+def tagger(p: Pipeline, src: str) -> Tagger:
+    """The :class:`Tagger` of source ``src`` of the several-source pipeline ``p``."""
+    assert isinstance(p.source, Sources)
+    aggs = p.parsed_aggregates
+    member = p.source.members[src]
+    base = 0 if member.kind in ("kafka", "nats") else 2 if member.kind == "csv" else 1
+    return Tagger(src, source_plan(aggs, p.source, src), condition_names(aggs, src),
+                  p.field_plan(), _stage(aggs, p.source, src), base)
 
 
 def _stage(aggs: list[Aggregate], sources: Sources, name: str) -> TransformStage | None:

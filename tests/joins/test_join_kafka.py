@@ -198,6 +198,15 @@ def test_ctr_from_two_topics_equals_the_same_join_from_files(kafka: Any, tmp_pat
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert_same_output(dest, both.parent)
+    # and from partition offsets (named as the union names them): offset 0 of every
+    # partition of both topics is the start again
+    origin = ",".join(f"{t}/{i}=0" for t in topics.values() for i in range(2))
+    dest = tmp_path / "replayed-offsets"
+    r = subprocess.run([sys.executable, "-m", "sealstream", "replay", str(both), "--from",
+                        origin, "--to", str(dest), "--quiet"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert_same_output(dest, both.parent)
 
 
 def test_an_app_change_is_refused_naming_the_source(kafka: Any, tmp_path: Path) -> None:

@@ -145,8 +145,8 @@ BAD = {
                           'on = "ad_id"\n\n[sink]'),
                "[[enrich]]: enrichment is not supported yet in a several-source job"),
     "archive": (("[sink]", '[archive]\nurl = "arch"\n\n[sink]'),
-                "[archive]: the raw-event archive is supported for kind = \"kafka\" and "
-                "\"nats\" sources only"),
+                "[archive]: the raw-event archive is not supported yet in a several-source "
+                "job; it is for a job with one kafka or nats [source] (remove the section)"),
     "both forms": (("[sources.views]", '[source]\nkind = "jsonl"\n\n[sources.views]'),
                    "[source] and [sources.NAME]: give one source, or several, not both"),
 }

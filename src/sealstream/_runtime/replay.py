@@ -183,9 +183,15 @@ def parse_offsets(text: str, names: list[str]) -> dict[int, int]:
 
 def live_partitions(p: Pipeline) -> list[str]:
     """The partitions a live source lists now (a broker is asked; files are listed)."""
-    if p.source.kind not in ("kafka", "nats"):
+    source: Any
+    if p.source.kind == "sources":  # several sources, one of them live (docs/joins.md)
+        from sealstream.windows.join_live import open_union
+
+        source = open_union(p, {})
+    elif p.source.kind not in ("kafka", "nats"):
         return [n for n, _ in p.source.partitions(allow_empty=True)]
-    source = p.source.open_live(p.field_plan())
+    else:
+        source = p.source.open_live(p.field_plan())
     try:
         return list(source.discover())
     finally:

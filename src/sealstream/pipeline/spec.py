@@ -329,6 +329,10 @@ def _archive(sec: dict[str, Any], source: Any, base_dir: Path) -> ArchiveSetting
     url = _get(sec, "archive", "url", str, _MISSING)
     if not url.strip():
         raise SpecError("archive.url: expected s3://BUCKET/PREFIX or a directory path")
+    if source.kind == "sources":
+        raise SpecError("[archive]: the raw-event archive is not supported yet in a "
+                        "several-source job; it is for a job with one kafka or nats "
+                        "[source] (remove the section)")
     if source.kind not in ("kafka", "nats"):
         raise SpecError(f"[archive]: the raw-event archive is supported for kind = \"kafka\" "
                         f"and \"nats\" sources only, not yet for {source.kind!r} (a file "

@@ -194,3 +194,22 @@ def own_s3() -> Iterator[object]:
         yield server
     finally:
         server.close()
+
+
+# ------------------------------------------------------------------ event loops
+# A test module must not leave an asyncio event loop running in the main thread: the
+# next module's ``asyncio.run()`` would fail ("cannot be called from a running event
+# loop"; Playwright's sync API keeps its loop running until ``stop()``). Checked once
+# a module's fixtures are torn down, i.e. when the next test is in another module.
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    yield
+    if nextitem is None or nextitem.path == item.path:
+        return
+    import asyncio
+    import threading
+
+    if threading.current_thread() is threading.main_thread() and \
+            asyncio._get_running_loop() is not None:
+        pytest.fail(f"{item.path.name} left an asyncio event loop running in the main "
+                    "thread after its fixtures were torn down", pytrace=False)

@@ -6,7 +6,8 @@ The signal is sent at a deterministic point: after the first checkpoint's log li
 has been read from the child's stderr (byte by byte, so nothing more is taken
 from the pipe). The child is then certainly still running, because it has more
 log lines to write than the pipe can hold and nobody reads them until the signal
-is sent. No timer decides anything here.
+is sent. No timer decides anything here. The pipe is made before the child starts
+and shrunk to one page, so a short run (30 checkpoints) already overfills it.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ from test_pipeline_spec import base_spec, write_spec
 
 SRC = Path(sealstream.__file__).resolve().parents[1]  # the package under test
 PARTITIONS = 8
-LINES = 1_000  # per partition
-EVERY = 40  # events per checkpoint: 200 checkpoints, 1 KB of log line each
+LINES = 150  # per partition
+EVERY = 40  # events per checkpoint: 30 checkpoints, 1 KB of log line each
+F_SETPIPE_SZ = 1031
 F_GETPIPE_SZ = 1032
+PIPE_BYTES = 4096  # the smallest pipe Linux makes (one page)
 
 
 def _job(d: Path) -> Path:
@@ -81,24 +84,29 @@ def test_a_signal_stops_the_run_with_one_line_and_the_next_run_resumes(
     d = tmp_path / "job"
     spec = _job(d)
     env = dict(os.environ, PYTHONPATH=str(SRC))
-    proc = subprocess.Popen([sys.executable, "-m", "sealstream", "run", str(spec), "--json"],
-                            env=env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, bufsize=0)
-    assert proc.stderr is not None
+    fd, child_end = os.pipe()  # the child's stderr, one page, before the child starts
+    fcntl.fcntl(child_end, F_SETPIPE_SZ, PIPE_BYTES)
     try:
-        fd = proc.stderr.fileno()
+        proc = subprocess.Popen([sys.executable, "-m", "sealstream", "run", str(spec),
+                                 "--json"], env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=child_end, bufsize=0)
+    finally:
+        os.close(child_end)
+    try:
         capacity = fcntl.fcntl(fd, F_GETPIPE_SZ)
         first = json.loads(_read_line(fd))
         assert first["event"] == "checkpoint" and first["id"] == 1
         # what is left to log is more than the pipe holds: the child cannot end yet
         assert (LINES * PARTITIONS // EVERY - 2) * len(json.dumps(first)) > 2 * capacity
         proc.send_signal(sig)
-        out, err = proc.communicate(timeout=120)
+        with os.fdopen(fd, "rb", closefd=False) as rest:
+            err = rest.read()  # to the child's end (it holds the write end)
+        out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        os.close(fd)
     lines = err.decode().splitlines()
     assert proc.returncode == code, err.decode()[-2000:]
     assert "Traceback" not in err.decode() and out == b""

@@ -5,8 +5,10 @@ purpose and why it was rejected, reads the charts, looks up a window and downloa
 proof, watches the running job refresh, and a console listening beyond loopback
 refuses a browser without its token.
 
-One console server per module (a real ``sealstream console`` subprocess) and one
-browser per session keep the added time small. Screenshots are saved as test
+One console server and one browser per module (a real ``sealstream console``
+subprocess) keep the added time small. The browser is module-scoped, not session-scoped:
+Playwright's sync API keeps an asyncio event loop running in the main thread until
+``stop()``, and a later module's ``asyncio.run()`` would fail on it. Screenshots are saved as test
 artefacts under ``$SEALSTREAM_TEST_ARTIFACTS`` (default: the session's tmp dir)."""
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def _chromium() -> str:
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     sync_api = pytest.importorskip("playwright.sync_api")
     path = _chromium()

@@ -44,7 +44,10 @@ def _wait_checkpoint_line(proc: subprocess.Popen[str]) -> list[str]:
     raise AssertionError(f"the run ended before a checkpoint: {''.join(seen)}")
 
 
-def test_sigterm_stops_with_143_and_the_resume_line_then_resumes(tmp_path: Path) -> None:
+def test_sigterm_stops_with_143_and_the_resume_line_then_resumes(
+        tmp_path: Path, ray_cluster: Any) -> None:
+    """The stopped run started its own Ray (its stop is what is checked); the resume
+    checks the output only, so it runs on the session's cluster (one Ray start less)."""
     d = tmp_path / "run"
     names = make_input(d, events=STORY["events"])
     spec = write_spec(d, names, every_events=STORY["every_events"],
@@ -60,8 +63,8 @@ def test_sigterm_stops_with_143_and_the_resume_line_then_resumes(tmp_path: Path)
     noise = [ln for ln in lines if not ln.startswith(("{", "sealstream: ", "Token auth"))]
     assert not noise, "".join(noise)  # no traceback, no Ray crash dump
     again = subprocess.run([sys.executable, "-m", "sealstream", "run", str(spec), "-q",
-                            "--workers", "2"], cwd=d, capture_output=True, text=True,
-                           env=_env(), timeout=900)
+                            "--workers", "2", "--ray", ray_cluster.address], cwd=d,
+                           capture_output=True, text=True, env=_env(), timeout=900)
     assert again.returncode == 0, again.stderr
     reference_run(tmp_path / "ref", **STORY)
     assert_same_output(d, tmp_path / "ref")

@@ -5,7 +5,6 @@ import`` would find whichever conftest was imported first."""
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -33,15 +32,7 @@ class Jet:
             finally:
                 await nc.close()
 
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(go())
-        # an event loop runs in this thread (seen in a CI run: "asyncio.run() cannot be
-        # called from a running event loop" after an earlier test of the same worker):
-        # a thread of its own, with its own loop
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            return pool.submit(asyncio.run, go()).result()
+        return asyncio.run(go())
 
     def create(self, subjects: Sequence[str], **limits: Any) -> None:
         from nats.js.api import StreamConfig

@@ -387,6 +387,11 @@ class ShardWorker:
         return publish(self.live.p, q, events, bad, spans, workers, unseen, end,
                        self._grid_op(self.live.p))
 
+    def live_held(self) -> dict[int, tuple[int, int | None]]:
+        """The records this worker holds per live partition: for the next step, and
+        read ahead (None: a poll in flight). For tests and the benchmark."""
+        return {} if self.live is None else self.live.held_records()
+
     def live_close(self) -> None:
         if self.live is not None:
             live, self.live = self.live, None

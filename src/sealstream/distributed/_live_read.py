@@ -16,9 +16,11 @@ same records.
 parse) runs on a thread of the worker's own as soon as the previous one was taken,
 while the coordinator plans and the key workers aggregate the current step. It is
 the same poll the owner would make next, only earlier: a report takes it as its
-poll (when it delivered records; an empty one is polled again, fresh), a read takes
-it as the next records of its range, so what the owners report, and therefore the
-plans, are decided as without it. At most one poll per partition is read ahead (a
+poll (when it delivered records; an empty one is polled again, fresh) topped up with
+what the client received since (so the report covers what one poll at report time
+would: up to ``max_records``, everything at hand), a read takes it as the next
+records of its range, so what the owners report, and therefore the plans, are
+decided as without it. At most one poll per partition is read ahead (a
 partition holds at most the records it reported plus one poll of ``max_records``);
 records read ahead are in no step, so a worker killed with them loses nothing: the
 recovery re-reads from the checkpoint's positions.
@@ -29,7 +31,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
@@ -61,7 +63,7 @@ class _Held:
     part: LivePartition
     next: int
     after: int
-    pending: Chunk | None = None
+    pending: list[Chunk] = field(default_factory=list)
     #: the next poll, read ahead on the reader's threads (at most one)
     ahead: Future[Chunk | None] | None = None
 
@@ -83,6 +85,11 @@ def _below(chunk: Chunk, first: int) -> Chunk:
         return Chunk(chunk.events.clear(), chunk.bad.clear(), None, chunk.position, False,
                      chunk.raw)
     return Chunk(rest.events, rest.bad, rest.last_offset, chunk.position, False, chunk.raw)
+
+
+def count(chunk: Chunk | None) -> int:
+    """The records (events and bad ones) of ``chunk``."""
+    return 0 if chunk is None else chunk.events.height + chunk.bad.height
 
 
 class LiveReader:
@@ -130,7 +137,7 @@ class LiveReader:
         self._drop_ahead(h)
         h.part.seek(position)
         h.next = h.after = position
-        h.pending = None
+        h.pending = []
 
     def end(self, q: int) -> int | None:
         h = self.held[q]
@@ -162,28 +169,27 @@ class LiveReader:
             wait_for([fut])
             fut.exception()  # (retrieved: it was never this partition's next poll)
 
-    def _next_poll(self, h: _Held, max_records: int, timeout_ms: int) -> Chunk | None:
+    def _next_poll(self, h: _Held, max_records: int, timeout_ms: int
+                   ) -> tuple[Chunk | None, bool]:
         """The partition's next poll: the one read ahead when it delivered records
-        (or moved the position), else a poll now (an empty one read ahead is stale)."""
+        (or moved the position), else a poll now (an empty one read ahead is stale);
+        and whether it was read ahead."""
         fut, h.ahead = h.ahead, None
         if fut is not None:
             got = fut.result()  # its error is this poll's error
             if got is not None and not (got.position.offset == h.after
                                         and got.last_offset is None):
-                return got
-        return h.part.poll(max(1, max_records), timeout_ms)
+                return got, True
+        return h.part.poll(max(1, max_records), timeout_ms), False
 
     def held_records(self) -> dict[int, tuple[int, int | None]]:
         """Per partition: the records it holds for the next step (reported or not)
         and those of its read-ahead poll (None: still in flight)."""
-        def count(chunk: Chunk | None) -> int:
-            return 0 if chunk is None else chunk.events.height + chunk.bad.height
-
         out: dict[int, tuple[int, int | None]] = {}
         for q, h in self.held.items():
             ahead = h.ahead
             done = ahead is not None and ahead.done() and ahead.exception() is None
-            out[q] = (count(h.pending),
+            out[q] = (sum(count(c) for c in h.pending),
                       count(ahead.result()) if done and ahead is not None
                       else (0 if ahead is None else None))
         return out
@@ -192,19 +198,30 @@ class LiveReader:
         """Poll partition ``q`` once unless it holds records already; report."""
         h = self.held[q]
         self._max_records = max(1, max_records)
-        if h.pending is None:
-            got = self._next_poll(h, max_records, timeout_ms)
+        if not h.pending:
+            got, early = self._next_poll(h, max_records, timeout_ms)
             if got is not None and not (got.position.offset == h.next
                                         and got.last_offset is None):
                 chunk = _below(got, h.next)
                 h.after = got.position.offset
                 if chunk.last_offset is not None or chunk.position.offset > h.next:
-                    h.pending = chunk
+                    h.pending = [chunk]
+                more = max_records - count(got)
+                if early and count(got) and more > 0:
+                    # read ahead, it took what the client held then: what came since
+                    # is taken now, so that the report covers what one poll now
+                    # would (up to max_records)
+                    top = h.part.poll(more, 0)
+                    if top is not None and top.last_offset is not None:
+                        h.pending.append(top)
+                        h.after = top.position.offset
         self._start_ahead(h)
-        if h.pending is None:
+        if not h.pending:
             return h.next, None, None
-        first, last = _records(h.pending)
-        return h.pending.position.offset, first, last
+        spans = [_records(c) for c in h.pending]
+        return (h.pending[-1].position.offset,
+                min((f for f, _ in spans if f is not None), default=None),
+                max((lt for _, lt in spans if lt is not None), default=None))
 
     def take(self, q: int, name: str, frm: int, to: int, max_records: int, poll_ms: int
              ) -> tuple[pl.DataFrame, pl.DataFrame, list[RawSpan]]:
@@ -218,12 +235,12 @@ class LiveReader:
         parts: list[Chunk] = []
         deadline = time.monotonic() + REPLAY_WAIT_S
         while True:
-            if h.pending is not None:
-                chunk, h.pending = h.pending, None
+            if h.pending:
+                chunk = h.pending.pop(0)
             else:
                 if h.after >= to:
                     break
-                got = self._next_poll(h, max_records, poll_ms or 100)
+                got, _ = self._next_poll(h, max_records, poll_ms or 100)
                 if got is None:
                     raise SourceError(f"partition {name!r} ended at position {h.after}, "
                                       f"before the position {to} a recorded step reads up to")
@@ -236,10 +253,13 @@ class LiveReader:
                 chunk = _below(got, h.next)
                 h.after = got.position.offset
             if chunk.position.offset > to:
-                taken, h.pending = _cut(chunk, to)
+                taken, rest = _cut(chunk, to)
                 parts.append(taken)
+                h.pending[:0] = [] if rest is None else [rest]
                 break
             parts.append(chunk)
+            if chunk.position.offset >= to:
+                break
         h.next = to
         self._start_ahead(h)
         schema = self.plan.event_schema()

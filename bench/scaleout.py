@@ -123,11 +123,13 @@ def _run(files: list[Path], every: int, workers: int | None, label: str,
             "ck_bytes": ck["mean_bytes"], "worker_rss_mb": rss, "output": _output(d)}
 
 
-def _kafka_runs(w: Any, events: int, every: int) -> tuple[list[dict[str, Any]], str]:
+def _kafka_runs(w: Any, events: int, every: int, rounds: int = 1
+                ) -> tuple[list[list[dict[str, Any]]], str]:
     """The Kafka case: the workload's partitions produced into a 3-partition topic of
     a local broker (``SEALSTREAM_TEST_KAFKA`` names another one), read to its end
     (``stop = "end"``) by one process and by 2 workers (each reading its partitions
-    through its own consumer)."""
+    through its own consumer), side by side, ``rounds`` times (one pair per round:
+    the load of a shared machine changes between rounds)."""
     import uuid
 
     from bench.harness import prepare_data
@@ -147,8 +149,8 @@ def _kafka_runs(w: Any, events: int, every: int) -> tuple[list[dict[str, Any]], 
         produced = time.perf_counter() - t0
         source = (f'kind = "kafka"\nbootstrap = "{bootstrap}"\ntopic = "{topic}"\n'
                   'stop = "end"')
-        runs = [_run(files, every, None, "kafka-single", source),
-                _run(files, every, 2, "kafka-workers-2", source)]
+        runs = [[_run(files, every, None, "kafka-single", source),
+                 _run(files, every, 2, "kafka-workers-2", source)] for _ in range(rounds)]
     finally:
         if broker is not None:
             broker.close()
@@ -196,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every", type=int, default=500_000, help="checkpoint every N events")
     ap.add_argument("--kafka-events", type=int, default=600_000,
                     help="events of the Kafka case (0: no Kafka case)")
+    ap.add_argument("--kafka-rounds", type=int, default=2,
+                    help="times the Kafka pair (one process, 2 workers) is run")
     ap.add_argument("--only-kafka", action="store_true",
                     help="run the Kafka case alone (its section of the results replaced)")
     args = ap.parse_args(argv)
@@ -218,9 +222,10 @@ def main(argv: list[str] | None = None) -> int:
             runs = [_run(files, args.every, None, "single")]
             for n in (1, 2, 3):
                 runs.append(_run(files, args.every, n, f"workers-{n}"))
-        kafka: list[dict[str, Any]] = []
+        kafka: list[list[dict[str, Any]]] = []
         if args.kafka_events > 0:
-            kafka, note = _kafka_runs(w, args.kafka_events, args.every)
+            kafka, note = _kafka_runs(w, args.kafka_events, args.every,
+                                      max(1, args.kafka_rounds))
     finally:
         ray.shutdown()
     load_after = os.getloadavg()[0]
@@ -234,11 +239,12 @@ def main(argv: list[str] | None = None) -> int:
             "consumer (assigned), the coordinator planning and recording the steps "
             "from three numbers per partition. Output compared with the single "
             f"process. Load average (1 min) {load_before:.1f} before and "
-            f"{load_after:.1f} after.",
-            "",
-            *_table(kafka),
+            f"{load_after:.1f} after. The pair is run {len(kafka)} time(s), each "
+            "worker run right after its single-process run and compared with it.",
             "",
         ]
+        for i, pair in enumerate(kafka):
+            section += [f"Round {i + 1}:", "", *_table(pair), ""]
     out = RESULTS / "scaleout.md"
     if args.only_kafka:
         old = out.read_text() if out.is_file() else "# sealstream scale-out on Ray\n"
@@ -271,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     print(text)
-    return 0 if all(_same(r["output"], g[0]["output"]) for g in (runs, kafka) if g
+    return 0 if all(_same(r["output"], g[0]["output"]) for g in (runs, *kafka) if g
                     for r in g) else 1
 
 

@@ -11,12 +11,27 @@ publishes the step's rows the way a bounded slab is published (breakpoints and o
 Arrow buffer per key worker in Ray's object store). Records polled beyond ``to``
 stay held for the next step, so a replay of the recorded plan reads exactly the
 same records.
+
+**Read-ahead** (Kafka): each partition's next poll (the broker's fetch and the
+parse) runs on a thread of the worker's own as soon as the previous one was taken,
+while the coordinator plans and the key workers aggregate the current step. It is
+the same poll the owner would make next, only earlier: a report takes it as its
+poll (when it delivered records; an empty one is polled again, fresh) topped up with
+what the client received since (so the report covers what one poll at report time
+would: up to ``max_records``, everything at hand), a read takes it as the next
+records of its range, so what the owners report, and therefore the plans, are
+decided as without it. At most one poll per partition is read ahead (a
+partition holds at most the records it reported plus one poll of ``max_records``);
+records read ahead are in no step, so a worker killed with them loses nothing: the
+recovery re-reads from the checkpoint's positions.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
+from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
@@ -33,6 +48,12 @@ from sealstream.sources._live import LivePartition, LiveSource
 #: it holds (None: none)
 Report = tuple[int, int | None, int | None]
 
+#: source kinds whose partitions are read ahead: a Kafka partition has a client of
+#: its own (a NATS connection is shared by the worker's subjects)
+READ_AHEAD_KINDS = ("kafka",)
+#: threads of a worker's read-ahead (its partitions' polls run side by side)
+READ_AHEAD_THREADS = 4
+
 
 @dataclass
 class _Held:
@@ -42,7 +63,9 @@ class _Held:
     part: LivePartition
     next: int
     after: int
-    pending: Chunk | None = None
+    pending: list[Chunk] = field(default_factory=list)
+    #: the next poll, read ahead on the reader's threads (at most one)
+    ahead: Future[Chunk | None] | None = None
 
 
 def _records(chunk: Chunk) -> tuple[int | None, int | None]:
@@ -64,6 +87,11 @@ def _below(chunk: Chunk, first: int) -> Chunk:
     return Chunk(rest.events, rest.bad, rest.last_offset, chunk.position, False, chunk.raw)
 
 
+def count(chunk: Chunk | None) -> int:
+    """The records (events and bad ones) of ``chunk``."""
+    return 0 if chunk is None else chunk.events.height + chunk.bad.height
+
+
 class LiveReader:
     """The live partitions a worker owns (partition index -> its held records)."""
 
@@ -72,6 +100,9 @@ class LiveReader:
         self.plan = pipeline.field_plan()
         self.source: LiveSource | None = None
         self.held: dict[int, _Held] = {}
+        self.read_ahead = pipeline.source.kind in READ_AHEAD_KINDS
+        self._pool: ThreadPoolExecutor | None = None
+        self._max_records = max(1, pipeline.batch_size)
 
     def _source(self) -> LiveSource:
         if self.source is None:
@@ -98,32 +129,99 @@ class LiveReader:
     def drop(self, q: int) -> None:
         old = self.held.pop(q, None)
         if old is not None:
+            self._drop_ahead(old)
             old.part.close()
 
     def seek(self, q: int, position: int) -> None:
         h = self.held[q]
+        self._drop_ahead(h)
         h.part.seek(position)
         h.next = h.after = position
-        h.pending = None
+        h.pending = []
 
     def end(self, q: int) -> int | None:
-        return self.held[q].part.end()
+        h = self.held[q]
+        self._settle(h)
+        return h.part.end()
+
+    # ------------------------------------------------------------ read-ahead
+    def _start_ahead(self, h: _Held) -> None:
+        """Poll ``h``'s partition ahead, on the reader's threads (see the module
+        docstring); nothing when a poll is read ahead already."""
+        if not self.read_ahead or h.ahead is not None:
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(READ_AHEAD_THREADS, "sealstream-read-ahead")
+        h.ahead = self._pool.submit(h.part.poll, self._max_records, 0)
+
+    @staticmethod
+    def _settle(h: _Held) -> None:
+        """Wait for ``h``'s read-ahead poll (its result kept): the client is then
+        this thread's alone."""
+        if h.ahead is not None:
+            wait_for([h.ahead])
+
+    @staticmethod
+    def _drop_ahead(h: _Held) -> None:
+        """Forget ``h``'s read-ahead poll (a seek, a close): its records were in no step."""
+        fut, h.ahead = h.ahead, None
+        if fut is not None:
+            wait_for([fut])
+            fut.exception()  # (retrieved: it was never this partition's next poll)
+
+    def _next_poll(self, h: _Held, max_records: int, timeout_ms: int
+                   ) -> tuple[Chunk | None, bool]:
+        """The partition's next poll: the one read ahead when it delivered records
+        (or moved the position), else a poll now (an empty one read ahead is stale);
+        and whether it was read ahead."""
+        fut, h.ahead = h.ahead, None
+        if fut is not None:
+            got = fut.result()  # its error is this poll's error
+            if got is not None and not (got.position.offset == h.after
+                                        and got.last_offset is None):
+                return got, True
+        return h.part.poll(max(1, max_records), timeout_ms), False
+
+    def held_records(self) -> dict[int, tuple[int, int | None]]:
+        """Per partition: the records it holds for the next step (reported or not)
+        and those of its read-ahead poll (None: still in flight)."""
+        out: dict[int, tuple[int, int | None]] = {}
+        for q, h in self.held.items():
+            ahead = h.ahead
+            done = ahead is not None and ahead.done() and ahead.exception() is None
+            out[q] = (sum(count(c) for c in h.pending),
+                      count(ahead.result()) if done and ahead is not None
+                      else (0 if ahead is None else None))
+        return out
 
     def poll(self, q: int, max_records: int, timeout_ms: int) -> Report:
         """Poll partition ``q`` once unless it holds records already; report."""
         h = self.held[q]
-        if h.pending is None:
-            got = h.part.poll(max(1, max_records), timeout_ms)
+        self._max_records = max(1, max_records)
+        if not h.pending:
+            got, early = self._next_poll(h, max_records, timeout_ms)
             if got is not None and not (got.position.offset == h.next
                                         and got.last_offset is None):
                 chunk = _below(got, h.next)
                 h.after = got.position.offset
                 if chunk.last_offset is not None or chunk.position.offset > h.next:
-                    h.pending = chunk
-        if h.pending is None:
+                    h.pending = [chunk]
+                more = max_records - count(got)
+                if early and count(got) and more > 0:
+                    # read ahead, it took what the client held then: what came since
+                    # is taken now, so that the report covers what one poll now
+                    # would (up to max_records)
+                    top = h.part.poll(more, 0)
+                    if top is not None and top.last_offset is not None:
+                        h.pending.append(top)
+                        h.after = top.position.offset
+        self._start_ahead(h)
+        if not h.pending:
             return h.next, None, None
-        first, last = _records(h.pending)
-        return h.pending.position.offset, first, last
+        spans = [_records(c) for c in h.pending]
+        return (h.pending[-1].position.offset,
+                min((f for f, _ in spans if f is not None), default=None),
+                max((lt for _, lt in spans if lt is not None), default=None))
 
     def take(self, q: int, name: str, frm: int, to: int, max_records: int, poll_ms: int
              ) -> tuple[pl.DataFrame, pl.DataFrame, list[RawSpan]]:
@@ -131,17 +229,18 @@ class LiveReader:
         or records the broker delivered in several polls) until the position
         reaches ``to``; records at or after ``to`` stay held."""
         h = self.held[q]
+        self._max_records = max(1, max_records)
         if h.next != frm:
             self.seek(q, frm)
         parts: list[Chunk] = []
         deadline = time.monotonic() + REPLAY_WAIT_S
         while True:
-            if h.pending is not None:
-                chunk, h.pending = h.pending, None
+            if h.pending:
+                chunk = h.pending.pop(0)
             else:
                 if h.after >= to:
                     break
-                got = h.part.poll(max(1, max_records), poll_ms or 100)
+                got, _ = self._next_poll(h, max_records, poll_ms or 100)
                 if got is None:
                     raise SourceError(f"partition {name!r} ended at position {h.after}, "
                                       f"before the position {to} a recorded step reads up to")
@@ -154,11 +253,15 @@ class LiveReader:
                 chunk = _below(got, h.next)
                 h.after = got.position.offset
             if chunk.position.offset > to:
-                taken, h.pending = _cut(chunk, to)
+                taken, rest = _cut(chunk, to)
                 parts.append(taken)
+                h.pending[:0] = [] if rest is None else [rest]
                 break
             parts.append(chunk)
+            if chunk.position.offset >= to:
+                break
         h.next = to
+        self._start_ahead(h)
         schema = self.plan.event_schema()
         events = [c.events for c in parts if c.events.height]
         bad = [c.bad for c in parts if c.bad.height]
@@ -169,6 +272,9 @@ class LiveReader:
     def close(self) -> None:
         for q in list(self.held):
             self.drop(q)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         if self.source is not None:
             self.source.close()
             self.source = None

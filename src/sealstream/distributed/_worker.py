@@ -405,6 +405,11 @@ class ShardWorker:
             summary = dict(summary, bad=None, failed=None)
         return dict(summary, n_bad=n_bad)
 
+    def live_held(self) -> dict[int, tuple[int, int | None]]:
+        """The records this worker holds per live partition: for the next step, and
+        read ahead (None: a poll in flight). For tests and the benchmark."""
+        return {} if self.live is None else self.live.held_records()
+
     def live_close(self) -> None:
         if self.live is not None:
             live, self.live = self.live, None

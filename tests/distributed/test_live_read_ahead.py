@@ -1,0 +1,176 @@
+"""Read-ahead of a live source on the data plane (:mod:`sealstream.distributed._live_read`):
+each Kafka partition's owner polls (fetches and parses) its next records on a thread
+of its own while the current step is planned and aggregated. It holds at most one
+poll ahead, hands out exactly the planned ranges (a seek drops what it read ahead),
+and a worker SIGKILLed while it holds records read ahead loses nothing."""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
+if str(SCENARIOS) not in sys.path:  # _kafka_story imports _story as its neighbour
+    sys.path.append(str(SCENARIOS))
+
+from _kafka_story import kafka_source_spec, produce_input  # noqa: E402
+from _story import assert_same_output, make_input, run, write_spec  # noqa: E402
+
+BATCH = 40
+WAIT_S = 120  # generous: the machine is shared and loaded
+
+
+def _settled(reader: Any, q: int) -> tuple[int, int]:
+    """What partition ``q`` holds once its read-ahead poll (if any) is done."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        pending, ahead = reader.held_records()[q]
+        if ahead is not None:
+            return pending, ahead
+        assert time.monotonic() < deadline, "the read-ahead poll never finished"
+        time.sleep(0.01)  # polling for a state, not a timer
+
+
+def test_read_ahead_is_one_poll_and_hands_out_exactly_the_ranges(
+        kafka: Any, tmp_path: Path) -> None:
+    """A partition read step by step as the coordinator plans it: after every report
+    it holds at most the reported poll plus one poll read ahead (``max_records``
+    each), later reports are served by the read-ahead, the ranges taken are every
+    record once in order; a seek back (a replay) drops the read-ahead and hands out
+    the recorded range again, exactly."""
+    from sealstream import load_spec
+    from sealstream.distributed._live_read import LiveReader
+    from sealstream.sources._base import OFFSET
+
+    names = make_input(tmp_path, partitions=1, events=500, bad_every=53)
+    topic = produce_input(kafka.bootstrap, tmp_path, names)
+    spec = write_spec(tmp_path, names, batch_size=BATCH)
+    kafka_source_spec(spec, kafka.bootstrap, topic)
+    reader = LiveReader(load_spec(spec))
+    name = f"{topic}/0"
+    try:
+        assert reader.open(0, name, None, True) == 0
+        end = reader.end(0)
+        assert end is not None and end > 500  # the events and the bad lines
+        taken: list[int] = []
+        served_ahead = 0
+        nxt = 0
+        deadline = time.monotonic() + WAIT_S
+        while nxt < end:
+            assert time.monotonic() < deadline, f"stuck at {nxt}"
+            before = reader.held_records()[0]
+            after, first, last = reader.poll(0, BATCH, 0)
+            if first is None and after == nxt:
+                reader.poll(0, BATCH, 200)  # nothing at hand yet: wait, as the planner does
+                continue
+            if before[1]:  # the report was the poll read ahead
+                served_ahead += 1
+            pending, ahead = _settled(reader, 0)
+            assert pending <= BATCH and ahead <= BATCH, (pending, ahead)
+            assert last is not None and last < after <= nxt + BATCH
+            events, bad, _ = reader.take(0, name, nxt, after, BATCH, 100)
+            taken += events[OFFSET].to_list() + bad["_offset"].to_list()
+            nxt = after
+        assert sorted(taken) == list(range(end)) and len(taken) == end
+        assert served_ahead >= 3, served_ahead
+        # a replay of recorded steps from an earlier position while records are held
+        # and read ahead: both are dropped, the ranges are handed out again, exactly
+        reader.seek(0, 100)
+        after, first, _ = reader.poll(0, BATCH, 0)
+        while first is None:
+            assert time.monotonic() < deadline, "nothing polled after the seek"
+            after, first, _ = reader.poll(0, BATCH, 200)
+        assert first == 100
+        while _settled(reader, 0)[1] == 0:  # a read-ahead that delivered records
+            assert time.monotonic() < deadline, "nothing read ahead after the seek"
+            reader.take(0, name, 100, after, BATCH, 100)
+            reader.seek(0, 100)
+            after, first, _ = reader.poll(0, BATCH, 200)
+        for frm, to in ((0, 50), (50, 150), (150, 151)):
+            events, bad, _ = reader.take(0, name, frm, to, BATCH, 100)
+            got = events[OFFSET].to_list() + bad["_offset"].to_list()
+            assert sorted(got) == list(range(frm, to)), (frm, to)
+    finally:
+        reader.close()
+    assert reader.held == {} and reader._pool is None
+
+
+EVENTS = 600
+SPEC = {"every_events": 150, "batch_size": BATCH, "errors": True}
+
+
+@pytest.fixture(scope="module")
+def story(kafka: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A 3-partition topic (late events, bad records) and one process's output."""
+    d = tmp_path_factory.mktemp("ahead-ref")
+    names = make_input(d, events=EVENTS, bad_every=97)
+    topic = produce_input(kafka.bootstrap, d, names)
+    spec = write_spec(d, names, **SPEC)
+    kafka_source_spec(spec, kafka.bootstrap, topic)
+    res = run(spec)
+    assert res.returncode == 0, res.stderr
+    return {"dir": d, "names": names, "topic": topic}
+
+
+class _KillHoldingWorker:
+    """A progress hook: from a randomly drawn step on, SIGKILL the first worker seen
+    holding records read ahead (asked between steps, while its read-ahead polls);
+    before that, check every worker's read-ahead stays within one poll."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.at, self.step = rng.randrange(2, 5), 0
+        self.killed: list[tuple[int, dict[int, tuple[int, int | None]]]] = []
+        self.most = 0
+
+    def __call__(self, job: Any) -> None:
+        import os
+        import signal
+
+        import ray
+
+        self.step += 1
+        op = job.operator
+        if self.killed or not getattr(op, "actors", None):
+            return
+        deadline = time.monotonic() + WAIT_S
+        while True:  # wait for the read-ahead polls in flight (a state, not a timer)
+            held = ray.get([a.live_held.remote() for a in op.actors], timeout=WAIT_S)
+            if all(ahead is not None for h in held for _, ahead in h.values()):
+                break
+            assert time.monotonic() < deadline, held
+            time.sleep(0.01)
+        for h in held:
+            for pending, ahead in h.values():
+                assert ahead is not None and pending <= BATCH and ahead <= BATCH, held
+                self.most = max(self.most, ahead)
+        if self.step < self.at:
+            return
+        for pid, h in zip(op.pids, held, strict=True):
+            if any(ahead for _, ahead in h.values()):
+                os.kill(pid, signal.SIGKILL)
+                self.killed.append((pid, h))
+                return
+
+
+def test_a_worker_killed_holding_read_ahead_records_loses_nothing(
+        ray_cluster: Any, kafka: Any, story: dict[str, Any], tmp_path: Path) -> None:
+    """2 workers; one is SIGKILLed while it holds a poll read ahead (records in no
+    step yet): every worker restarts from the newest checkpoint, and the results,
+    late events and bad records are one process's, exactly once."""
+    from sealstream import load_spec
+    from sealstream.distributed import DistributedJob
+
+    spec = write_spec(tmp_path, story["names"], **SPEC)
+    kafka_source_spec(spec, kafka.bootstrap, story["topic"])
+    kill = _KillHoldingWorker(random.Random(5))
+    job = DistributedJob(load_spec(spec), workers=2, progress=kill)
+    job.run()
+    assert kill.killed, "no worker was seen holding records read ahead"
+    assert job.restarts == 1
+    assert 0 < kill.most <= BATCH
+    assert_same_output(tmp_path, story["dir"])

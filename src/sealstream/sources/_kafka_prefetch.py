@@ -24,23 +24,52 @@ What it does not change:
 
 Bound: at most ``depth`` chunks wait in the queue, each at most ``max_records``
 of the last :meth:`take`; the thread waits while the queue is full.
+
+**Off by default** (``SEALSTREAM_KAFKA_PREFETCH`` = the queue's depth in chunks,
+default 0). Measured on the shared 2-core machine (``bench/results/speed.md``), a
+``stop = "end"`` backfill ran slower with it: such a run is one or two steps of up
+to ``batch_size`` records per partition, so there is little engine work to overlap,
+and the parse of the values holds the GIL for much of its time, so three partitions
+parsing on three threads contend with each other and the run's thread instead of
+running side by side.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-#: chunks a partition may hold fetched ahead of the run (each <= batch_size records)
-PREFETCH_DEPTH = 2
+#: the queue's depth when reading ahead is on (each chunk <= batch_size records).
+#: One: the thread fetches the next chunk as soon as the run takes the previous one,
+#: so a chunk holds what arrived while the run worked on a step, as without reading
+#: ahead (a deeper queue fills with the small chunks of a fast thread, and each step
+#: takes one: more, smaller steps, each with its plan record)
+PREFETCH_DEPTH = 1
 #: how long a stop (seek, close) waits for the thread: its longest call is a
 #: watermark query (5 s) on a gap; a consume waits at most the fetch's own wait
 _JOIN_S = 10.0
 
 T = TypeVar("T")
+
+#: the environment variable that turns reading ahead on (chunks per partition)
+PREFETCH_ENV = "SEALSTREAM_KAFKA_PREFETCH"
+
+
+def prefetch_depth() -> int:
+    """Chunks each Kafka partition reads ahead: ``SEALSTREAM_KAFKA_PREFETCH``
+    (an integer >= 0), 0 when unset or empty; anything else is a SpecError."""
+    from sealstream.errors import SpecError
+
+    text = os.environ.get(PREFETCH_ENV, "").strip()
+    if not text:
+        return 0
+    if not text.isdigit():
+        raise SpecError(f"{PREFETCH_ENV}: {text!r} is not a number of chunks >= 0")
+    return int(text)
 
 
 class Prefetcher(Generic[T]):
@@ -62,8 +91,8 @@ class Prefetcher(Generic[T]):
         self._thread: threading.Thread | None = None
         #: the most chunks the queue ever held (<= depth)
         self.peak = 0
-        #: how many times the thread found the queue full and waited
-        self.full_waits = 0
+        #: the thread waits because the queue is full (it holds ``depth`` chunks)
+        self.waiting_full = False
 
     # -- the caller's side ----------------------------------------------------
     def take(self, max_records: int, timeout_s: float) -> T | None:
@@ -86,6 +115,7 @@ class Prefetcher(Generic[T]):
                 self._cond.wait(left)
             if self._queue:
                 item = self._queue.popleft()
+                self.waiting_full = False
                 self._cond.notify_all()
                 return item
             if self._error is not None:
@@ -114,8 +144,9 @@ class Prefetcher(Generic[T]):
         while True:
             with self._cond:
                 while not self._stopped and len(self._queue) >= self.depth:
-                    self.full_waits += 1
+                    self.waiting_full = True
                     self._cond.wait()
+                self.waiting_full = False
                 if self._stopped:
                     return
                 want = self._want
@@ -136,4 +167,4 @@ class Prefetcher(Generic[T]):
                 self._cond.notify_all()
 
 
-__all__ = ["PREFETCH_DEPTH", "Prefetcher"]
+__all__ = ["PREFETCH_DEPTH", "PREFETCH_ENV", "Prefetcher", "prefetch_depth"]

@@ -13,7 +13,11 @@ Reading:
   position that no longer exists is an error, never a silent jump).
 - :meth:`KafkaPartition.poll` takes up to ``max_records`` messages with one
   ``consume()`` call and parses their values in one go with the shared columnar
-  parser (:mod:`sealstream.sources._values`). Offsets may have gaps
+  parser (:mod:`sealstream.sources._values`). With
+  ``SEALSTREAM_KAFKA_PREFETCH=1`` each partition does this one chunk ahead on a
+  thread of its own while the run works on the previous chunk
+  (:mod:`._kafka_prefetch`; off by default: slower where measured); positions are
+  those of what was handed out. Offsets may have gaps
   (transaction markers, aborted records): when the consumer reaches the end of
   what is readable it learns the end offset and the position moves there.
 - Start modes (when a partition has no saved position): ``earliest`` (the log
@@ -62,7 +66,7 @@ import polars as pl
 from ..errors import SourceError, SourceExpiredError, SourceUnavailableError, SpecError
 from ._base import Chunk, FieldPlan
 from ._kafka_log import CLIENT_LOG, note_trouble
-from ._kafka_prefetch import PREFETCH_DEPTH, Prefetcher
+from ._kafka_prefetch import Prefetcher, prefetch_depth
 from ._live import MESSAGE_KEY, MESSAGE_TIMESTAMP, ValueParser, empty_chunk
 
 StartMode = Literal["earliest", "latest", "time"]
@@ -248,10 +252,10 @@ class KafkaPartition:
         parser: ValueParser,
         position: int | None,
         from_start: bool = False,
-        prefetch: int = PREFETCH_DEPTH,
+        prefetch: int = 0,
     ) -> None:
-        """``prefetch``: chunks read ahead on a thread of its own (0: none, every
-        poll fetches and parses on the caller's thread)."""
+        """``prefetch``: chunks read ahead on a thread of its own (0, the default:
+        none, every poll fetches and parses on the caller's thread)."""
         from confluent_kafka import TopicPartition
 
         self.name = name
@@ -303,7 +307,7 @@ class KafkaPartition:
         """Up to ``max_records`` records from the position: a Chunk (empty when
         nothing is there yet; never None: a topic does not end).
 
-        With read-ahead (the default), the next chunks were fetched and parsed on
+        With read-ahead (``prefetch`` > 0), the next chunks were fetched and parsed on
         the partition's thread while the caller worked (:mod:`._kafka_prefetch`):
         this hands out the oldest one, waiting at most ``timeout_ms`` for one."""
         if self._ahead is None:
@@ -570,8 +574,9 @@ class KafkaSource:
         #: positions waiting for it to be answered
         self._commit_inflight: float | None = None
         self._commit_next: list[Any] | None = None
-        #: chunks each partition reads ahead (0: none; see :mod:`._kafka_prefetch`)
-        self.prefetch = PREFETCH_DEPTH
+        #: chunks each partition reads ahead (0: none, the default; see
+        #: :mod:`._kafka_prefetch` and ``SEALSTREAM_KAFKA_PREFETCH``)
+        self.prefetch = prefetch_depth()
 
     @property
     def connected(self) -> bool:

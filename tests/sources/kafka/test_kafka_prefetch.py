@@ -1,5 +1,6 @@
 """Reading ahead (``sources/_kafka_prefetch``): a Kafka partition fetches and parses
 its next chunks on a thread of its own while the run works on the previous one.
+Off by default (``SEALSTREAM_KAFKA_PREFETCH``); these tests turn it on.
 Against a real broker: the queue fills up to its bound and no further; positions
 stay those of what was handed out; a seek drops what was read ahead; a broker lost
 while the thread fetches fails with the same one line, at the same offset, once
@@ -30,8 +31,8 @@ from test_kafka_runs import (
 )
 from test_kafka_source import PLAN, _event, produce
 
-from sealstream.errors import SourceUnavailableError
-from sealstream.sources._kafka_prefetch import PREFETCH_DEPTH
+from sealstream.errors import SourceUnavailableError, SpecError
+from sealstream.sources._kafka_prefetch import PREFETCH_DEPTH, PREFETCH_ENV
 from sealstream.sources.kafka import KafkaPartition, KafkaSettings, KafkaSource
 from sealstream.testing.datagen import generate
 
@@ -63,6 +64,8 @@ def test_reads_ahead_within_its_bound_positions_stay_what_was_handed_out(kafka: 
     topic = kafka.new_topic(partitions=1)
     produce(kafka.bootstrap, topic, [_event(i) for i in range(3000)])
     src = KafkaSource(KafkaSettings(kafka.bootstrap, topic), PLAN)
+    assert src.prefetch == 0  # off unless SEALSTREAM_KAFKA_PREFETCH turns it on
+    src.prefetch = PREFETCH_DEPTH
     src.discover()
     name = f"{topic}/0"
     part = src.open(name, None)
@@ -71,7 +74,7 @@ def test_reads_ahead_within_its_bound_positions_stay_what_was_handed_out(kafka: 
     got = _first_chunk(part, 100)
     assert got == list(range(len(got))) and len(got) <= 100
     # the caller does nothing: the thread fills the queue to its bound and waits there
-    _wait_for(lambda: ahead.full_waits >= 1, "the read-ahead queue to be full")
+    _wait_for(lambda: ahead.waiting_full, "the read-ahead queue to be full")
     assert part.prefetched() == PREFETCH_DEPTH and ahead.peak == PREFETCH_DEPTH
     # records read ahead are nobody's: the position is after what was handed out
     assert part.position == part.tell() == len(got)
@@ -101,12 +104,13 @@ def test_broker_killed_while_reading_ahead_fails_with_the_same_line(own_kafka: A
     topic = own_kafka.new_topic(partitions=1)
     produce(own_kafka.bootstrap, topic, [_event(i) for i in range(2000)])
     src = KafkaSource(KafkaSettings(own_kafka.bootstrap, topic, fail_after_ms=2_000), PLAN)
+    src.prefetch = PREFETCH_DEPTH
     src.discover()
     part = src.open(f"{topic}/0", None)
     seen = _first_chunk(part, 50)
     ahead = part.prefetcher
     assert ahead is not None
-    _wait_for(lambda: ahead.full_waits >= 1, "the read-ahead queue to be full")
+    _wait_for(lambda: ahead.waiting_full, "the read-ahead queue to be full")
     own_kafka.broker.kill()
     started = time.monotonic()
     deadline = started + 120
@@ -131,11 +135,12 @@ def test_broker_killed_while_reading_ahead_fails_with_the_same_line(own_kafka: A
 
 
 def test_sigkill_while_partitions_hold_records_read_ahead_resumes_exactly_once(
-        kafka: Any, tmp_path: Path) -> None:
+        kafka: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A backlog many times the batch size: while the engine works on a step, each
     partition's queue holds the next chunks. SIGKILLs after checkpoints, then a
     stop = "end" run: the results equal those of the same events in files, each
     window once (records read ahead were committed nowhere)."""
+    monkeypatch.setenv(PREFETCH_ENV, "1")  # the runs (subprocesses) read ahead
     files = generate(tmp_path / "data", events=30000, keys=40, partitions=3, seed=11)
     topic = kafka.new_topic(partitions=3)
     produce_lines(kafka.bootstrap, topic, files)
@@ -166,3 +171,11 @@ def test_sigkill_while_partitions_hold_records_read_ahead_resumes_exactly_once(
     got = results(d)
     assert len(got) == len({g[:3] for g in got})  # exactly once
     assert got == results(ref)
+
+
+def test_the_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PREFETCH_ENV, "two")
+    with pytest.raises(SpecError, match=f"{PREFETCH_ENV}: 'two' is not a number of chunks"):
+        KafkaSource(KafkaSettings("127.0.0.1:1", "t"), PLAN)
+    monkeypatch.setenv(PREFETCH_ENV, "1")
+    assert KafkaSource(KafkaSettings("127.0.0.1:1", "t"), PLAN).prefetch == 1

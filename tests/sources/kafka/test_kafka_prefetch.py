@@ -179,3 +179,31 @@ def test_the_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
         KafkaSource(KafkaSettings("127.0.0.1:1", "t"), PLAN)
     monkeypatch.setenv(PREFETCH_ENV, "1")
     assert KafkaSource(KafkaSettings("127.0.0.1:1", "t"), PLAN).prefetch == 1
+
+
+def test_sigterm_with_read_ahead_on_stops_cleanly_and_resumes(
+        kafka: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM while the partitions read ahead: the run ends with its final
+    checkpoint (exit 0; the threads stop, the consumers close); a stop = "end" run
+    then gives the results of the same events in files."""
+    monkeypatch.setenv(PREFETCH_ENV, "1")
+    files = generate(tmp_path / "data", events=20000, keys=20, partitions=2, seed=5)
+    topic = kafka.new_topic(partitions=2)
+    produce_lines(kafka.bootstrap, topic, files)
+    d = tmp_path / "run"
+    never = write_spec(d, kafka_source(kafka.bootstrap, topic, stop="never"))
+    never.write_text(never.read_text().replace(
+        'name = "kafka_story"', 'name = "kafka_story"\nbatch_size = 500'))
+    proc = _start(never)
+    _wait_line(proc, lambda ev: ev.get("event") == "checkpoint")
+    proc.send_signal(signal.SIGTERM)
+    drain = _drain(proc)
+    assert _finish(proc, drain) == 0
+    end = write_spec(d, kafka_source(kafka.bootstrap, topic, stop="end"), name="end.toml")
+    r = run(end, timeout=600)
+    assert r.returncode == 0, r.stderr
+    ref = tmp_path / "ref"
+    assert run(write_spec(ref, file_source(files)), timeout=600).returncode == 0
+    got = results(d)
+    assert len(got) == len({g[:3] for g in got})
+    assert got == results(ref)

@@ -47,6 +47,7 @@ BUCKETS: list[tuple[str, str, tuple[str, ...]]] = [
     ("parse (JSON -> typed columns)", "event", (
         "sources/_parse.py", "sources/_live.py", "read_ndjson", "json")),
     ("Kafka fetch (client + decode)", "event", ("sources/kafka.py", "sources/_kafka_log.py",
+                                                "sources/_kafka_prefetch.py",
                                                 "confluent_kafka", "librdkafka", "rdkafka")),
     ("NATS fetch", "event", ("sources/nats.py",)),
     ("file read", "event", ("sources/",)),

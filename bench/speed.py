@@ -1,6 +1,7 @@
 """Batch path side by side: sealstream (before / after a change) against one-shot Polars.
 
     python -m bench.speed [--before OLD_SRC] [--events N] [--repeat N]
+    python -m bench.speed --kafka [--before OLD_SRC] [--events N] [--repeat N]
 
 The benchmark's workload (JSONL, 3 partitions, 10,000 keys, ``max_delay_ms = 1000``),
 for each window (tumbling 60 s, session gap 30 s, sliding 60 s / 5 s): whole-process
@@ -10,6 +11,15 @@ given, sealstream with this checkout's, the one-shot Polars query of
 every second. The rates are events over whole-process wall time (imports included,
 for every contender). Results: ``bench/results/speed-batch.md`` and ``.json``, with
 the date and the load average (the machine is shared: ratios matter).
+
+``--kafka``: the live path instead. The same events produced into a 3-partition
+topic of a local ``noida-db`` broker (stopped by its PID); in one loop, alternating,
+the confluent-kafka fetch-only loop of ``bench.live`` (the comparator), then
+``sealstream run`` (``stop = "end"``, checkpoint every second) with the sources
+under ``--before``, with this checkout's, and with this checkout's reading ahead
+(``SEALSTREAM_KAFKA_PREFETCH=1``); the runs' rate is their summary's
+(events over the engine's time, start-up left out, as ``bench.live``). Results:
+``bench/results/speed-kafka.md`` and ``.json`` (target: the run >= 0.7x the loop).
 """
 
 from __future__ import annotations
@@ -75,6 +85,91 @@ def run_polars(kind: str, files: list[Path]) -> float:
     return r.seconds
 
 
+def run_kafka(wd: Path, src: Path, bootstrap: str, topic: str, events: int,
+              prefetch: int = 0) -> float:
+    """``sealstream run`` of the standard job on ``topic`` with the sources under
+    ``src``: events/s of its summary (events over the engine's time)."""
+    from sealstream.testing.specs import spec_text
+
+    for sub in ("out", "ckpt"):
+        shutil.rmtree(wd / sub, ignore_errors=True)
+    wd.mkdir(parents=True, exist_ok=True)
+    toml = f'kind = "kafka"\nbootstrap = "{bootstrap}"\ntopic = "{topic}"\nstop = "end"'
+    (wd / "spec.toml").write_text(spec_text("live_bench", toml, every_ms=1000))
+    env = {**os.environ, "PYTHONPATH": str(src), "SEALSTREAM_KAFKA_PREFETCH": str(prefetch)}
+    r = measure([sys.executable, "-m", "sealstream", "run", "spec.toml", "--summary-json",
+                 "summary.json"], cwd=wd, env=env, log=wd / "run.log", timeout=3600)
+    if r.returncode != 0:
+        raise RuntimeError(f"sealstream run failed: {(wd / 'run.log').read_text()[-400:]}")
+    summary = json.loads((wd / "summary.json").read_text())
+    return events / float(summary["seconds"])
+
+
+def kafka_main(args: argparse.Namespace) -> int:
+    from bench.live import fetch_only, produce_files
+    from sealstream.testing.brokers import KafkaBroker, create_topic
+
+    w = Workload(events=args.events, keys=10_000, partitions=3, disorder_ms=800,
+                 max_delay_ms=1000, size_ms=60_000, checkpoint_every_ms=1000, seed=0)
+    files = prepare_data(w, ROOT / "bench" / "data")
+    wk = WORK / "kafka"
+    shutil.rmtree(wk / "broker", ignore_errors=True)
+    broker = KafkaBroker(data_dir=wk / "broker")
+    broker.start()
+    load_before = os.getloadavg()
+    started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    rates: dict[str, list[float]] = {}
+    try:
+        topic = f"speed-{args.events}"
+        create_topic(broker.bootstrap, topic, 3)
+        produced = produce_files(broker.bootstrap, topic, files)
+        contenders: list[tuple[str, Any]] = [
+            ("fetch-only loop", lambda: (lambda n_s: n_s[0] / n_s[1])(
+                fetch_only(broker.bootstrap, topic, 3)))]
+        if args.before is not None:
+            contenders.append(("sealstream before", lambda: run_kafka(
+                wk / "before", args.before.resolve(), broker.bootstrap, topic, produced)))
+        contenders.append(("sealstream now", lambda: run_kafka(
+            wk / "after", ROOT / "src", broker.bootstrap, topic, produced)))
+        contenders.append(("sealstream now, read-ahead on", lambda: run_kafka(
+            wk / "ahead", ROOT / "src", broker.bootstrap, topic, produced, prefetch=1)))
+        for i in range(args.repeat):
+            for name, fn in contenders:
+                rate = fn()
+                rates.setdefault(name, []).append(rate)
+                print(f"[{i + 1}/{args.repeat}] {name}: {rate:,.0f} events/s", flush=True)
+    finally:
+        broker.stop()
+    load_after = os.getloadavg()
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    loop = med["fetch-only loop"]
+    lines = [
+        "# Live path: Kafka -> files against the fetch-only loop (side by side)",
+        "",
+        f"`python -m bench.speed --kafka`, {started}: {produced:,} events (3 partitions, "
+        "10,000 keys) in a local noida-db topic; tumbling 60 s, checkpoint every second, "
+        f"`stop = \"end\"`; alternating, median of {args.repeat}. Load average (1 min) "
+        f"{load_before[0]:.2f} at the start, {load_after[0]:.2f} at the end (2 cores, "
+        "shared). The runs' rate is their summary's (events over the engine's time).",
+        "",
+        "| reader | events/s (median) | vs fetch-only loop | runs, events/s |",
+        "| --- | ---: | ---: | --- |",
+    ]
+    for name, v in rates.items():
+        lines.append(f"| {name} | {med[name]:,.0f} | {med[name] / loop:.2f} | "
+                     f"{', '.join(f'{x:,.0f}' for x in v)} |")
+    now = med["sealstream now"] / loop
+    lines += ["", f"Target: the run >= 0.7x the fetch-only loop: "
+              f"{'met' if now >= 0.7 else 'NOT met'} ({now:.2f}x)."]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "speed-kafka.md").write_text("\n".join(lines) + "\n")
+    (args.out / "speed-kafka.json").write_text(json.dumps(
+        {"started": started, "events": produced, "load": [load_before, load_after],
+         "rates": rates, "median": med}, indent=2) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.speed")
     ap.add_argument("--before", type=Path, help="the old code's src directory")
@@ -82,7 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--kinds", default="tumbling,session,sliding")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--kafka", action="store_true",
+                    help="the live path: Kafka -> files against the fetch-only loop")
     args = ap.parse_args(argv)
+    if args.kafka:
+        return kafka_main(args)
 
     w = Workload(events=args.events, keys=10_000, partitions=3, disorder_ms=800,
                  max_delay_ms=1000, size_ms=60_000, checkpoint_every_ms=1000, seed=0)

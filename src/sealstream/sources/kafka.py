@@ -13,7 +13,11 @@ Reading:
   position that no longer exists is an error, never a silent jump).
 - :meth:`KafkaPartition.poll` takes up to ``max_records`` messages with one
   ``consume()`` call and parses their values in one go with the shared columnar
-  parser (:mod:`sealstream.sources._values`). Offsets may have gaps
+  parser (:mod:`sealstream.sources._values`). With
+  ``SEALSTREAM_KAFKA_PREFETCH=1`` each partition does this one chunk ahead on a
+  thread of its own while the run works on the previous chunk
+  (:mod:`._kafka_prefetch`; off by default: slower where measured); positions are
+  those of what was handed out. Offsets may have gaps
   (transaction markers, aborted records): when the consumer reaches the end of
   what is readable it learns the end offset and the position moves there.
 - Start modes (when a partition has no saved position): ``earliest`` (the log
@@ -62,6 +66,7 @@ import polars as pl
 from ..errors import SourceError, SourceExpiredError, SourceUnavailableError, SpecError
 from ._base import Chunk, FieldPlan
 from ._kafka_log import CLIENT_LOG, note_trouble
+from ._kafka_prefetch import Prefetcher, prefetch_depth
 from ._live import MESSAGE_KEY, MESSAGE_TIMESTAMP, ValueParser, empty_chunk
 
 StartMode = Literal["earliest", "latest", "time"]
@@ -70,6 +75,8 @@ StopMode = Literal["never", "end"]
 DEFAULT_FAIL_AFTER_MS = 30_000
 _PROBE_MS = 1_000  # a disconnected partition asks the broker at most this often
 _QUERY_TIMEOUT_S = 5.0
+#: how long the read-ahead thread waits for a message when the partition has none
+_FETCH_WAIT_MS = 100
 #: an unanswered group commit holds newer ones back at most this long
 _COMMIT_PATIENCE_S = 30.0
 
@@ -245,7 +252,10 @@ class KafkaPartition:
         parser: ValueParser,
         position: int | None,
         from_start: bool = False,
+        prefetch: int = 0,
     ) -> None:
+        """``prefetch``: chunks read ahead on a thread of its own (0, the default:
+        none, every poll fetches and parses on the caller's thread)."""
         from confluent_kafka import TopicPartition
 
         self.name = name
@@ -269,6 +279,11 @@ class KafkaPartition:
             self._consumer.close()
             raise
         self._end_seen: int | None = high
+        #: the position after what :meth:`poll` handed out (``_position`` is the
+        #: fetch's: ahead of it by what waits in the read-ahead queue)
+        self._handed = self._position
+        self._depth = prefetch
+        self._ahead = self._new_prefetcher()
         #: the (low, high) just read at open: what ``earliest``/``end`` answer until the
         #: first poll or seek (a query after ``assign`` waits behind the first fetch,
         #: up to a second per partition on a loaded broker)
@@ -282,7 +297,7 @@ class KafkaPartition:
     @property
     def position(self) -> int:
         """The offset of the next record to read."""
-        return self._position
+        return self._handed
 
     @property
     def connected(self) -> bool:
@@ -290,7 +305,34 @@ class KafkaPartition:
 
     def poll(self, max_records: int, timeout_ms: int) -> Chunk | None:
         """Up to ``max_records`` records from the position: a Chunk (empty when
-        nothing is there yet; never None: a topic does not end)."""
+        nothing is there yet; never None: a topic does not end).
+
+        With read-ahead (``prefetch`` > 0), the next chunks were fetched and parsed on
+        the partition's thread while the caller worked (:mod:`._kafka_prefetch`):
+        this hands out the oldest one, waiting at most ``timeout_ms`` for one."""
+        if self._ahead is None:
+            chunk, raw = self._fetch(max_records, timeout_ms)
+        else:
+            got = self._ahead.take(max_records, timeout_ms / 1000)
+            if got is None:
+                return empty_chunk(self._parser.plan, self._handed)
+            chunk, raw = got
+        if raw is not None and self.raw_tap is not None:
+            self.raw_tap(raw)
+        self._handed = chunk.position.offset
+        return chunk
+
+    def _fetch_ahead(self, max_records: int) -> tuple[Chunk, pl.DataFrame | None] | None:
+        """One fetch of the read-ahead thread; None when it brought nothing new."""
+        before = self._position
+        chunk, raw = self._fetch(max_records, _FETCH_WAIT_MS)
+        if chunk.last_offset is None and chunk.position.offset == before:
+            return None
+        return chunk, raw
+
+    def _fetch(self, max_records: int, timeout_ms: int) -> tuple[Chunk, pl.DataFrame | None]:
+        """Consume and parse up to ``max_records`` records from the fetch position;
+        with them, their raw frame when the archive taps this partition."""
         from confluent_kafka import KafkaError, Message
 
         # what the client holds now; when it holds nothing, wait (at most timeout_ms)
@@ -305,7 +347,7 @@ class KafkaPartition:
                 msgs += self._consumer.consume(want - 1, 0)
         if not msgs:
             self._probe()
-            return self._empty()
+            return self._empty(), None
         # per message, only C-level calls (map over the method descriptors): no Python
         # frame per record
         errors = list(map(Message.error, msgs))
@@ -338,7 +380,7 @@ class KafkaPartition:
             if eof:  # the end of what is readable: skip markers and aborted records
                 self._position = max(self._position, max(eof))
                 self._end_seen = max(self._end_seen or 0, self._position)
-            return self._empty()
+            return self._empty(), None
         offsets = np.fromiter(map(Message.offset, msgs), dtype=np.int64, count=len(msgs))
         values = list(map(Message.value, msgs))
         keys = list(map(Message.key, msgs)) if self._want_keys else None
@@ -353,30 +395,33 @@ class KafkaPartition:
         self._position = int(offsets[-1]) + 1
         if eof:
             self._position = max(self._position, max(eof))
+        raw = None
         if self.raw_tap is not None:
-            self.raw_tap(pl.DataFrame({
+            raw = pl.DataFrame({
                 "position": offsets,
                 "key": pl.Series(keys if keys is not None else list(map(Message.key, msgs)),
                                  dtype=pl.Binary),
                 "timestamp_ms": stamps if stamps is not None else np.fromiter(
                     (t[1] for t in map(Message.timestamp, msgs)), np.int64, count=len(msgs)),
                 "value": pl.Series(values, dtype=pl.Binary),
-            }))
-        return self._parser.parse(values, offsets, self._position, keys, stamps)
+            })
+        return self._parser.parse(values, offsets, self._position, keys, stamps), raw
 
     def tell(self) -> int:
         """The offset of the next record to read."""
-        return self._position
+        return self._handed
 
     def seek(self, position: int) -> None:
         from confluent_kafka import TopicPartition
 
+        self._stop_ahead()  # what was read ahead is dropped; the thread starts again
+        self._ahead = self._new_prefetcher()
         self._marks_at_open = None  # a seek asks the broker afresh
         low = self.earliest()
         if low is not None and position < low:
             raise self._expired(position, low)
         self._consumer.assign([TopicPartition(self._topic, self._num, position)])
-        self._position = position
+        self._position = self._handed = position
 
     def earliest(self) -> int | None:
         """The log start offset, or None when the broker does not answer now."""
@@ -392,7 +437,7 @@ class KafkaPartition:
     def lag(self) -> int | None:
         """Records available after the position (from the broker's end offset)."""
         end = self.end()
-        return None if end is None else max(0, end - self._position)
+        return None if end is None else max(0, end - self._handed)
 
     def cached_lag(self) -> int | None:
         """Records after the position, from the end offset the client last saw (no
@@ -405,14 +450,33 @@ class KafkaPartition:
             return None
         if marks is None or int(marks[1]) < 0:
             return None
-        return max(0, int(marks[1]) - self._position)
+        return max(0, int(marks[1]) - self._handed)
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            self._consumer.close()
+            if self._stop_ahead():
+                self._consumer.close()
+            # else: the thread is stuck in the client past its bound; closing the
+            # consumer under it could crash the process: the process exit frees it
+
+    def prefetched(self) -> int:
+        """Chunks fetched ahead, waiting to be handed out (0 without read-ahead)."""
+        return 0 if self._ahead is None else self._ahead.queued()
+
+    @property
+    def prefetcher(self) -> Prefetcher[tuple[Chunk, pl.DataFrame | None]] | None:
+        return self._ahead
 
     # -- helpers --------------------------------------------------------------
+    def _new_prefetcher(self) -> Prefetcher[tuple[Chunk, pl.DataFrame | None]] | None:
+        if self._depth <= 0:
+            return None
+        return Prefetcher(self._fetch_ahead, self._depth, self.name)
+
+    def _stop_ahead(self) -> bool:
+        return True if self._ahead is None else self._ahead.stop()
+
     def _empty(self) -> Chunk:
         return empty_chunk(self._parser.plan, self._position)
 
@@ -510,6 +574,9 @@ class KafkaSource:
         #: positions waiting for it to be answered
         self._commit_inflight: float | None = None
         self._commit_next: list[Any] | None = None
+        #: chunks each partition reads ahead (0: none, the default; see
+        #: :mod:`._kafka_prefetch` and ``SEALSTREAM_KAFKA_PREFETCH``)
+        self.prefetch = prefetch_depth()
 
     @property
     def connected(self) -> bool:
@@ -576,8 +643,11 @@ class KafkaSource:
         if self._known is None:
             self.discover()
         part = KafkaPartition(
-            self.settings, name, self._parser, position,
-            from_start=from_start or name not in self._initial,
+            # a parser of its own: partitions parse on their read-ahead threads, and a
+            # parser learns its JSON reader's types as it goes
+            self.settings, name, ValueParser(self.plan) if self.prefetch else self._parser,
+            position, from_start=from_start or name not in self._initial,
+            prefetch=self.prefetch,
         )
         self._parts.append(part)
         return part

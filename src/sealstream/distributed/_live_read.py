@@ -107,6 +107,10 @@ class LiveReader:
     def _source(self) -> LiveSource:
         if self.source is None:
             self.source = self.p.source.open_live(self.plan)  # type: ignore[union-attr]
+            if hasattr(self.source, "prefetch"):
+                # a worker reads ahead by itself (read_ahead, above): the single-process
+                # option SEALSTREAM_KAFKA_PREFETCH would add a second thread per partition
+                self.source.prefetch = 0
         assert self.source is not None
         return self.source
 

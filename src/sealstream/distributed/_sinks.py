@@ -23,6 +23,9 @@ The two-phase commit is the single-process one, spread over the workers:
 The coordinator receives no result row and no result identity: each worker keeps the
 identities of its results for the epoch's receipt, built on a worker
 (:mod:`._receipts`); per step only their number and largest window end come back.
+Under an ``s3://`` prefix (:class:`~sealstream.sinks.objects.StagedObjectSink`) the same
+names are objects: staged with ``If-None-Match: *`` at prepare, published at commit;
+each worker uses its own node's AWS credentials (none are sent through Ray).
 A step whose results meet a suppression list (output already committed
 by a run that fell back to an older checkpoint) is staged on the coordinator as before.
 """

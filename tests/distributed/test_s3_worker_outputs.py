@@ -116,6 +116,25 @@ def _env(monkeypatch: pytest.MonkeyPatch, server: Any) -> None:
         monkeypatch.setenv(name, value)
 
 
+def test_worker_nodes_without_credentials_fail_in_one_line(
+        ray_cluster: Any, s3_server: Any, tmp_path: Path) -> None:
+    """The session Ray cluster was started without the server's ``AWS_*``: the
+    coordinator has them, its workers do not, and none are sent through Ray. The run
+    stops with exit 1 and one line naming the output, no secret in it. (First in this
+    file: the session cluster is connected before this module's own.)"""
+    spec, _ = _story(tmp_path, s3_server)
+    env = dict(os.environ, **s3_server.env())
+    proc = subprocess.run(
+        [sys.executable, "-m", "sealstream", "run", str(spec), "--quiet", "--workers", "2",
+         "--ray", ray_cluster.address],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, timeout=600)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "no AWS credentials found" in lines[0] and f"s3://{s3_server.bucket}/" in lines[0]
+    assert s3_server.secret_key not in proc.stderr
+
+
 def test_two_workers_stage_their_own_part_objects(
         s3_ray: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Results, late events and bad records in S3 with 2 workers: every committed

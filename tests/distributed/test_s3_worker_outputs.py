@@ -47,12 +47,14 @@ def s3_ray() -> Iterator[tuple[Any, Any]]:
     import ray
     from ray.cluster_utils import Cluster
 
+    from sealstream.distributed._shard import drain_pool
     from sealstream.testing.brokers import SeaweedServer
 
     server = SeaweedServer()
     server.start()
     earlier = ray.get_runtime_context().gcs_address if ray.is_initialized() else None
     if earlier is not None:
+        drain_pool()  # idle worker actors of the session cluster: not reusable here
         ray.shutdown()  # this process leaves the session cluster (it keeps running)
     saved = {k: os.environ.get(k) for k in server.env()}
     os.environ.update(server.env())  # inherited by the cluster's raylet and workers
@@ -68,6 +70,7 @@ def s3_ray() -> Iterator[tuple[Any, Any]]:
     try:
         yield server, cluster
     finally:
+        drain_pool()  # this cluster's idle workers: gone with it
         ray.shutdown()
         cluster.shutdown()
         server.close()

@@ -32,11 +32,10 @@ from sealstream._runtime.merge import Batch
 from sealstream.checkpoint import receipts as trees
 from sealstream.distributed._plane import raw_texts
 from sealstream.distributed._receipts import EpochIds
+from sealstream.distributed._sinks import stages_on_workers
 from sealstream.pipeline import Pipeline
 from sealstream.sinks import open_sink
 from sealstream.sinks._base import JSON_LINE
-from sealstream.sinks.jsonl import JsonlDirSink
-from sealstream.sinks.parquet import ParquetDirSink
 from sealstream.sources._base import OFFSET, PARTITION
 
 ROLES = ("late", "errors")
@@ -87,7 +86,7 @@ class WorkerRecords:
         config = pipeline.late if role == "late" else pipeline.errors
         assert config is not None
         self.sink = open_sink(config, "records", run_token)
-        if not isinstance(self.sink, (JsonlDirSink, ParquetDirSink)):
+        if not stages_on_workers(self.sink):
             raise RuntimeError(f"{config.kind} {role} outputs are not staged per worker")
         self.names = names
         self.ids = EpochIds()

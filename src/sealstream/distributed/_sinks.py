@@ -23,6 +23,9 @@ The two-phase commit is the single-process one, spread over the workers:
 The coordinator receives no result row and no result identity: each worker keeps the
 identities of its results for the epoch's receipt, built on a worker
 (:mod:`._receipts`); per step only their number and largest window end come back.
+Under an ``s3://`` prefix (:class:`~sealstream.sinks.objects.StagedObjectSink`) the same
+names are objects: staged with ``If-None-Match: *`` at prepare, published at commit;
+each worker uses its own node's AWS credentials (none are sent through Ray).
 A step whose results meet a suppression list (output already committed
 by a run that fell back to an older checkpoint) is staged on the coordinator as before.
 """
@@ -41,10 +44,14 @@ from sealstream.pipeline import Pipeline
 from sealstream.sinks import open_sink
 from sealstream.sinks._base import CommittedFile, Sink
 from sealstream.sinks.jsonl import JsonlDirSink
+from sealstream.sinks.objects import StagedObjectSink
 from sealstream.sinks.parquet import ParquetDirSink
 from sealstream.sources._base import KEY, KEY_IS_INT
 from sealstream.windows.aggregates import WEND, WSTART
 from sealstream.windows.operator import WindowOperator
+
+#: the sinks the workers stage themselves (a part file or part object per epoch)
+STAGED_KINDS = (JsonlDirSink, ParquetDirSink, StagedObjectSink)
 
 #: the run token of worker ``i``'s part files
 _WORKER_RUN = re.compile(r"part-[0-9]{12,}-[A-Za-z0-9]*w([0-9]+)\.[a-z]+")
@@ -55,8 +62,9 @@ def worker_run_token(run_token: str, index: int) -> str:
 
 
 def stages_on_workers(sink: Sink) -> bool:
-    """The results sinks whose epochs the workers stage themselves."""
-    return isinstance(sink, (JsonlDirSink, ParquetDirSink))
+    """The outputs whose epochs the workers stage themselves: JSON Lines and Parquet,
+    in a directory or as objects under an ``s3://`` prefix."""
+    return isinstance(sink, STAGED_KINDS)
 
 
 class WorkerResults:
@@ -71,7 +79,7 @@ class WorkerResults:
         checkpoints)."""
         funcs = {a.name: a.result_kind for a in pipeline.parsed_aggregates}
         self.sink = open_sink(pipeline.sink, "results", run_token, funcs)
-        if not isinstance(self.sink, (JsonlDirSink, ParquetDirSink)):
+        if not isinstance(self.sink, STAGED_KINDS):
             raise RuntimeError(f"{pipeline.sink.kind} results are not staged per worker")
         self.sink.key_fields = pipeline.source.key_fields
         self.sort = sort

@@ -39,7 +39,15 @@ def ray_cluster() -> Iterator[Any]:
     except ImportError:
         pytest.fail("ray is not installed (pip install 'sealstream[ray]'; make test does)",
                     pytrace=False)
-    cluster = Cluster(initialize_head=True, head_node_args=dict(NODE))
+    # never S3 credentials, whichever test starts it (one that set AWS_* for its own
+    # server, say): its processes inherit this environment, and a test relies on a
+    # worker node without credentials (test_s3_worker_outputs.py starts a cluster of
+    # its own that has them)
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("AWS_")}
+    try:
+        cluster = Cluster(initialize_head=True, head_node_args=dict(NODE))
+    finally:
+        os.environ.update(saved)
     ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
     try:
         yield cluster

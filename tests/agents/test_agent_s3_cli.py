@@ -203,3 +203,26 @@ def test_a_stream_store_or_an_empty_prefix_is_not_an_agent_store(env: Any) -> No
         {"holder": {"pid": 1}, "generation": 1, "expires_ms": 0, "released": True}
     ).encode())  # a stream checkpoint store's lease has no "seq"
     assert not is_agent_store(f"s3://{env.bucket}/{prefix}")
+
+
+def test_the_console_shows_an_s3_agent_store_read_only(env: Any) -> None:
+    pytest.importorskip("starlette")
+    pytest.importorskip("jinja2")
+    from starlette.testclient import TestClient
+
+    from sealstream.console import create_app
+
+    prefix = f"agents-console-{uuid.uuid4().hex[:10]}"
+    url = f"s3://{env.bucket}/{prefix}"
+    ids = _write(url)
+    client = _client(env)
+    obj = f"{prefix}/{row_key(('cp', T, '', ids[-1]))}"
+    raw = client.get_object(Bucket=env.bucket, Key=obj)["Body"].read()
+    client.put_object(Bucket=env.bucket, Key=obj, Body=_alter_json(raw))
+    before = _objects(env, prefix)
+    with TestClient(create_app([url])) as c:
+        assert 'href="/agents/0"' in c.get("/").text
+        page = c.get("/agents/0").text
+    assert T in page and "refund-1" in page and "SIGNATURE_MISMATCH" in page
+    assert all(i in page for i in ids) and env.secret_key not in page
+    assert _objects(env, prefix) == before

@@ -61,7 +61,7 @@ from sealstream._runtime.crash import CrashPoints
 from sealstream.agents.store import Row, RowStore, RowTx, _fetched
 from sealstream.errors import CheckpointError, LockHeldError
 
-__all__ = ["S3RowStore"]
+__all__ = ["S3RowReader", "S3RowStore", "is_agent_prefix"]
 
 LEASE = "LEASE"
 JOURNAL = "journal/"
@@ -600,3 +600,51 @@ class S3RowStore(RowStore):
             with contextlib.suppress(CheckpointError, LockHeldError):
                 self._cas({**lease.doc, "released": True})
             lease.doc = None
+
+
+def is_agent_prefix(url: str) -> bool:
+    """Whether ``s3://bucket/prefix`` holds an agent store: its ``LEASE`` is an agent
+    lease (it carries ``seq``; a stream checkpoint store's lease does not). One GET,
+    nothing written, no lease taken; False when it cannot be read (the caller's other
+    path reports why)."""
+    try:
+        got = open_objects(url).get(LEASE)
+    except ObjectStoreError:
+        return False
+    try:
+        doc = json.loads(got) if got is not None else None
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get("seq"), int)
+
+
+class S3RowReader(RowStore):
+    """An S3 agent store opened read-only (``checkpoints list/verify/inspect``, the
+    console): every transaction is a :meth:`S3RowStore.reading`, so no lease is taken,
+    no probe object written, and a crashed writer's committed journal is seen; a
+    write is refused with one line."""
+
+    reads_without_snapshot = True
+
+    def __init__(self, url: str) -> None:
+        self.inner = S3RowStore(url)
+        self.location = self.inner.location
+        self._lock = threading.RLock()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[RowTx]:
+        with self.inner.reading() as tx:
+            yield tx
+            if isinstance(tx, _S3Tx) and tx.ops:
+                raise CheckpointError(f"agent store {self.location} is open read-only; "
+                                      "nothing was written")
+
+    def reading(self) -> contextlib.AbstractContextManager[RowTx]:
+        return self.transaction()
+
+    def execution_lock(self, execution: str, ns: str, *, timeout: float = 0.0
+                       ) -> contextlib.AbstractContextManager[None]:
+        raise CheckpointError(f"agent store {self.location} is open read-only")
+
+    def close(self) -> None:
+        self.inner.close()

@@ -3,7 +3,10 @@
 
 An *agent store* is a database holding the agent layer's ``agent_rows`` table
 (:mod:`sealstream.agents`): ``sqlite:///FILE``, a plain SQLite file path, or a
-``postgresql://`` URL without stream checkpoints. Keys come from
+``postgresql://`` URL without stream checkpoints, or ``s3://bucket/prefix`` whose
+``LEASE`` is an agent store's (:mod:`sealstream.agents._s3store`). Inspection
+(``list/verify/inspect``, the console) reads S3 without the writer's lease and writes
+nothing; ``agents repair`` takes the lease like a saver. Keys come from
 ``SEALSTREAM_CHECKPOINT_KEY`` / ``SEALSTREAM_ENCRYPTION_KEY`` as everywhere else.
 """
 
@@ -54,15 +57,35 @@ def _tables(location: str) -> set[str]:
     return set()
 
 
+def _shown(location: str) -> str:
+    from sealstream.checkpoint.stores import redact
+
+    return redact(location) if "://" in location else location
+
+
+def _is_s3(location: str) -> bool:
+    return location.lower().startswith("s3://")
+
+
 def is_agent_store(location: str) -> bool:
-    """Whether ``location`` holds agent checkpoints and no stream checkpoints."""
+    """Whether ``location`` holds agent checkpoints and no stream checkpoints (S3: one
+    GET of its ``LEASE``, nothing written)."""
+    if _is_s3(location):
+        from sealstream.agents._s3store import is_agent_prefix
+
+        return is_agent_prefix(location)
     tables = _tables(location)
     return "agent_rows" in tables and "sealstream_checkpoints" not in tables
 
 
-def _open(location: str) -> Any:
+def _open(location: str, *, write: bool = False) -> Any:
+    """The agent store at ``location``; on S3 read-only (no lease) unless ``write``."""
     from sealstream.agents import AgentCheckpointStore
 
+    if _is_s3(location) and not write:
+        from sealstream.agents._s3store import S3RowReader
+
+        return AgentCheckpointStore(S3RowReader(location))
     db = _sqlite_file(location)
     return AgentCheckpointStore(db if db is not None else location)
 
@@ -166,10 +189,12 @@ def repair_cmd(store: str, execution: str | None, dry_run: bool, as_json: bool) 
     """Move damaged checkpoints in STORE aside as evidence (never deleted) and
     re-establish a verified head in every history that needs it.
 
-    STORE is sqlite:///FILE, a SQLite file path or postgresql://HOST/DB."""
+    STORE is sqlite:///FILE, a SQLite file path, postgresql://HOST/DB or
+    s3://BUCKET/PREFIX (the writer's lease is taken: refused while a saver holds it)."""
     if not is_agent_store(store):
-        raise SpecError(f"{store}: not an agent store (no agent_rows table)")
-    opened = _open(store)
+        what = "no agent LEASE" if _is_s3(store) else "no agent_rows table"
+        raise SpecError(f"{_shown(store)}: not an agent store ({what})")
+    opened = _open(store, write=True)
     try:
         done = opened.repair(execution, dry_run=dry_run)
     finally:

@@ -94,7 +94,7 @@ class Source:
         self.error = None
         self.pipelines = []
         try:
-            if is_s3(self.where):
+            if is_s3(self.where) and not is_agent_store(self.where):
                 self.kind = "s3"
                 names = [_objstores.s3_pipeline(self.where)]
             elif is_url(self.where) or Path(self.where).is_file():

@@ -502,9 +502,14 @@ class WindowOperator:
             slow = rows.filter(~pl.col("__gok"))
             base = int(rows.select(pl.col("__g").max()).item() or 0) + 1
             rows = pl.concat([fast, _sequential_sessions(slow, gap, lat, base)], how="vertical")
-            # scatter labels back by row number (rows are 0..n-1 per side); without
-            # replayed groups, rows are already events 0..n-1 then state 0..m-1
-            rows = rows.sort(["__st", "__row"])
+            # put rows back in row-number order (events 0..n-1, then state 0..m-1),
+            # where they already are without replayed groups: one gather, no sort
+            at = rows["__row"].to_numpy().astype(np.int64) + np.where(
+                rows["__st"].to_numpy(), ev.height, 0
+            )
+            back = np.empty(at.size, np.int64)
+            back[at] = np.arange(at.size)
+            rows = rows[back]
         rows = rows.drop("__gok")
 
         n_ev = ev.height

@@ -502,10 +502,16 @@ class WindowOperator:
             slow = rows.filter(~pl.col("__gok"))
             base = int(rows.select(pl.col("__g").max()).item() or 0) + 1
             rows = pl.concat([fast, _sequential_sessions(slow, gap, lat, base)], how="vertical")
+            # put rows back in row-number order (events 0..n-1, then state 0..m-1),
+            # where they already are without replayed groups: one gather, no sort
+            at = rows["__row"].to_numpy().astype(np.int64) + np.where(
+                rows["__st"].to_numpy(), ev.height, 0
+            )
+            back = np.empty(at.size, np.int64)
+            back[at] = np.arange(at.size)
+            rows = rows[back]
         rows = rows.drop("__gok")
 
-        # scatter labels back by row number (rows are 0..n-1 per side)
-        rows = rows.sort(["__st", "__row"])
         n_ev = ev.height
         ev = ev.with_columns(rows[LABEL][:n_ev], rows["__late"][:n_ev])
         st_labels = rows[LABEL][n_ev:]
@@ -581,6 +587,36 @@ def _order_by(major: np.ndarray, minor: np.ndarray) -> np.ndarray:
     return np.lexsort((minor, major))
 
 
+def _regroup_by_arrival(
+    order: np.ndarray, g_sorted: np.ndarray, g: np.ndarray, seq: np.ndarray
+) -> np.ndarray:
+    """The stable permutation sorting by ``(group, seq)``, reusing ``order``.
+
+    ``order`` lists each group's rows contiguously, groups ascending (``g_sorted``
+    is the group along ``order``, ``g`` each row's group). In most groups the
+    rows are already in arrival order there (``seq`` strictly increasing): those
+    blocks are kept as they are and only the rows of the other groups are
+    sorted, by ``(group, seq)``, back into their own positions. Equal to
+    ``_order_by(g, seq)``: ties in ``seq`` (state rows) never count as ordered,
+    so those groups get the stable sort, from the original row order.
+    """
+    so = seq[order]
+    first = np.ones(order.size, bool)
+    first[1:] = g_sorted[1:] != g_sorted[:-1]
+    inversion = ~first
+    inversion[1:] &= so[1:] <= so[:-1]
+    inversion[0] = False
+    if not inversion.any():
+        return order
+    bad = np.zeros(int(g_sorted[-1]) + 1, bool)
+    bad[g_sorted[inversion]] = True
+    pos = np.flatnonzero(bad[g_sorted])
+    sub = np.sort(order[pos])  # original row order, so that ties keep it
+    out = order.copy()
+    out[pos] = sub[_order_by(g[sub], seq[sub])]
+    return out
+
+
 def _session_groups(ev: pl.DataFrame, st: pl.DataFrame, gap: int, lat: int) -> pl.DataFrame:
     """Merge events and the key's open sessions into groups of touching intervals,
     and flag the groups whose outcome could depend on the arrival order.
@@ -618,7 +654,7 @@ def _session_groups(ev: pl.DataFrame, st: pl.DataFrame, gap: int, lat: int) -> p
 
     # 2. replay each group in arrival order: did every event touch the group's
     #    earlier span while that span was still open?
-    order2 = _order_by(g, seq)
+    order2 = _regroup_by_arrival(order, g_sorted, g, seq)
     g2, s2, e2, w2, st2 = g[order2], s[order2], e[order2], wm[order2], is_state[order2]
     first = np.ones(g2.size, bool)
     first[1:] = g2[1:] != g2[:-1]

@@ -180,29 +180,3 @@ def test_no_event_row_passes_through_the_coordinator(ray_cluster: Any, tmp_path:
     small, big = max(per_step[50]), max(per_step[4_000])
     assert big <= 3_000 and small <= 3_000, (small, big)
     assert big <= small + 200, (small, big)  # 80 times the events, the same bytes
-
-
-def test_the_rows_of_a_readers_own_keys_skip_the_object_store(ray_cluster: Any,
-                                                              tmp_path: Path) -> None:
-    """A reading worker keeps the rows of its own keys for its own step: only the
-    other key workers' rows are put in Ray's object store. With one worker nothing
-    is put; with two, every row is either put or kept, some of each, and the
-    results are those of one process."""
-    from sealstream import Job, load_spec
-    from sealstream.distributed import DistributedJob
-
-    window = 'kind = "tumbling"\nsize_ms = 5000\nallowed_lateness_ms = 0'
-    rows: dict[str, list[int]] = {}
-    for label, workers in (("single", None), ("w1", 1), ("w2", 2)):
-        d = tmp_path / label
-        names = _one_window_input(d, 1_500)
-        spec = _spec(d, names, window, 500, {"n": "count", "top": "max(amount)"})
-        job = (Job(load_spec(spec)) if workers is None
-               else DistributedJob(load_spec(spec), workers=workers))
-        job.run()
-        if workers is not None:
-            rows[label] = list(job.merger.plane_rows)  # type: ignore[union-attr]
-            assert _lines(d, "out") == _lines(tmp_path / "single", "out"), label
-    assert rows["w1"] == [0, 4_500], rows
-    put, kept = rows["w2"]
-    assert put + kept == 4_500 and put > 0 and kept > 0, rows

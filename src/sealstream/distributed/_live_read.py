@@ -8,8 +8,7 @@ partition (:mod:`.live`) from a few numbers per partition the owners report
 record held); it records the plan, then each owner takes exactly that range
 (:meth:`LiveReader.read`, polling again when it holds less, as on a replay) and
 publishes the step's rows the way a bounded slab is published (breakpoints and one
-Arrow buffer per other key worker in Ray's object store; the rows of the worker's
-own keys stay in its memory). Records polled beyond ``to``
+Arrow buffer per key worker in Ray's object store). Records polled beyond ``to``
 stay held for the next step, so a replay of the recorded plan reads exactly the
 same records.
 
@@ -286,15 +285,15 @@ class LiveReader:
 
 
 def publish(pipeline: Pipeline, q: int, events: pl.DataFrame, bad: pl.DataFrame,
-            spans: list[RawSpan], unseen: list[str], end: bool,
-            grid_op: Any) -> tuple[dict[str, Any], Any, pl.DataFrame]:
+            spans: list[RawSpan], workers: int, unseen: list[str], end: bool,
+            grid_op: Any) -> tuple[dict[str, Any], Any, list[Any]]:
     """A live step's rows of partition ``q`` (offset order): transformed here, their
-    watermark breakpoints put in Ray's object store; a summary of a few numbers
-    (bad records' rows when there are any) and the rows, for the worker to share
-    among the key workers (:meth:`ShardWorker._share`)."""
+    watermark breakpoints and each key worker's rows put in Ray's object store; a
+    summary of a few numbers back (bad records' rows when there are any)."""
     import ray
 
     from sealstream.distributed._plane import breakpoints, grid_of
+    from sealstream.distributed._shard import split
     from sealstream.distributed._worker import _failed, _seen, to_ipc
     from sealstream.windows.aggregates import SEQ
 
@@ -322,4 +321,4 @@ def publish(pipeline: Pipeline, q: int, events: pl.DataFrame, bad: pl.DataFrame,
         "failed": to_ipc(failed_rows) if failed_rows is not None else None,
         "seen": _seen(events, unseen) if unseen and events.height else [],
     }
-    return summary, ray.put(breaks), events
+    return summary, ray.put(breaks), [ray.put(to_ipc(part)) for part in split(events, workers)]

@@ -117,14 +117,6 @@ class StepPlanner:
         #: of which output rows (fired windows, late events and their text, bad
         #: records), which cross the coordinator while the sinks run there
         self.output_bytes: list[int] = []
-        #: event rows the readers put in Ray's object store for the other key workers,
-        #: and kept in their own memory for their own keys (ShardWorker._share)
-        self.plane_rows = [0, 0]
-
-    def count_rows(self, sums: list[dict[str, Any]]) -> None:
-        """Add the steps' summaries' rows put and kept to :attr:`plane_rows`."""
-        self.plane_rows[0] += sum(int(s.get("put_rows", 0)) for s in sums)
-        self.plane_rows[1] += sum(int(s.get("kept_rows", 0)) for s in sums)
 
     def next_batch(self) -> Batch | None:
         if self.done:
@@ -146,7 +138,6 @@ class StepPlanner:
                                          late_refs)
                    for i, a in enumerate(self.actors)]
         sums = [s for s, _, _ in got]
-        self.count_rows(sums)
         self.step += 1
         self._hints = [s["hint"] for s in sums]
         bad = [from_ipc(s["bad"]).with_columns(pl.lit(q, dtype=pl.Int32).alias("_p"))

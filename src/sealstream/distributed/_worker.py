@@ -24,7 +24,7 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import polars as pl
 
@@ -61,18 +61,6 @@ from sealstream.state.codec import encode_table, sha256_hex
 from sealstream.watermark import WatermarkState
 from sealstream.windows.aggregates import SEQ
 from sealstream.windows.operator import WindowOperator
-
-#: a read's kept rows older than this many steps are dropped (a step never applied)
-KEPT_STEPS = 4
-
-
-class Kept(NamedTuple):
-    """In place of an object reference in a step's shards: the rows of partition
-    ``q``'s step ``step`` that its reader kept for its own keys (the reader is the
-    key worker the marker goes to)."""
-
-    q: int
-    step: int
 
 
 def to_ipc(frame: pl.DataFrame) -> bytes:
@@ -112,9 +100,6 @@ class ShardWorker:
         self.records: dict[str, WorkerRecords] = {}
         self.bad_rows: dict[tuple[int, int], tuple[pl.DataFrame | None,
                                                    pl.DataFrame | None]] = {}
-        #: (partition, step) -> the rows of this worker's own keys a read of this
-        #: worker kept for its next process_step (see :meth:`_share`)
-        self.kept: dict[tuple[int, int], pl.DataFrame] = {}
 
     # ------------------------------------------------------------- results sink
     def open_results(self, pipeline: Pipeline, run_token: str, sort: bool,
@@ -258,15 +243,15 @@ class ShardWorker:
                   chunk_records: int, workers: int, unseen: list[str], step: int,
                   keep_bad: bool = False) -> tuple[dict[str, Any], Any, list[Any]]:
         """Partition ``q``'s records with offset below ``bound``: parsed (and
-        transformed) here, their watermark breakpoints and each other worker's rows
-        put in Ray's object store by this worker, its own keys' rows kept here
-        (:meth:`_share`). Returns a summary of a few numbers per partition (bad
-        records' rows when there are any), the breakpoints' reference and one
-        reference (or :class:`Kept` marker) per worker: no event row goes back to the
-        coordinator.
+        transformed) here, their watermark breakpoints and each worker's rows put in
+        Ray's object store by this worker. Returns a summary of a few numbers per
+        partition (bad records' rows when there are any), the breakpoints' reference
+        and one reference per worker: no event row goes back to the coordinator.
         ``keep_bad``: bad records are kept here (their number goes back) until
         :meth:`stage_records` stages them."""
         import ray
+
+        from sealstream.distributed._shard import split
 
         plan = pipeline.field_plan()
         slab = self.slabs[q].take(bound, chunk_records)
@@ -293,6 +278,7 @@ class ShardWorker:
         if transform is not None:
             events = transform.keep(events)
         seen = _seen(events, unseen) if unseen and events.height else []
+        shards = [ray.put(to_ipc(part)) for part in split(events, workers)]
         n_bad = (bad.height if bad is not None else 0) + (
             failed_rows.height if failed_rows is not None else 0)
         if keep_bad and n_bad:
@@ -312,56 +298,7 @@ class ShardWorker:
             "hint": self.slabs[q].size_hint(),
             "n_bad": n_bad,
         }
-        shards = self._share(q, step, events, workers, summary)
         return summary, ray.put(breaks), shards
-
-    def _share(self, q: int, step: int, events: pl.DataFrame, workers: int,
-               summary: dict[str, Any]) -> list[Any]:
-        """Partition ``q``'s rows of step ``step`` by key worker: one Arrow buffer in
-        Ray's object store per other worker, and this worker's own keys' rows kept
-        here, in its memory, for its :meth:`process_step` (a :class:`Kept` marker in
-        their place): no IPC encoding, ``ray.put``, fetch nor decoding for them. A
-        worker lost loses them with it, as it loses the objects it put. The
-        summary gets the rows put (``put_rows``) and kept (``kept_rows``)."""
-        import ray
-
-        from sealstream.distributed._shard import split
-
-        for key in [k for k in self.kept if k[0] == q and k[1] <= step - KEPT_STEPS]:
-            del self.kept[key]
-        shards: list[Any] = []
-        put = kept = 0
-        for i, part in enumerate(split(events, workers)):
-            if i == self.index:
-                self.kept[(q, step)] = part
-                shards.append(Kept(q, step))
-                kept += part.height
-            else:
-                shards.append(ray.put(to_ipc(part)))
-                put += part.height
-        summary["put_rows"], summary["kept_rows"] = put, kept
-        return shards
-
-    def _shards(self, shards: list[Any]) -> list[pl.DataFrame]:
-        """The frames of :meth:`process_step`'s ``shards``, in their order: fetched
-        from the object store, or this worker's own (:meth:`_share`)."""
-        import ray
-
-        refs = [s for s in shards if not isinstance(s, Kept)]
-        fetched = iter([from_ipc(f) for f in ray.get(refs)] if refs else [])
-        frames = []
-        for s in shards:
-            if not isinstance(s, Kept):
-                frames.append(next(fetched))
-                continue
-            frame = self.kept.pop((s.q, s.step), None)
-            if frame is None:  # (not this worker's rows: it was replaced meanwhile)
-                from sealstream.distributed._shard import WorkerLostError
-
-                raise WorkerLostError(f"worker {self.index} does not hold its rows of "
-                                      f"partition {s.q}, step {s.step}")
-            frames.append(frame)
-        return frames
 
     def _grid_op(self, pipeline: Pipeline) -> WindowOperator:
         if self.op is None or self.pipeline is None:
@@ -398,7 +335,7 @@ class ShardWorker:
         import ray
 
         got: list[Breaks] = list(ray.get(breaks))
-        frames = self._shards(shards)
+        frames = [from_ipc(f) for f in ray.get(shards)]
         state = WatermarkState.from_json(wm)
         state.last_offset = list(last_offsets)
         prepare(state, got)
@@ -450,10 +387,9 @@ class ShardWorker:
         events, bad, spans = self.live.take(q, name, frm, to, max_records, poll_ms)
         self.spans.pop((q, step - 2), None)
         self.spans[(q, step)] = spans
-        summary, breaks, rows = publish(self.live.p, q, events, bad, spans, unseen, end,
-                                        self._grid_op(self.live.p))
-        shards = self._share(q, step, rows, workers, summary)
-        return self._keep_live_bad(q, step, summary, keep_bad), breaks, shards
+        got = publish(self.live.p, q, events, bad, spans, workers, unseen, end,
+                      self._grid_op(self.live.p))
+        return self._keep_live_bad(q, step, got[0], keep_bad), got[1], got[2]
 
     def _keep_live_bad(self, q: int, step: int, summary: dict[str, Any], keep: bool
                        ) -> dict[str, Any]:

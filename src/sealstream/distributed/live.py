@@ -91,7 +91,6 @@ class _Outputs(StepPlanner):
         self.step = 0
         self.step_bytes: list[int] = []
         self.output_bytes: list[int] = []
-        self.plane_rows = [0, 0]
 
     @property
     def n(self) -> int:  # type: ignore[override]
@@ -122,12 +121,6 @@ class LivePlanner(LiveMerger):
     def step_bytes(self) -> list[int]:
         """Bytes the coordinator received per step (reports, summaries, outputs)."""
         return self.outputs.step_bytes
-
-    @property
-    def plane_rows(self) -> list[int]:
-        """Event rows put in Ray's object store, and kept by their readers for their
-        own keys (:attr:`StepPlanner.plane_rows`)."""
-        return self.outputs.plane_rows
 
     @property
     def output_bytes(self) -> list[int]:
@@ -273,7 +266,6 @@ class LivePlanner(LiveMerger):
     def _step_batch(self, plan: StepPlan | None, got: list[Any], refs: list[Any]) -> Batch:
         end = plan is not None and plan.end
         sums = [s for s, _, _ in got]
-        self.outputs.count_rows(sums)
         pending = []
         job = self._job
         stage = job.results_stage_epoch() if job is not None and plan is not None else None

@@ -20,7 +20,8 @@ These helpers raise :class:`OSError` unchanged; callers turn it into their own
 error with :func:`os_reason` (``"[Errno 28] No space left on device"``).
 
 Also here, because every sink needs them: :func:`id_schema`, the schema of
-``Sink.read_ids`` frames, and :class:`StagedDirSink`, the naming scheme and the
+``Sink.read_ids`` frames, :class:`PartNames`, the part naming of the directory
+sinks and the object-storage ones, and :class:`StagedDirSink`, the
 commit/recover protocol shared by the JSON Lines and Parquet directory sinks,
 and :func:`read_own_file`, how they read their committed files back: without
 following a symbolic link, regular files only, never quoting a file's content.

@@ -173,8 +173,7 @@ class Checkpointing:
                 entry[role] = {"count": rec["count"], "digest": digest,
                                "tokens": tokens.get(role, []), "root": root}
             else:
-                sorted_ids = pl.concat(rec["ids"]).select(self._ids(role)).sort("id")["id"]
-                entry[role] = {"count": rec["count"], "digest": trees.joined_digest(sorted_ids),
+                entry[role] = {"count": rec["count"], "digest": self._role_digest(role, rec),
                                "tokens": tokens.get(role, [])}
             if "max_window_end" in rec:
                 entry[role]["max_window_end"] = rec["max_window_end"]
@@ -185,6 +184,13 @@ class Checkpointing:
         ).hexdigest()
         self.receipts_total["last_epoch"] = epoch
         return entry
+
+    def _role_digest(self, role: str, rec: dict[str, Any]) -> str:
+        """The digest of an epoch's ids of ``role`` (late events or bad records;
+        ``rec`` as :meth:`_receipt` gathered it). A distributed job takes the one its
+        workers built instead."""
+        sorted_ids = pl.concat(rec["ids"]).select(self._ids(role)).sort("id")["id"]
+        return trees.joined_digest(sorted_ids)
 
     def _results_digest(self, rec: dict[str, Any]) -> tuple[str, str]:
         """The digest and Merkle root of an epoch's result ids (``rec`` as

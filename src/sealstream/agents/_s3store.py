@@ -59,6 +59,8 @@ from sealstream._objects import (
 )
 from sealstream._runtime.crash import CrashPoints
 from sealstream.agents.store import Row, RowStore, RowTx, _fetched
+from sealstream.checkpoint.stores.objects import lease_live as _live
+from sealstream.checkpoint.stores.objects import lease_seconds
 from sealstream.errors import CheckpointError, LockHeldError
 
 __all__ = ["S3RowReader", "S3RowStore", "is_agent_prefix"]
@@ -72,14 +74,6 @@ Key = tuple[str, str, str, str]
 #: a write: ("ins" create-if-absent, known absent | "add" create-if-absent, whatever
 #: is there | "put" replace | "del", bytes or None)
 Op = tuple[str, bytes | None]
-
-
-def lease_seconds() -> float:
-    raw = os.environ.get("SEALSTREAM_S3_LEASE_S", "").strip()
-    try:
-        return max(1.0, float(raw)) if raw else 30.0
-    except ValueError:
-        return 30.0
 
 
 def _part(text: str) -> str:
@@ -99,27 +93,6 @@ def _parse(obj: str) -> Key | None:
     except ValueError:
         return None
     return s, e, n, m
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _live(doc: dict[str, Any]) -> bool:
-    """Whether the lease ``doc`` is held now by a process that may still write."""
-    if doc.get("released") or not isinstance(doc.get("expires_ms"), int):
-        return False
-    if doc["expires_ms"] <= int(time.time() * 1000):
-        return False
-    holder = doc.get("holder")
-    return not (isinstance(holder, dict) and holder.get("host") == socket.gethostname()
-                and isinstance(holder.get("pid"), int) and not _pid_alive(holder["pid"]))
 
 
 class _Lease:

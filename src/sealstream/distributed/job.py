@@ -41,8 +41,6 @@ checkpoint is suppressed, never written twice).
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -52,7 +50,6 @@ import polars as pl
 
 from sealstream._runtime.engine import Job
 from sealstream._runtime.merge import Batch, SourcePosition
-from sealstream._runtime.persist import ROLES
 from sealstream._runtime.summary import RunSummary
 from sealstream.checkpoint import receipts as trees
 from sealstream.checkpoint.manifest import (
@@ -379,47 +376,17 @@ class DistributedJob(Job):
                 .remote(shares, own_ipc)
         return super()._close_receipts(tokens)
 
-    def _digest_receipts(
-        self, epoch: int, now: dict[str, dict[str, Any]], tokens: dict[str, list[str]]
-    ) -> dict[str, Any]:
-        """The single-process epoch entry; the digest of late events or bad records
-        staged by the workers comes from the worker that built it (count and digest)."""
-        if not any("built_records" in now.get(r, {}) for r in RECORD_ROLES):
-            return super()._digest_receipts(epoch, now, tokens)
-        entry: dict[str, Any] = {"epoch": epoch}
-        self._receipt_ids = None
-        for role in ROLES:
-            rec = now.get(role)
-            if rec is None:
-                entry[role] = {"count": 0, "digest": hashlib.sha256(b"").hexdigest(),
-                               "tokens": tokens.get(role, [])}
-                if role == "results":
-                    entry[role]["root"] = trees.EMPTY_ROOT
-                continue
-            if role == "results":
-                digest, root = self._results_digest(rec)
-                entry[role] = {"count": rec["count"], "digest": digest,
-                               "tokens": tokens.get(role, []), "root": root}
-            elif "built_records" in rec:
-                built = gather([rec["built_records"]], "receipt")[0]
-                if int(built["count"]) != int(rec["count"]):
-                    raise CheckpointError(f"epoch receipt: the workers hold {built['count']} "
-                                          f"{role} ids, {rec['count']} were staged")
-                entry[role] = {"count": rec["count"], "digest": str(built["digest"]),
-                               "tokens": tokens.get(role, [])}
-            else:
-                ids = pl.concat(rec["ids"]).select(self._ids(role)).sort("id")["id"]
-                entry[role] = {"count": rec["count"], "digest": trees.joined_digest(ids),
-                               "tokens": tokens.get(role, [])}
-            if "max_window_end" in rec:
-                entry[role]["max_window_end"] = rec["max_window_end"]
-            self.receipts_total[role] = int(self.receipts_total.get(role, 0)) + rec["count"]
-        self.receipts_total["digest"] = hashlib.sha256(
-            (str(self.receipts_total.get("digest", "")) + json.dumps(entry, sort_keys=True))
-            .encode()
-        ).hexdigest()
-        self.receipts_total["last_epoch"] = epoch
-        return entry
+    def _role_digest(self, role: str, rec: dict[str, Any]) -> str:
+        """The digest of late events or bad records the workers staged comes from the
+        worker that built it (its count checked against the staged one); ids the
+        coordinator gathered itself are digested as in a single process."""
+        if "built_records" not in rec:
+            return super()._role_digest(role, rec)
+        built = gather([rec["built_records"]], "receipt")[0]
+        if int(built["count"]) != int(rec["count"]):
+            raise CheckpointError(f"epoch receipt: the workers hold {built['count']} "
+                                  f"{role} ids, {rec['count']} were staged")
+        return str(built["digest"])
 
     def _results_digest(self, rec: dict[str, Any]) -> tuple[str, str]:
         """On the writer thread: the epoch's receipt built by its receipt worker from

@@ -20,7 +20,8 @@ These helpers raise :class:`OSError` unchanged; callers turn it into their own
 error with :func:`os_reason` (``"[Errno 28] No space left on device"``).
 
 Also here, because every sink needs them: :func:`id_schema`, the schema of
-``Sink.read_ids`` frames, and :class:`StagedDirSink`, the naming scheme and the
+``Sink.read_ids`` frames, :class:`PartNames`, the part naming of the directory
+sinks and the object-storage ones, and :class:`StagedDirSink`, the
 commit/recover protocol shared by the JSON Lines and Parquet directory sinks,
 and :func:`read_own_file`, how they read their committed files back: without
 following a symbolic link, regular files only, never quoting a file's content.
@@ -44,6 +45,7 @@ from sealstream.sinks._base import CommittedFile, Sink, SinkRole
 
 __all__ = [
     "STAGING_SUFFIX",
+    "PartNames",
     "StagedDirSink",
     "atomic_rename",
     "check_epoch",
@@ -248,7 +250,66 @@ def check_role(role: str) -> SinkRole:
     raise ValueError(f"role must be 'results' or 'records', got {role!r}")
 
 
-class StagedDirSink(Sink):
+class PartNames:
+    """The part naming shared by the directory sinks (:class:`StagedDirSink`) and the
+    object-storage ones (:class:`~sealstream.sinks.objects.StagedObjectSink`):
+    ``part-{epoch:012d}-{run_token}.{ext}``, staged as
+    ``.part-{epoch:012d}-{run_token}.{ext}.inprogress``; a name whose epoch is not
+    written canonically (12 digits at least, zero-padded) is not one of ours.
+    A subclass sets ``ext``, ``role`` and ``run_token``, calls :meth:`_init_names`,
+    and says where its parts are (:meth:`_part_where`) and what they are called
+    (``_part_kind``) for error lines."""
+
+    ext: str = ""
+    _part_kind: str = "file"
+    role: SinkRole
+    run_token: str
+
+    def _init_names(self) -> None:
+        ext = re.escape(self.ext)
+        self._final_re = re.compile(rf"part-([0-9]{{12,}})-([A-Za-z0-9]+)\.{ext}")
+        self._staging_re = re.compile(rf"\.part-([0-9]{{12,}})-([A-Za-z0-9]+)\.{ext}\.inprogress")
+
+    def _part_where(self) -> str:
+        raise NotImplementedError
+
+    def final_name(self, epoch: int) -> str:
+        return f"part-{check_epoch(epoch):012d}-{self.run_token}.{self.ext}"
+
+    @staticmethod
+    def staging_name(final_name: str) -> str:
+        return f".{final_name}{STAGING_SUFFIX}"
+
+    def _parse(self, pattern: re.Pattern[str], name: str) -> tuple[int, str] | None:
+        m = pattern.fullmatch(name)
+        if m is None:
+            return None
+        digits, run = m.group(1), m.group(2)
+        epoch = int(digits)
+        if f"{epoch:012d}" != digits:  # not canonical: not one of ours
+            return None
+        return epoch, run
+
+    def _check_token(self, token: str, epoch: int | None = None) -> int:
+        parsed = self._parse(self._final_re, token) if isinstance(token, str) else None
+        where = self._part_where()
+        if parsed is None:
+            raise SinkError(
+                f"{where}: {token!r} is not a {self.role} {self._part_kind} name of this "
+                f"sink (expected part-<epoch>-<run>.{self.ext})"
+            )
+        if epoch is not None and parsed[0] != epoch:
+            raise SinkError(f"{where}: token {token!r} does not belong to epoch {epoch}")
+        return parsed[0]
+
+    def _run_of(self, token: str) -> str:
+        """The run token in a checked final name."""
+        parsed = self._parse(self._final_re, token)
+        assert parsed is not None, token
+        return parsed[1]
+
+
+class StagedDirSink(PartNames, Sink):
     """A directory of ``part-{epoch:012d}-{run_token}.{ext}`` files, staged as
     ``.part-{epoch:012d}-{run_token}.{ext}.inprogress``.
 
@@ -273,9 +334,7 @@ class StagedDirSink(Sink):
         self.path = Path(path)
         #: the directory the restored checkpoint staged in, when not ``path``
         self._earlier: Path | None = None
-        ext = re.escape(self.ext)
-        self._final_re = re.compile(rf"part-([0-9]{{12,}})-([A-Za-z0-9]+)\.{ext}")
-        self._staging_re = re.compile(rf"\.part-([0-9]{{12,}})-([A-Za-z0-9]+)\.{ext}\.inprogress")
+        self._init_names()
         try:
             ensure_dir(self.path)
         except OSError as exc:
@@ -284,39 +343,8 @@ class StagedDirSink(Sink):
             ) from None
 
     # ---------------------------------------------------------------- naming
-    def final_name(self, epoch: int) -> str:
-        return f"part-{check_epoch(epoch):012d}-{self.run_token}.{self.ext}"
-
-    @staticmethod
-    def staging_name(final_name: str) -> str:
-        return f".{final_name}{STAGING_SUFFIX}"
-
-    def _parse(self, pattern: re.Pattern[str], name: str) -> tuple[int, str] | None:
-        m = pattern.fullmatch(name)
-        if m is None:
-            return None
-        digits, run = m.group(1), m.group(2)
-        epoch = int(digits)
-        if f"{epoch:012d}" != digits:  # not canonical: not one of ours
-            return None
-        return epoch, run
-
-    def _check_token(self, token: str, epoch: int | None = None) -> int:
-        parsed = self._parse(self._final_re, token) if isinstance(token, str) else None
-        if parsed is None:
-            raise SinkError(
-                f"{self.path}: {token!r} is not a {self.role} file name of this sink "
-                f"(expected part-<epoch>-<run>.{self.ext})"
-            )
-        if epoch is not None and parsed[0] != epoch:
-            raise SinkError(f"{self.path}: token {token!r} does not belong to epoch {epoch}")
-        return parsed[0]
-
-    def _run_of(self, token: str) -> str:
-        """The run token in a checked final name."""
-        parsed = self._parse(self._final_re, token)
-        assert parsed is not None, token
-        return parsed[1]
+    def _part_where(self) -> str:
+        return str(self.path)
 
     def _sink_error(self, action: str, path: Path, exc: OSError) -> SinkError:
         return SinkError(f"cannot {action} {self.role} to {path}: {os_reason(exc)}")

@@ -34,7 +34,6 @@ Assumed: one job writes the prefix (the checkpoint store's lease ensures one run
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Callable, Iterator
 
 import polars as pl
@@ -43,7 +42,7 @@ from sealstream._objects import ObjectExistsError, Objects, ObjectStoreError, op
 from sealstream.errors import SinkError
 from sealstream.sinks._base import JSON_LINE, RESULT_ID_COLUMNS, CommittedFile, Sink, SinkRole
 from sealstream.sinks._files import (
-    STAGING_SUFFIX,
+    PartNames,
     check_epoch,
     check_role,
     check_run_token,
@@ -53,11 +52,12 @@ from sealstream.sinks._files import (
 __all__ = ["JsonlObjectSink", "ParquetObjectSink", "StagedObjectSink"]
 
 
-class StagedObjectSink(Sink):
+class StagedObjectSink(PartNames, Sink):
     """The protocol of the module docstring; subclasses say how rows are kept and
     encoded (:meth:`_keep`, :meth:`_encode`) and read back (:meth:`_ids`)."""
 
     ext: str = ""
+    _part_kind = "object"
 
     def __init__(self, objects: Objects, role: SinkRole, run_token: str) -> None:
         if not self.ext:
@@ -72,9 +72,7 @@ class StagedObjectSink(Sink):
         self._prepared: dict[int, list[str]] = {}
         self._bytes: dict[int, bytes] = {}
         self._failed: dict[int, str] = {}
-        ext = re.escape(self.ext)
-        self._final_re = re.compile(rf"part-([0-9]{{12,}})-([A-Za-z0-9]+)\.{ext}")
-        self._staging_re = re.compile(rf"\.part-([0-9]{{12,}})-([A-Za-z0-9]+)\.{ext}\.inprogress")
+        self._init_names()
 
     # ---------------------------------------------------------------- subclass hooks
     def _keep(self, epoch: int, frame: pl.DataFrame) -> None:
@@ -91,28 +89,8 @@ class StagedObjectSink(Sink):
         raise NotImplementedError
 
     # ---------------------------------------------------------------- naming
-    def final_name(self, epoch: int) -> str:
-        return f"part-{check_epoch(epoch):012d}-{self.run_token}.{self.ext}"
-
-    @staticmethod
-    def staging_name(final_name: str) -> str:
-        return f".{final_name}{STAGING_SUFFIX}"
-
-    def _parse(self, pattern: re.Pattern[str], name: str) -> tuple[int, str] | None:
-        m = pattern.fullmatch(name)
-        if m is None or f"{int(m.group(1)):012d}" != m.group(1):
-            return None
-        return int(m.group(1)), m.group(2)
-
-    def _check_token(self, token: str, epoch: int | None = None) -> int:
-        parsed = self._parse(self._final_re, token) if isinstance(token, str) else None
-        if parsed is None:
-            raise SinkError(f"{self.objects.location}: {token!r} is not a {self.role} object "
-                            f"name of this sink (expected part-<epoch>-<run>.{self.ext})")
-        if epoch is not None and parsed[0] != epoch:
-            raise SinkError(f"{self.objects.location}: token {token!r} does not belong to "
-                            f"epoch {epoch}")
-        return parsed[0]
+    def _part_where(self) -> str:
+        return self.objects.location
 
     @contextlib.contextmanager
     def _errors(self, what: str) -> Iterator[None]:
@@ -271,8 +249,7 @@ class StagedObjectSink(Sink):
             self._commit_in(earlier, epoch, there)
             here[epoch] = [t for t in tokens if t not in there]
         self._earlier = earlier
-        self._sweep(earlier, {self._parse(self._final_re, t)[1]  # type: ignore[index]
-                              for ts in prepared.values() for t in ts})
+        self._sweep(earlier, {self._run_of(t) for ts in prepared.values() for t in ts})
         self.recover(here)
 
     def _holds(self, objects: Objects, token: str) -> bool:

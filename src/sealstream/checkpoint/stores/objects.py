@@ -91,6 +91,20 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def lease_live(doc: dict[str, Any]) -> bool:
+    """Whether the lease ``doc`` is held now by a run that may still write (also the
+    agent row store's lease, :mod:`sealstream.agents._s3store`)."""
+    if doc.get("released") or not isinstance(doc.get("expires_ms"), int):
+        return False
+    if doc["expires_ms"] <= int(time.time() * 1000):
+        return False
+    holder = doc.get("holder")
+    if isinstance(holder, dict) and holder.get("host") == socket.gethostname() \
+            and isinstance(holder.get("pid"), int) and not _pid_alive(holder["pid"]):
+        return False  # its process is gone (killed): nobody renews it
+    return True
+
+
 class ObjectCheckpointStore(CheckpointStore):
     """Checkpoints as objects; see the module docstring."""
 
@@ -375,18 +389,7 @@ class ObjectCheckpointStore(CheckpointStore):
             doc = None
         return (doc if isinstance(doc, dict) else {"released": True}), got[1]
 
-    @staticmethod
-    def _live(doc: dict[str, Any]) -> bool:
-        """Whether the lease ``doc`` is held now by a run that may still write."""
-        if doc.get("released") or not isinstance(doc.get("expires_ms"), int):
-            return False
-        if doc["expires_ms"] <= int(time.time() * 1000):
-            return False
-        holder = doc.get("holder")
-        if isinstance(holder, dict) and holder.get("host") == socket.gethostname() \
-                and isinstance(holder.get("pid"), int) and not _pid_alive(holder["pid"]):
-            return False  # its process is gone (killed): nobody renews it
-        return True
+    _live = staticmethod(lease_live)
 
     def _doc(self, generation: int) -> dict[str, Any]:
         return {"holder": self._holder, "generation": generation,

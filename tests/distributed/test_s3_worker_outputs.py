@@ -13,6 +13,7 @@ them per test.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -50,32 +51,31 @@ def s3_ray() -> Iterator[tuple[Any, Any]]:
     from sealstream.distributed._shard import drain_pool
     from sealstream.testing.brokers import SeaweedServer
 
-    server = SeaweedServer()
-    server.start()
     earlier = ray.get_runtime_context().gcs_address if ray.is_initialized() else None
-    if earlier is not None:
-        drain_pool()  # idle worker actors of the session cluster: not reusable here
-        ray.shutdown()  # this process leaves the session cluster (it keeps running)
-    saved = {k: os.environ.get(k) for k in server.env()}
-    os.environ.update(server.env())  # inherited by the cluster's raylet and workers
-    try:
-        cluster = Cluster(initialize_head=True, head_node_args=dict(NODE))
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-    try:
-        yield server, cluster
-    finally:
-        drain_pool()  # this cluster's idle workers: gone with it
-        ray.shutdown()
-        cluster.shutdown()
-        server.close()
+    # each step is undone whatever fails after it (a cluster that does not start at a
+    # high load, say): no server or cluster outlives the module
+    with contextlib.ExitStack() as undo:
+        server = undo.enter_context(SeaweedServer())
         if earlier is not None:
-            ray.init(address=earlier, log_to_driver=False, configure_logging=False)
+            drain_pool()  # idle worker actors of the session cluster: not reusable here
+            ray.shutdown()  # this process leaves the session cluster (it keeps running)
+            undo.callback(ray.init, address=earlier, log_to_driver=False,
+                          configure_logging=False)
+        saved = {k: os.environ.get(k) for k in server.env()}
+        os.environ.update(server.env())  # inherited by the cluster's raylet and workers
+        try:
+            cluster = Cluster(initialize_head=True, head_node_args=dict(NODE))
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        undo.callback(cluster.shutdown)
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+        undo.callback(ray.shutdown)
+        undo.callback(drain_pool)  # this cluster's idle workers: gone with it
+        yield server, cluster
 
 
 def _story(d: Path, server: Any, kafka: tuple[str, str] | None = None) -> tuple[Path, str]:

@@ -333,25 +333,24 @@ class S3Objects(Objects):
                            IfNoneMatch="*")
         server = first.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("server", "")
         who = f"{self._shown_endpoint}" + (f" ({server})" if server else "")
+        # each write must be refused (HTTP 412); the guarantee missing when one is not
+        refused = (
+            ({"Body": b"2", "IfNoneMatch": "*"},
+             "create-if-absent (If-None-Match: *): a second create of one key succeeded"),
+            ({"Body": b"3", "IfMatch": '"0123456789abcdef0123456789abcdef"'},
+             "compare-and-swap (If-Match): a replace of a stale version succeeded"),
+        )
         missing = None
         try:
-            try:
-                self._call("write a probe object", c.put_object, Key=full, Body=b"2",
-                           IfNoneMatch="*")
-                missing = ("create-if-absent (If-None-Match: *): a second create of one key "
-                           "succeeded")
-            except ClientError as exc:
-                if not self._is_precondition(exc):
-                    raise
-            if missing is None:
+            for kw, guarantee in refused:
                 try:
-                    self._call("write a probe object", c.put_object, Key=full, Body=b"3",
-                               IfMatch='"0123456789abcdef0123456789abcdef"')
-                    missing = ("compare-and-swap (If-Match): a replace of a stale version "
-                               "succeeded")
+                    self._call("write a probe object", c.put_object, Key=full, **kw)
                 except ClientError as exc:
                     if not self._is_precondition(exc):
                         raise
+                else:
+                    missing = guarantee
+                    break
             if missing is None:
                 self._sweep_probes(full)
         finally:

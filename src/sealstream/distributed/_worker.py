@@ -24,7 +24,7 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
@@ -61,6 +61,9 @@ from sealstream.state.codec import encode_table, sha256_hex
 from sealstream.watermark import WatermarkState
 from sealstream.windows.aggregates import SEQ
 from sealstream.windows.operator import WindowOperator
+
+if TYPE_CHECKING:
+    from sealstream.distributed._follow_read import Opened
 
 
 def to_ipc(frame: pl.DataFrame) -> bytes:
@@ -364,6 +367,17 @@ class ShardWorker:
             self.live = LiveReader(pipeline)
         return self.live.open(q, name, position, from_start)
 
+    def follow_open(self, pipeline: Pipeline, q: int, name: str,
+                    resume: dict[str, Any] | None, nxt: int | None,
+                    file: tuple[int, int] | None, from_start: bool) -> Opened:
+        """Follow the file of partition ``q`` here (:mod:`._follow_read`)."""
+        from sealstream.distributed._follow_read import FollowReader
+
+        if self.live is None:
+            self.live = FollowReader(pipeline)
+        assert isinstance(self.live, FollowReader)
+        return self.live.open_follow(q, name, resume, nxt, file, from_start)
+
     def live_poll(self, q: int, max_records: int, timeout_ms: int) -> Report:
         assert self.live is not None
         return self.live.poll(q, max_records, timeout_ms)
@@ -389,6 +403,9 @@ class ShardWorker:
         self.spans[(q, step)] = spans
         got = publish(self.live.p, q, events, bad, spans, workers, unseen, end,
                       self._grid_op(self.live.p))
+        full = getattr(self.live, "position", None)
+        if full is not None:  # a followed file's full position (its identity)
+            got[0]["position"] = full(q)
         return self._keep_live_bad(q, step, got[0], keep_bad), got[1], got[2]
 
     def _keep_live_bad(self, q: int, step: int, summary: dict[str, Any], keep: bool

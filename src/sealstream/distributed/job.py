@@ -12,9 +12,8 @@ the data plane runs on the workers (:mod:`._steps`, :mod:`._plane`): partition
 rows and its partition's watermark breakpoints through Ray's object store; each
 key's worker (see :mod:`._shard`) gives every row its exact single-process
 watermark and runs the window operator. A live source's steps are planned,
-recorded and replayed here; Kafka partitions and NATS subjects are read by their
-workers (:mod:`.live`), followed files still here, their events sent to the key's
-worker. Hence the output
+recorded and replayed here; Kafka partitions, NATS subjects and followed files are
+read by their workers (:mod:`.live`, :mod:`._follow_read`). Hence the output
 with N workers is the single-process output, and every guarantee of the
 checkpoint protocol (the guard, fallback, refusal, exactly-once sinks) is the
 single-process one.
@@ -163,17 +162,20 @@ class DistributedJob(Job):
     def _start_sources(self, positions: list[SourcePosition]) -> None:
         """Bounded sources: the data plane (:class:`StepPlanner`), partition ``i``
         read and parsed by worker ``i mod N``, rows sent worker to worker. A live
-        source (a broker, or files followed as they grow) is read by the coordinator
-        through the live runtime's recorded steps (its order and plans are the
-        single-process ones); only the window state is sharded."""
+        source (a broker, or files followed as they grow) is planned by the
+        coordinator through the live runtime's recorded steps (its order and plans
+        are the single-process ones) and read by the partitions' workers; a
+        several-source union is still read here (only its window state sharded)."""
         actors = self._workers()
-        if self.live and live_on_workers(self.p):  # brokers: each partition's worker reads it
+        if self.live and live_on_workers(self.p):  # each partition's worker reads it
             from functools import partial
 
             from sealstream._runtime.live import open_live
+            from sealstream.distributed._follow_read import FollowPlanner, following
 
+            planner = FollowPlanner if following(self.p) else LivePlanner
             merger = open_live(self, positions, partial(
-                LivePlanner, actors=actors, pipeline=self.p,
+                planner, actors=actors, pipeline=self.p,
                 unseen=lambda: self.unseen_fields, job=self))
             self.merger = merger  # type: ignore[assignment]
             self.names = merger.names  # grows as partitions appear

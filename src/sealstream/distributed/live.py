@@ -44,13 +44,17 @@ from sealstream.sources._base import BAD_SCHEMA, Chunk, PartitionPosition
 from sealstream.sources._live import empty_chunk
 from sealstream.watermark import POS_INF
 
-#: live source kinds whose partitions the workers read themselves (followed files are
-#: still read by the coordinator: their positions carry the file's identity)
+#: live source kinds whose partitions the workers read themselves (and followed
+#: files, ``follow = true``: :mod:`._follow_read`)
 ON_WORKERS = ("kafka", "nats")
+#: file kinds that can be followed, each file read by its owner worker
+FOLLOWED_ON_WORKERS = ("jsonl", "csv")
 
 
 def live_on_workers(pipeline: Pipeline) -> bool:
-    return pipeline.source.live and pipeline.source.kind in ON_WORKERS
+    src = pipeline.source
+    return src.live and (src.kind in ON_WORKERS or (
+        src.kind in FOLLOWED_ON_WORKERS and bool(getattr(src, "follow", False))))
 
 
 class _Remote:

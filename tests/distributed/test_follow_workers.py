@@ -387,3 +387,43 @@ def test_a_worker_node_without_the_files_stops_with_one_line(tmp_path: Path) -> 
     assert "\n" not in text
     assert f"followed file {APP!r} is not readable on node" in text
     assert str(d / APP) in text and "same path" in text
+
+
+def test_the_owner_reports_a_full_position_that_resumes_exactly(tmp_path: Path) -> None:
+    """The owner's side alone (no Ray): a range cut inside a poll reports a full
+    position (the file's identity, a byte offset) at or before the range's end, from
+    which a fresh reader (a restarted worker) reads on exactly at the next line; and a
+    quiet file polled again and again keeps no more positions than it read."""
+    from sealstream import load_spec
+    from sealstream.distributed._follow_read import FollowReader, _Tracked
+
+    d = tmp_path / "job"
+    (d / "in").mkdir(parents=True)
+    (d / APP).write_text(_app_lines(0, 10))
+    _rotation_spec(d, "never", paths=[APP])
+    pipeline = load_spec(d / "spec.toml")
+    reader = FollowReader(pipeline)
+    reader.open_follow(0, APP, None, None, None, False)
+    assert reader.poll(0, 10, 0) == (10, 0, 9)
+    events, _, _ = reader.take(0, APP, 0, 4, 10, 20)
+    assert events["__off"].to_list() == [0, 1, 2, 3]
+    pos = reader.position(0)
+    assert pos is not None and pos["offset"] <= 4 and "ino" in pos["identity"]
+    for _ in range(50):  # nothing new: no position kept for each poll
+        reader.poll(0, 10, 0)
+    events, _, _ = reader.take(0, APP, 4, 10, 10, 20)
+    assert events["__off"].to_list() == [4, 5, 6, 7, 8, 9]
+    for _ in range(50):
+        reader.poll(0, 10, 0)
+    held = reader.held[0].part
+    assert isinstance(held, _Tracked) and len(held.marks) <= 2, held.marks
+    reader.close()
+
+    again = FollowReader(pipeline)  # a restarted owner, from the reported position
+    at, _, _ = again.open_follow(0, APP, pos, 4, None, False)
+    assert at == 4
+    with (d / APP).open("a") as f:
+        f.write(_app_lines(10, 12))
+    events, _, _ = again.take(0, APP, 4, 12, 10, 20)
+    assert events["__off"].to_list() == list(range(4, 12))
+    again.close()

@@ -65,7 +65,9 @@ class _Tracked:
 
     def poll(self, max_records: int, timeout_ms: int) -> Chunk | None:
         got = self.part.poll(max_records, timeout_ms)
-        self.marks.append(self.part.position)
+        now = self.part.position
+        if now != self.marks[-1]:  # (a quiet file's polls add nothing)
+            self.marks.append(now)
         return got
 
     def seek(self, position: int) -> None:

@@ -427,3 +427,35 @@ def test_the_owner_reports_a_full_position_that_resumes_exactly(tmp_path: Path) 
     events, _, _ = again.take(0, APP, 4, 12, 10, 20)
     assert events["__off"].to_list() == list(range(4, 12))
     again.close()
+
+
+def test_the_owner_reports_the_new_file_of_a_rotation_read_past(tmp_path: Path) -> None:
+    """A rotation polled past while the step's range ends in the old file: the resume
+    position stays in the old file, and the owner also reports the new file it reads
+    (with the old one retired), so the coordinator's discovery knows both at once (a
+    renamed file matching the glob is never a new partition, even after a second
+    rotation within the step)."""
+    from sealstream import load_spec
+    from sealstream.distributed._follow_read import FollowReader
+
+    d = tmp_path / "job"
+    (d / "in").mkdir(parents=True)
+    (d / APP).write_text(_app_lines(0, 10))
+    _rotation_spec(d, "never")
+    reader = FollowReader(load_spec(d / "spec.toml"))
+    reader.open_follow(0, APP, None, None, None, False)
+    reader.poll(0, 10, 0)
+    reader.take(0, APP, 0, 10, 10, 20)
+    old = reader.position(0)
+    assert old is not None and reader.reading(0) is None
+    os.rename(d / APP, d / "in" / "app.jsonl.1")
+    (d / APP).write_text(_app_lines(10, 15))
+    assert reader.poll(0, 10, 0) == (15, 10, 14)
+    events, _, _ = reader.take(0, APP, 10, 12, 10, 20)
+    assert events["__off"].to_list() == [10, 11]
+    resume, now = reader.position(0), reader.reading(0)
+    assert resume is not None and now is not None
+    assert resume["identity"]["ino"] == old["identity"]["ino"]
+    assert now["identity"]["ino"] == (d / APP).stat().st_ino
+    assert [r[1] for r in now["identity"]["retired"]] == [old["identity"]["ino"]]
+    reader.close()

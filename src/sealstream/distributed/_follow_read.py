@@ -163,6 +163,16 @@ class FollowReader(LiveReader):
         assert isinstance(h.part, _Tracked)
         return h.part.resume(h.next).to_json()
 
+    def reading(self, q: int) -> dict[str, Any] | None:
+        """Partition ``q``'s position after all it polled, when it is in another file
+        than the one to resume from (a rotation read past: the coordinator's discovery
+        must know the new file and the retired one now); else None."""
+        h = self.held[q]
+        assert isinstance(h.part, _Tracked)
+        first, last = h.part.marks[0], h.part.marks[-1]
+        same = all(first.identity.get(k) == last.identity.get(k) for k in ("dev", "ino"))
+        return None if same else last.to_json()
+
 
 def _not_here(pipeline: Pipeline, name: str) -> str:
     return (f"followed file {name!r} is not readable on node {socket.gethostname()} "
@@ -216,6 +226,9 @@ class FollowPlanner(LivePlanner):
                 c = self.cursors[q]
                 c.resume = c.after = full
                 self._note(q, full)
+            ahead = summary.get("reading")
+            if ahead is not None:  # its owner reads a newer file (after a rotation)
+                self._note(q, PartitionPosition.from_json(ahead))
         return super()._step_batch(plan, got, refs)
 
     def _note(self, q: int, pos: PartitionPosition, opened: bool = False) -> None:

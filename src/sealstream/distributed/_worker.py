@@ -406,6 +406,7 @@ class ShardWorker:
         full = getattr(self.live, "position", None)
         if full is not None:  # a followed file's full position (its identity)
             got[0]["position"] = full(q)
+            got[0]["reading"] = self.live.reading(q)  # type: ignore[attr-defined]
         return self._keep_live_bad(q, step, got[0], keep_bad), got[1], got[2]
 
     def _keep_live_bad(self, q: int, step: int, summary: dict[str, Any], keep: bool

@@ -459,3 +459,54 @@ def test_the_owner_reports_the_new_file_of_a_rotation_read_past(tmp_path: Path) 
     assert now["identity"]["ino"] == (d / APP).stat().st_ino
     assert [r[1] for r in now["identity"]["retired"]] == [old["identity"]["ino"]]
     reader.close()
+
+
+@pytest.mark.parametrize("deleted", [False, True])
+def test_a_rotation_while_a_worker_run_was_stopped(ray_cluster: Any, tmp_path: Path,
+                                                   deleted: bool) -> None:
+    """Rotated while the job was stopped, resumed with workers: the owner finds the
+    checkpoint's file under its new name by its identity and reads it to its end
+    first; deleted, the unread tail is refused as expired data with the
+    single-process line (exit 1), never skipped."""
+    import re
+
+    d = tmp_path / "job"
+    (d / "in").mkdir(parents=True)
+    a, b, new = _app_lines(0, 100), _app_lines(100, 150), _app_lines(150, 170)
+    (d / APP).write_text(a)
+    _rotation_spec(d, "never")
+    _rotation_spec(d, "end", name="end.toml")
+    proc, log = _start(d, ray_cluster)
+    try:
+        _wait_window(d, proc, 9_000)
+        proc.send_signal(signal.SIGTERM)
+        rc, _ = _exit(proc, log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rc == 0, "".join(log.seen)
+    with open(d / APP, "a") as f:
+        f.write(b)
+    os.rename(d / APP, d / "in" / "app.jsonl.1")
+    (d / APP).write_text(new)
+    if deleted:
+        (d / "in" / "app.jsonl.1").unlink()
+    proc, log = _start(d, ray_cluster, "end.toml")
+    rc, errors = _exit(proc, log)
+    if deleted:
+        assert rc == 1, "".join(log.seen)
+        assert len(errors) == 1, errors
+        assert re.search(r"partition 'in/app.jsonl': the saved position 100 \(byte \d+\) "
+                         r"belongs to a file .* rotated away .* is gone", errors[0]), errors
+        assert "--start-over" in errors[0]
+        return
+    assert rc == 0, "".join(log.seen)
+    got = committed(d)
+    ref = tmp_path / "ref"
+    (ref / "in").mkdir(parents=True)
+    (ref / APP).write_text(a + b + new)
+    _rotation_spec(ref, "end", follow=False, paths=[APP])
+    run_quiet(ref, timeout=PATIENCE_S)
+    assert got == committed(ref)
+    assert sum(json.loads(t)["n"] for t in got["out"]) == 170

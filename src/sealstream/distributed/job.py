@@ -79,7 +79,7 @@ from sealstream.distributed._sinks import (
 from sealstream.distributed._steps import StepBatch, StepPlanner
 from sealstream.distributed._worker import from_ipc, to_ipc
 from sealstream.distributed.live import LivePlanner, live_on_workers
-from sealstream.errors import CheckpointError
+from sealstream.errors import CheckpointError, SpecError
 from sealstream.pipeline import Pipeline
 from sealstream.sources._base import KEY, KEY_IS_INT, OFFSET, PARTITION
 from sealstream.state import incremental
@@ -111,6 +111,11 @@ class DistributedJob(Job):
         n = workers if workers is not None else pipeline.workers
         if n is None or n < 1:
             raise ValueError(f"workers must be a positive integer, got {n!r}")
+        if pipeline.archive is not None:  # before Ray starts: nothing is touched
+            raise SpecError(
+                "[archive] is not supported with --workers yet (the workers read the "
+                "source, and no worker writes archive segments): run the job on one "
+                "process, or remove [archive]")
         self.workers = n
         self.address = address
         self.max_restarts = max_restarts

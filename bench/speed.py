@@ -88,10 +88,12 @@ def run_polars(kind: str, files: list[Path]) -> float:
 
 
 def run_kafka(wd: Path, src: Path, bootstrap: str, topic: str, events: int,
-              prefetch: int = 0, out_topic: str | None = None) -> float:
+              prefetch: int = 0, out_topic: str | None = None) -> tuple[float, float]:
     """``sealstream run`` of the standard job on ``topic`` with the sources under
-    ``src``: events/s of its summary (events over the engine's time). ``out_topic``:
-    the results go exactly once into that topic (Kafka -> Kafka) instead of files."""
+    ``src``: events/s of its summary (events over the engine's time), and the CPU
+    seconds of the whole process (user + system, every thread, start-up included).
+    ``out_topic``: the results go exactly once into that topic (Kafka -> Kafka)
+    instead of files."""
     from sealstream.testing.specs import JSONL_OUT, spec_text
 
     for sub in ("out", "ckpt"):
@@ -107,11 +109,25 @@ def run_kafka(wd: Path, src: Path, bootstrap: str, topic: str, events: int,
     if r.returncode != 0:
         raise RuntimeError(f"sealstream run failed: {(wd / 'run.log').read_text()[-400:]}")
     summary = json.loads((wd / "summary.json").read_text())
-    return events / float(summary["seconds"])
+    return events / max(float(summary["seconds"]), 1e-9), r.cpu_s
+
+
+def fetch_only_cpu(bootstrap: str, topic: str) -> tuple[float, float]:
+    """The fetch-only loop of ``bench.live``: events/s and its CPU seconds (this
+    process's user + system time over the loop, librdkafka's threads included)."""
+    import resource
+
+    from bench.live import fetch_only
+
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    n, secs = fetch_only(bootstrap, topic, 3)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return n / secs, cpu
 
 
 def kafka_main(args: argparse.Namespace) -> int:
-    from bench.live import fetch_only, produce_files
+    from bench.live import produce_files
     from sealstream.testing.brokers import KafkaBroker, create_topic
 
     w = Workload(events=args.events, keys=10_000, partitions=3, disorder_ms=800,
@@ -124,13 +140,20 @@ def kafka_main(args: argparse.Namespace) -> int:
     load_before = os.getloadavg()
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     rates: dict[str, list[float]] = {}
+    cpus: dict[str, list[float]] = {}
     try:
         topic = f"speed-{args.events}"
         create_topic(broker.bootstrap, topic, 3)
         produced = produce_files(broker.bootstrap, topic, files)
+        # the CPU a run spends without events (imports, spec, store, clients, exit):
+        # subtracted from each run's CPU to compare the engine's with the loop's
+        empty = f"speed-empty-{args.events}"
+        create_topic(broker.bootstrap, empty, 3)
+        idle_cpu = statistics.median(
+            run_kafka(wk / "empty", ROOT / "src", broker.bootstrap, empty, 1)[1]
+            for _ in range(args.repeat))
         contenders: list[tuple[str, Any]] = [
-            ("fetch-only loop", lambda: (lambda n_s: n_s[0] / n_s[1])(
-                fetch_only(broker.bootstrap, topic, 3)))]
+            ("fetch-only loop", lambda: fetch_only_cpu(broker.bootstrap, topic))]
         if args.before is not None:
             contenders.append(("sealstream before", lambda: run_kafka(
                 wk / "before", args.before.resolve(), broker.bootstrap, topic, produced)))
@@ -140,7 +163,7 @@ def kafka_main(args: argparse.Namespace) -> int:
             wk / "ahead", ROOT / "src", broker.bootstrap, topic, produced, prefetch=1)))
         out_topics: list[str] = []
 
-        def kafka_to_kafka() -> float:
+        def kafka_to_kafka() -> tuple[float, float]:
             out_topics.append(f"{topic}-out-{len(out_topics)}")  # a fresh topic per run
             create_topic(broker.bootstrap, out_topics[-1], 3)
             return run_kafka(wk / "k2k", ROOT / "src", broker.bootstrap, topic, produced,
@@ -149,14 +172,20 @@ def kafka_main(args: argparse.Namespace) -> int:
         contenders.append(("sealstream now, Kafka -> Kafka", kafka_to_kafka))
         for i in range(args.repeat):
             for name, fn in contenders:
-                rate = fn()
+                rate, cpu = fn()
+                if name != "fetch-only loop":
+                    cpu = max(0.0, cpu - idle_cpu)
                 rates.setdefault(name, []).append(rate)
-                print(f"[{i + 1}/{args.repeat}] {name}: {rate:,.0f} events/s", flush=True)
+                cpus.setdefault(name, []).append(cpu)
+                print(f"[{i + 1}/{args.repeat}] {name}: {rate:,.0f} events/s, "
+                      f"{cpu:.2f} CPU s", flush=True)
     finally:
         broker.stop()
     load_after = os.getloadavg()
     med = {k: statistics.median(v) for k, v in rates.items()}
+    cpu_med = {k: statistics.median(v) for k, v in cpus.items()}
     loop = med["fetch-only loop"]
+    loop_cpu = cpu_med["fetch-only loop"]
     lines = [
         "# Live path: Kafka -> files against the fetch-only loop (side by side)",
         "",
@@ -165,12 +194,19 @@ def kafka_main(args: argparse.Namespace) -> int:
         f"`stop = \"end\"`; alternating, median of {args.repeat}. Load average (1 min) "
         f"{load_before[0]:.2f} at the start, {load_after[0]:.2f} at the end (2 cores, "
         "shared). The runs' rate is their summary's (events over the engine's time).",
+        f"CPU: user + system seconds of every thread (the loop's over the loop; a run's "
+        f"whole process less {idle_cpu:.2f} s, the median CPU of the same run on an "
+        "empty topic: start-up and exit); the CPU ratio (loop CPU / contender CPU) is "
+        "what the rate ratio would be on a machine with a core to spare for nobody else, "
+        "and moves much less with the load than the rates do.",
         "",
-        "| reader | events/s (median) | vs fetch-only loop | runs, events/s |",
-        "| --- | ---: | ---: | --- |",
+        "| reader | events/s (median) | vs fetch-only loop | CPU s (median) | "
+        "CPU ratio | runs, events/s |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
     ]
     for name, v in rates.items():
         lines.append(f"| {name} | {med[name]:,.0f} | {med[name] / loop:.2f} | "
+                     f"{cpu_med[name]:.2f} | {loop_cpu / max(cpu_med[name], 1e-9):.2f} | "
                      f"{', '.join(f'{x:,.0f}' for x in v)} |")
     now = med["sealstream now"] / loop
     k2k = med["sealstream now, Kafka -> Kafka"] / med["sealstream now"]
@@ -182,7 +218,8 @@ def kafka_main(args: argparse.Namespace) -> int:
     (args.out / "speed-kafka.md").write_text("\n".join(lines) + "\n")
     (args.out / "speed-kafka.json").write_text(json.dumps(
         {"started": started, "events": produced, "load": [load_before, load_after],
-         "rates": rates, "median": med}, indent=2) + "\n")
+         "rates": rates, "median": med, "cpu_s": cpus, "idle_cpu_s": idle_cpu},
+        indent=2) + "\n")
     print("\n".join(lines))
     return 0
 

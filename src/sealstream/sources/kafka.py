@@ -56,8 +56,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import is_not
+from itertools import compress, repeat
+from operator import is_, is_not
 from typing import Any, Literal
 
 import numpy as np
@@ -352,10 +352,13 @@ class KafkaPartition:
         # frame per record
         errors = list(map(Message.error, msgs))
         # (not errors.count(None): a KafkaError compared with None raises inside C)
-        errs = [] if not any(map(is_not, errors, repeat(None))) else [
-            m for m, e in zip(msgs, errors, strict=True) if e is not None]
-        if errs:
-            msgs = [m for m in msgs if m.error() is None]
+        errs: list[Any] = []
+        if any(map(is_not, errors, repeat(None))):
+            # the end of a partition comes as an error message after its last record
+            # (every backfill's last fetch): split with C-level iterators, not a Python
+            # frame per record
+            errs = list(compress(msgs, map(is_not, errors, repeat(None))))
+            msgs = list(compress(msgs, map(is_, errors, repeat(None))))
             for m in errs:
                 code = m.error().code()
                 if code == KafkaError._PARTITION_EOF:

@@ -16,8 +16,8 @@ Reading:
   parser (:mod:`sealstream.sources._values`). With
   ``SEALSTREAM_KAFKA_PREFETCH=1`` each partition does this one chunk ahead on a
   thread of its own while the run works on the previous chunk
-  (:mod:`._kafka_prefetch`; off by default: slower where measured); positions are
-  those of what was handed out. Offsets may have gaps
+  (:mod:`._kafka_prefetch`; off by default: slower, and more CPU, where measured);
+  positions are those of what was handed out. Offsets may have gaps
   (transaction markers, aborted records): when the consumer reaches the end of
   what is readable it learns the end offset and the position moves there.
 - Start modes (when a partition has no saved position): ``earliest`` (the log

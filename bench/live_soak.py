@@ -16,8 +16,9 @@ time = the writer's wall clock, 1,000 keys); ``sealstream run`` follows it
   and over the whole run; target: the end within 10 % of the first.
 
 ``--events`` defaults to a reduced 300,000 (a loaded 2-core machine); ``--full`` is
-the issue's 10,000,000 (about 3 hours at the default rate). Results go to
-``bench/results/live_soak.md`` and ``.json``.
+the issue's 10,000,000 (about 3 hours at the default rate; ``--rate 5000``: about
+35 minutes). Results go to ``bench/results/live_soak.md`` and ``.json``
+(``--full``: ``live_soak-full.md`` and ``.json``), with the load average at the end.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     w = threading.Thread(target=writer, args=(src, a.rate, events, done), daemon=True)
     w.start()
     seen: dict[int, float] = {}  # window_end -> when first seen committed
-    offsets: dict[Path, int] = {}
+    read_parts: set[str] = set()
     peak_first = peak_all = 0
     samples: list[tuple[float, int, int]] = []
     t0 = last_sample = time.time()
@@ -114,14 +115,16 @@ def main(argv: list[str] | None = None) -> int:
             if proc.poll() is not None:
                 raise SystemExit(f"the job ended: {proc.stderr.read() if proc.stderr else ''}")
             now = time.time()
-            for f in sorted((WORK / "out").glob("part-*.jsonl")):
-                at = offsets.get(f, 0)
-                with open(f, "rb") as fh:
-                    fh.seek(at)
-                    data = fh.read()
-                cut = data.rfind(b"\n") + 1
-                offsets[f] = at + cut
-                for line in data[:cut].splitlines():
+            # a committed part file is complete (renamed into place) and never changes:
+            # read each new one once (re-reading thousands of them every 20 ms would
+            # take a core from the job by the end of a 10M run)
+            out = WORK / "out"
+            names = os.listdir(out) if out.is_dir() else []
+            for name in sorted(set(names) - read_parts):
+                if not (name.startswith("part-") and name.endswith(".jsonl")):
+                    continue
+                read_parts.add(name)
+                for line in (out / name).read_bytes().splitlines():
                     end = int(json.loads(line)["window_end"])
                     seen.setdefault(end, now)
             if now - last_sample >= 0.2:
@@ -155,8 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         "samples": samples[:: max(1, len(samples) // 50)],
     }
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "live_soak.json").write_text(json.dumps(res, indent=1) + "\n")
-    (a.out / "live_soak.md").write_text(
+    # the full run has files of its own: the reduced run's stay beside it
+    stem = "live_soak-full" if a.full else "live_soak"
+    load = os.getloadavg()
+    (a.out / f"{stem}.json").write_text(json.dumps({**res, "load_end": load}, indent=1) + "\n")
+    (a.out / f"{stem}.md").write_text(
         "# Live latency and memory (followed JSONL file)\n\n"
         f"{events:,} events at {a.rate:,}/s ({'reduced run' if not a.full else 'full run'}; "
         "a shared, loaded 2-core machine). `python -m bench.live_soak"
@@ -166,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         f"(target p99 < {res['latency_target_s']} s)\n"
         f"- peak RSS after the first {first:,} events: {res['rss_peak_first_mb']} MB; over "
         f"the whole run: {res['rss_peak_end_mb']} MB (growth {res['rss_growth']}, target "
-        "<= 0.10)\n")
+        "<= 0.10)\n"
+        f"- load average at the end (1, 5, 15 min): {load[0]:.2f}, {load[1]:.2f}, "
+        f"{load[2]:.2f}\n")
     print(json.dumps({k: v for k, v in res.items() if k != "samples"}))
     return 0
 

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -212,7 +212,9 @@ class ValueParser:
             return empty_chunk(self.plan, next_position)
         if len(positions) != n:
             raise ValueError(f"{n} values but {len(positions)} positions")
-        vals = [v if v else b"null" for v in values]
+        # an empty value is a bad record: "null" keeps its line (all() is a C loop)
+        vals: list[bytes] = (cast("list[bytes]", list(values)) if all(values)
+                             else [v if v else b"null" for v in values])
         buf = b"\n".join(vals) + b"\n"
         broken: dict[int, str] = {}  # value index -> reason (raw newline in a string)
         if buf.count(b"\n") != n or b"\r" in buf:
@@ -341,9 +343,13 @@ def _raw_newlines(vals: list[bytes]) -> dict[int, str]:
 
 
 def _fill_blank(buf: bytes, vals: list[bytes]) -> bytes:
-    """Whitespace-only values would be blank lines (not records): make them null."""
-    if b"\n\n" not in buf and not buf.startswith(b"\n") and b" \n" not in buf \
-            and b"\t\n" not in buf:
+    """Whitespace-only values would be blank lines (not records): make them null.
+
+    ``buf`` is ``vals`` joined, one newline after each, and holds no other newline
+    and no empty value (the caller's checks): a blank line can only be a value of
+    spaces or tabs, which ends in one before its newline. (No search for an empty
+    line: each newline would be a candidate, a slow scan of every poll's buffer.)"""
+    if b" \n" not in buf and b"\t\n" not in buf:
         return buf
     vals = [v if v.strip() else b"null" for v in vals]
     return b"\n".join(vals) + b"\n"

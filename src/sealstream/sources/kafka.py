@@ -16,8 +16,8 @@ Reading:
   parser (:mod:`sealstream.sources._values`). With
   ``SEALSTREAM_KAFKA_PREFETCH=1`` each partition does this one chunk ahead on a
   thread of its own while the run works on the previous chunk
-  (:mod:`._kafka_prefetch`; off by default: slower where measured); positions are
-  those of what was handed out. Offsets may have gaps
+  (:mod:`._kafka_prefetch`; off by default: slower, and more CPU, where measured);
+  positions are those of what was handed out. Offsets may have gaps
   (transaction markers, aborted records): when the consumer reaches the end of
   what is readable it learns the end offset and the position moves there.
 - Start modes (when a partition has no saved position): ``earliest`` (the log
@@ -56,8 +56,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import is_not
+from itertools import compress, repeat
+from operator import is_, is_not
 from typing import Any, Literal
 
 import numpy as np
@@ -352,10 +352,13 @@ class KafkaPartition:
         # frame per record
         errors = list(map(Message.error, msgs))
         # (not errors.count(None): a KafkaError compared with None raises inside C)
-        errs = [] if not any(map(is_not, errors, repeat(None))) else [
-            m for m, e in zip(msgs, errors, strict=True) if e is not None]
-        if errs:
-            msgs = [m for m in msgs if m.error() is None]
+        errs: list[Any] = []
+        if any(map(is_not, errors, repeat(None))):
+            # the end of a partition comes as an error message after its last record
+            # (every backfill's last fetch): split with C-level iterators, not a Python
+            # frame per record
+            errs = list(compress(msgs, map(is_not, errors, repeat(None))))
+            msgs = list(compress(msgs, map(is_, errors, repeat(None))))
             for m in errs:
                 code = m.error().code()
                 if code == KafkaError._PARTITION_EOF:

@@ -224,3 +224,25 @@ def test_sqlite_results_stay_on_the_coordinator(ray_cluster: Any, tmp_path: Path
         assert _by_worker(tokens) == {"coordinator"}, tokens
     _assert_same_rows([tuple(None if v is None else str(v) for v in r) for r in got["dist"]],
                       [tuple(None if v is None else str(v) for v in r) for r in got["ref"]])
+
+
+def test_postgres_decimal_results_of_two_workers_are_one_process_exactly(
+        ray_cluster: Any, pg_url: str, tmp_path: Path) -> None:
+    """Sums, minima, maxima and means of a decimal field, in NUMERIC columns: the
+    workers' rows are one process's, digit for digit (each worker's table sink knows the
+    field is a decimal, as the coordinator's does)."""
+    from test_decimals import _input
+    from test_decimals import write_spec as decimal_spec
+
+    for label, workers in (("ref", None), ("dist", 2)):
+        d = tmp_path / label
+        d.mkdir()
+        sink = (f'kind = "postgresql"\nurl = {json.dumps(pg_url)}\n'
+                f'table = "{label}_results"')
+        spec = decimal_spec(d, _input(d, events=900), sink=sink, checkpoint='path = "ckpt"',
+                            every_events=300, max_delay_ms=2000)
+        job = _run(spec, workers)
+    assert sum(job.merger.output_bytes) == 0
+    assert _by_worker(_tokens(pg_url, "dist_results")) == {"w0", "w1"}
+    want = _rows(pg_url, "ref_results")
+    assert want and _rows(pg_url, "dist_results") == want

@@ -79,7 +79,7 @@ class WorkerResults:
                  keep_ids: bool = True) -> None:
         """``keep_ids``: keep the results' identities for the receipts (a run with
         checkpoints)."""
-        funcs = {a.name: a.result_kind for a in pipeline.parsed_aggregates}
+        funcs = pipeline.result_kinds()  # a decimal field's: "decimal" (database columns)
         self.sink = open_sink(pipeline.sink, "results", run_token, funcs)
         if not stages_on_workers(self.sink):
             raise RuntimeError(f"{pipeline.sink.kind} results are not staged per worker")

@@ -246,3 +246,35 @@ def test_postgres_decimal_results_of_two_workers_are_one_process_exactly(
     assert _by_worker(_tokens(pg_url, "dist_results")) == {"w0", "w1"}
     want = _rows(pg_url, "ref_results")
     assert want and _rows(pg_url, "dist_results") == want
+
+
+def test_coordinator_killed_between_the_workers_commits_then_rescaled(
+        ray_cluster: Any, pg_url: str, tmp_path: Path) -> None:
+    """``run --workers 2`` SIGKILLs itself after worker 0 committed its share of an
+    epoch and before worker 1 did (the manifest naming both is published); ``--workers
+    3`` resumes: the recovery finds worker 0's share recorded, commits worker 1's from
+    its staging row, and the table equals one process's, the third worker committing
+    its own shares."""
+    import subprocess
+
+    names = make_input(tmp_path / "ref", events=EVENTS, bad_every=97)
+    _run(_db_spec(tmp_path / "ref", names, pg_url, "ref_results"), None)
+    d = tmp_path / "dist"
+    make_input(d, events=EVENTS, bad_every=97)
+    spec = _db_spec(d, names, pg_url, "dist_results")
+    env = dict(os.environ, SEALSTREAM_CRASH_AT="after_commit_worker_part:3")
+    proc = subprocess.run(
+        [sys.executable, "-m", "sealstream", "run", str(spec), "--quiet", "--workers", "2",
+         "--ray", ray_cluster.address],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, timeout=600)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    staged = _staged(pg_url, "dist_results")
+    assert _by_worker(staged) == {"w1"}, staged
+    epoch = staged[0].split("-", 1)[0]
+    assert any(t.startswith(epoch) and t.endswith("w0") for t in _tokens(pg_url, "dist_results"))
+    job = _run(spec, 3)
+    assert job.resumed_from is not None
+    assert staged[0] in _tokens(pg_url, "dist_results")
+    assert "w2" in _by_worker(_tokens(pg_url, "dist_results"))
+    assert _staged(pg_url, "dist_results") == []
+    _assert_same_rows(_rows(pg_url, "dist_results"), _rows(pg_url, "ref_results"))

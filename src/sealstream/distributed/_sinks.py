@@ -39,6 +39,7 @@ from typing import Any
 
 import polars as pl
 
+from sealstream.distributed._db_sinks import setup_worker_db, stages_db_on_workers, token_worker
 from sealstream.distributed._receipts import EpochIds
 from sealstream.pipeline import Pipeline
 from sealstream.sinks import open_sink
@@ -63,8 +64,9 @@ def worker_run_token(run_token: str, index: int) -> str:
 
 def stages_on_workers(sink: Sink) -> bool:
     """The outputs whose epochs the workers stage themselves: JSON Lines and Parquet,
-    in a directory or as objects under an ``s3://`` prefix."""
-    return isinstance(sink, STAGED_KINDS)
+    in a directory or as objects under an ``s3://`` prefix; PostgreSQL results
+    (:mod:`._db_sinks`)."""
+    return isinstance(sink, STAGED_KINDS) or stages_db_on_workers(sink)
 
 
 class WorkerResults:
@@ -77,11 +79,14 @@ class WorkerResults:
                  keep_ids: bool = True) -> None:
         """``keep_ids``: keep the results' identities for the receipts (a run with
         checkpoints)."""
-        funcs = {a.name: a.result_kind for a in pipeline.parsed_aggregates}
+        funcs = pipeline.result_kinds()  # a decimal field's: "decimal" (database columns)
         self.sink = open_sink(pipeline.sink, "results", run_token, funcs)
-        if not isinstance(self.sink, STAGED_KINDS):
+        if not stages_on_workers(self.sink):
             raise RuntimeError(f"{pipeline.sink.kind} results are not staged per worker")
-        self.sink.key_fields = pipeline.source.key_fields
+        if isinstance(self.sink, STAGED_KINDS):
+            self.sink.key_fields = pipeline.source.key_fields
+        else:  # PostgreSQL
+            setup_worker_db(self.sink, pipeline)
         self.sort = sort
         self.op = WindowOperator(pipeline)  # its own: finalising reads no shared state
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="results")
@@ -176,6 +181,9 @@ class WorkerPartsSink(Sink):
         for t in tokens:
             m = _WORKER_RUN.fullmatch(t)
             i = int(m.group(1)) if m else -1
+            if m is None:  # a database token staged by a worker (:mod:`._db_sinks`)
+                w = token_worker(t)
+                i = -1 if w is None else w
             if 0 <= i < len(actors):
                 by_worker.setdefault(i, []).append(t)
             else:

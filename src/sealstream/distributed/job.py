@@ -3,8 +3,9 @@
 The coordinator (this process) is the single-process :class:`~sealstream.Job`
 as the control plane: it plans steps, keeps the watermark state, stages output
 in the sinks and writes the checkpoints, as on one process (except results in a
-JSON Lines or Parquet directory of a bounded run or of a live run read by the
-workers (Kafka, NATS), which each worker stages and commits itself: :mod:`._sinks`;
+JSON Lines or Parquet directory or in a PostgreSQL table, of a bounded run or of a
+live run read by the workers (Kafka, NATS), which each worker stages and commits
+itself: :mod:`._sinks`, :mod:`._db_sinks`;
 late events and bad records in such directories are staged by the partitions'
 readers: :mod:`._records`). For bounded sources
 the data plane runs on the workers (:mod:`._steps`, :mod:`._plane`): partition

@@ -91,6 +91,7 @@ def _run(files: list[Path], every: int, workers: int | None, label: str,
         t0 = time.perf_counter()
         warm = acquire(workers)
         cpu0 = ray.get([a.cpu_s.remote() for a in warm])
+        ray.get([a.phase_times.remote() for a in warm])
         release(warm, healthy=True)
         start_s = time.perf_counter() - t0
     job: Any = Job(pipeline) if workers is None else DistributedJob(pipeline, workers=workers)
@@ -100,10 +101,13 @@ def _run(files: list[Path], every: int, workers: int | None, label: str,
     coord_cpu = time.process_time() - c0
     wall = time.perf_counter() - t0
     worker_cpu = 0.0
+    phases: dict[str, tuple[int, float, float]] = {}
     if warm:
         import ray
 
         worker_cpu = sum(ray.get([a.cpu_s.remote() for a in warm])) - sum(cpu0)
+        phases = _merge([*ray.get([a.phase_times.remote() for a in warm]),
+                         getattr(getattr(job.merger, "phases", None), "totals", {})])
     rss = [_peak_rss_mb(p) for p in getattr(job.operator, "pids", [])]
     steps = getattr(job.merger, "step_bytes", None)
     rows_bytes = getattr(job.merger, "output_bytes", None)
@@ -120,7 +124,33 @@ def _run(files: list[Path], every: int, workers: int | None, label: str,
             "steps": len(steps) if steps else None,
             "events": summary.counters.events, "ckpts": ck["count"],
             "ck_ms": ck["mean_ms"], "ck_blocking_ms": ck["mean_blocking_ms"],
-            "ck_bytes": ck["mean_bytes"], "worker_rss_mb": rss, "output": _output(d)}
+            "ck_bytes": ck["mean_bytes"], "worker_rss_mb": rss, "output": _output(d),
+            "phases": phases}
+
+
+def _merge(parts: list[Any]) -> dict[str, tuple[int, float, float]]:
+    """Phase totals of every worker (and the coordinator) added up."""
+    out: dict[str, list[float]] = {}
+    for part in parts:
+        for name, v in part.items():
+            t = out.setdefault(name, [0.0, 0.0, 0.0])
+            for i in range(3):
+                t[i] += float(v[i])
+    return {k: (int(v[0]), v[1], v[2]) for k, v in sorted(out.items())}
+
+
+def _profile(runs: list[dict[str, Any]]) -> list[str]:
+    """Where the time of the runs with workers went, per phase (all workers added)."""
+    with_phases = [r for r in runs if r.get("phases")]
+    if not with_phases:
+        return []
+    lines = ["| config | phase | calls | wall s | CPU s | CPU us / event |",
+             "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for r in with_phases:
+        for name, (calls, wall, cpu) in r["phases"].items():
+            lines.append(f"| {r['label']} | {name} | {calls} | {wall:.2f} | {cpu:.2f} | "
+                         f"{1e6 * cpu / max(1, r['events']):.2f} |")
+    return lines
 
 
 def _kafka_runs(w: Any, events: int, every: int, rounds: int = 1
@@ -187,6 +217,10 @@ def _table(runs: list[dict[str, Any]]) -> list[str]:
 
 
 KAFKA_HEADING = "## Kafka source"
+PROFILE_NOTE = ("Where the time of the runs with workers went, per phase of a step, all "
+                "workers added up (and the coordinator's waits): calls, wall seconds, the "
+                "process's CPU seconds during the phase (Polars' threads included) and "
+                "that CPU per event of the run.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -245,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         for i, pair in enumerate(kafka):
             section += [f"Round {i + 1}:", "", *_table(pair), ""]
+        section += [PROFILE_NOTE, "", *_profile([r for pair in kafka for r in pair]), ""]
     out = RESULTS / "scaleout.md"
     if args.only_kafka:
         old = out.read_text() if out.is_file() else "# sealstream scale-out on Ray\n"
@@ -270,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
             "bad records.",
             "",
             *_table(runs),
+            "",
+            PROFILE_NOTE,
+            "",
+            *_profile(runs),
             "",
             *section,
         ]

@@ -294,7 +294,7 @@ def publish(pipeline: Pipeline, q: int, events: pl.DataFrame, bad: pl.DataFrame,
 
     from sealstream.distributed._plane import breakpoints, grid_of
     from sealstream.distributed._shard import split
-    from sealstream.distributed._worker import _failed, _seen, to_ipc
+    from sealstream.distributed._worker import _failed, _seen, to_ipc, to_wire
     from sealstream.windows.aggregates import SEQ
 
     plan = pipeline.field_plan()
@@ -321,4 +321,4 @@ def publish(pipeline: Pipeline, q: int, events: pl.DataFrame, bad: pl.DataFrame,
         "failed": to_ipc(failed_rows) if failed_rows is not None else None,
         "seen": _seen(events, unseen) if unseen and events.height else [],
     }
-    return summary, ray.put(breaks), [ray.put(to_ipc(part)) for part in split(events, workers)]
+    return summary, ray.put(breaks), [ray.put(to_wire(part)) for part in split(events, workers)]

@@ -28,6 +28,10 @@ from sealstream.windows.operator import Output, WindowOperator
 
 SEED = 0x5EA157
 SHARD = "__shard"
+#: the workers' checkpoint calls run on a thread of their own (a Ray concurrency group),
+#: beside the data plane's: a checkpoint does not wait behind the next step's read,
+#: already queued on the worker (see :meth:`ShardedOperator.snapshot`)
+CKPT = "ckpt"
 #: how keys are routed, as recorded in the manifest (``distributed.routing``)
 ROUTING = {"hash": "polars.Expr.hash", "seed": SEED, "column": KEY, "rule": "hash mod workers"}
 
@@ -53,6 +57,11 @@ def split(frame: pl.DataFrame, workers: int) -> list[pl.DataFrame]:
     parts = tagged.partition_by(SHARD, as_dict=True, maintain_order=True)
     empty = frame.clear()
     return [parts[(i,)].drop(SHARD) if (i,) in parts else empty for i in range(workers)]
+
+
+def on_ckpt(method: Any) -> Any:
+    """``actor.method`` run on the worker's checkpoint thread (:data:`CKPT`)."""
+    return method.options(concurrency_group=CKPT)
 
 
 def _ray_failure(exc: BaseException, what: str) -> SealstreamError:
@@ -94,6 +103,8 @@ class ShardedOperator(WindowOperator):
         whole = self._state if state is None else WindowOperator(pipeline, state).snapshot()
         self.actors: list[Any] = list(actors)
         self._open_count = 0
+        #: the open windows the workers counted at the checkpoint being taken
+        self._staged_open: int | None = None
         self.part_rows = [0] * workers
         #: set by the job before a checkpoint's snapshot (the state files' metadata)
         self.part_metadata: dict[str, Any] | None = None
@@ -123,9 +134,17 @@ class ShardedOperator(WindowOperator):
 
     def snapshot(self) -> pl.DataFrame:
         """The whole state; but with :attr:`part_metadata` set (a checkpoint is being
-        taken), each worker encodes its part as a checkpoint file and keeps it
-        (:meth:`write_parts` or :meth:`take_parts` next), and what is returned is the
-        state's schema only (no rows): the state does not cross the coordinator."""
+        taken), each worker keeps its part of the state as it is now (an immutable
+        frame) for :meth:`write_parts` or :meth:`take_parts`, which encode it later,
+        on the worker's checkpoint thread while it goes on with the next steps; what
+        is returned is the state's schema only (no rows): the state does not cross
+        the coordinator.
+
+        The step's processing is done on every worker (its outputs were gathered), and
+        the next step's reads, already queued on the workers, do not touch the window
+        state: so the call runs on the workers' checkpoint thread (:data:`CKPT`), and
+        the coordinator waits only for the workers to take their frames, not for
+        those reads (which is what a checkpoint blocked on before)."""
         meta = self.part_metadata
         if meta is None:
             parts = self._get([a.snapshot.remote() for a in self.actors], "snapshot")
@@ -133,21 +152,25 @@ class ShardedOperator(WindowOperator):
             self.part_rows = [f.height for f in frames]
             return pl.concat(frames, how="vertical").cast(self.schema)  # type: ignore[arg-type]
         self.part_metadata = None
-        self.part_rows = self._get([a.stage_part.remote(meta) for a in self.actors],
-                                   "checkpoint")
+        got = self._get([on_ckpt(a.stage_part).remote(meta) for a in self.actors],
+                        "checkpoint")
+        self.part_rows = [int(rows) for rows, _ in got]
+        self._staged_open = sum(int(n) for _, n in got)
         return pl.DataFrame(schema=self.schema)
 
     def write_parts(self, cid: int, fence: Any, encryption_key: bytes | None
                     ) -> list[tuple[str, str, int]]:
-        """Each worker writes its staged part into checkpoint ``cid`` of the job's
-        store itself; (name, SHA-256, size) per worker, in worker order."""
+        """Each worker encodes its staged part and writes it into checkpoint ``cid`` of
+        the job's store itself (on its checkpoint thread, beside its next steps);
+        (name, SHA-256, size) per worker, in worker order, once every part is durable."""
         return [tuple(r) for r in self._get(
-            [a.write_part.remote(cid, fence, encryption_key) for a in self.actors],
+            [on_ckpt(a.write_part).remote(cid, fence, encryption_key) for a in self.actors],
             "checkpoint part")]
 
     def take_parts(self) -> list[bytes]:
         """The staged parts' bytes, in worker order (stores without direct parts)."""
-        return self._get([a.take_part.remote() for a in self.actors], "checkpoint part")
+        return self._get([on_ckpt(a.take_part).remote() for a in self.actors],
+                         "checkpoint part")
 
     @property
     def state(self) -> pl.DataFrame:
@@ -160,6 +183,13 @@ class ShardedOperator(WindowOperator):
 
     @property
     def open_windows(self) -> int:
+        """The open windows of every worker; right after a checkpoint's
+        :meth:`snapshot`, those the workers counted at its point (no call: a call now
+        would wait behind the next step's reads)."""
+        staged, self._staged_open = self._staged_open, None
+        if staged is not None:
+            self._open_count = staged
+            return staged
         if self.actors:
             counts = self._get([a.open_windows.remote() for a in self.actors], "open_windows")
             self._open_count = sum(counts)
@@ -180,7 +210,9 @@ def acquire(workers: int) -> list[Any]:
     import ray
 
     taken = [_POOL.pop() for _ in range(min(workers, len(_POOL)))]
-    actor = ray.remote(num_cpus=0, max_restarts=0)(ShardWorker)
+    # (Ray's stubs do not list concurrency_groups, which only the decorator takes)
+    actor = ray.remote(num_cpus=0, max_restarts=0,  # type: ignore[call-overload]
+                       concurrency_groups={CKPT: 1})(ShardWorker)
     fresh = [actor.options(scheduling_strategy="SPREAD").remote()
              for _ in range(workers - len(taken))]
     return taken + fresh

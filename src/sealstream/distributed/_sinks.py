@@ -159,13 +159,15 @@ class WorkerPartsSink(Sink):
         return tokens
 
     def prepare_deferred(self, epoch: int) -> tuple[list[str], Callable[[], None]]:
-        from sealstream.distributed._shard import gather
+        from sealstream.distributed._shard import gather, on_ckpt
 
         if self._before is not None:
             self._before()
         tokens, done = self.local.prepare_deferred(epoch)
         actors = self._actors()
-        parts = gather([a.prepare_results.remote(epoch, self.output) for a in actors],
+        # on the workers' checkpoint thread: not behind the next step's reads
+        parts = gather([on_ckpt(a.prepare_results).remote(epoch, self.output)
+                        for a in actors],
                        f"prepare {self.output}")
         return list(tokens) + [t for ts in parts for t in ts], done
 

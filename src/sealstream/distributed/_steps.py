@@ -30,6 +30,7 @@ import numpy.typing as npt
 import polars as pl
 
 from sealstream._runtime.merge import Batch, SourcePosition
+from sealstream.distributed._phases import Phases
 from sealstream.distributed._plane import Breaks
 from sealstream.distributed._shard import gather
 from sealstream.distributed._worker import from_ipc
@@ -117,6 +118,8 @@ class StepPlanner:
         #: of which output rows (fired windows, late events and their text, bad
         #: records), which cross the coordinator while the sinks run there
         self.output_bytes: list[int] = []
+        #: where the coordinator's time goes (for the benchmark)
+        self.phases = Phases()
 
     def next_batch(self) -> Batch | None:
         if self.done:
@@ -125,7 +128,8 @@ class StepPlanner:
             self._ahead = self._read(self._next_bound())
         bound, refs = self._ahead
         self._ahead = None
-        got = gather(refs, "read")
+        with self.phases("coordinator: wait for the reads"):
+            got = gather(refs, "read")
         received = _bytes(got)
         rows = sum(_bytes(s["bad"]) + _bytes(s["failed"]) for s, _, _ in got)
         breaks = [ref for _, ref, _ in got]
@@ -204,7 +208,8 @@ class StepPlanner:
                                        bytes | dict[str, Any] | None, int]]:
         """Each key worker's output of the step: fired windows (or, when it staged
         them itself, their number and largest window end), late events, a count."""
-        got = gather(batch.pending, "process")
+        with self.phases("coordinator: wait for the processing"):
+            got = gather(batch.pending, "process")
         if self.step_bytes:
             self.step_bytes[-1] += _bytes(got)
             self.output_bytes[-1] += sum((_bytes(f) if isinstance(f, bytes) else 0)

@@ -33,6 +33,7 @@ from sealstream._runtime.merge import SourcePosition
 from sealstream.checkpoint.manifest import RECEIPT_IDS_NAME, part_name
 from sealstream.checkpoint.stores import CheckpointStore
 from sealstream.distributed._live_read import LiveReader, Report, publish
+from sealstream.distributed._phases import Phases
 from sealstream.distributed._plane import (
     Breaks,
     SlabReader,
@@ -77,6 +78,27 @@ def from_ipc(data: bytes) -> pl.DataFrame:
     return pl.read_ipc_stream(io.BytesIO(data))
 
 
+def to_wire(frame: pl.DataFrame) -> Any:
+    """``frame`` as the data plane puts it in Ray's object store: an Arrow table
+    (Polars' buffers handed to Arrow, strings as Arrow's large strings, which Ray's
+    serializer takes: it stores the buffers out of band and a key worker maps them
+    without a copy; about 4x less CPU than an IPC stream's encoding and decoding).
+    Arrow has no 128-bit integers: a frame with one travels as an IPC stream
+    (:func:`to_ipc`, which keeps them). The same types come back (:func:`from_wire`)."""
+    if "Int128" in repr(frame.schema):  # (UInt128 too, and nested in lists or structs)
+        return to_ipc(frame)
+    return frame.to_arrow()
+
+
+def from_wire(data: Any) -> pl.DataFrame:
+    """A frame :func:`to_wire` made."""
+    if isinstance(data, bytes):
+        return from_ipc(data)
+    out = pl.from_arrow(data)
+    assert isinstance(out, pl.DataFrame)
+    return out
+
+
 class ShardWorker:
     """Keys whose hash is ``index`` modulo the worker count (see :mod:`._shard`)."""
 
@@ -84,7 +106,8 @@ class ShardWorker:
         self.index = -1
         self.op: WindowOperator | None = None
         self.pipeline: Pipeline | None = None
-        self.staged: bytes | None = None
+        #: a checkpoint's part of the state, kept at the step boundary until written
+        self.staged: tuple[pl.DataFrame, dict[str, Any]] | None = None
         self.store: CheckpointStore | None = None
         #: the data plane: partition index -> its slab reader; (partition, step) -> the
         #: raw text spans of the step's slab (the last two steps: one may be read
@@ -103,6 +126,8 @@ class ShardWorker:
         self.records: dict[str, WorkerRecords] = {}
         self.bad_rows: dict[tuple[int, int], tuple[pl.DataFrame | None,
                                                    pl.DataFrame | None]] = {}
+        #: where this worker's time goes (for the benchmark)
+        self.phases = Phases()
 
     # ------------------------------------------------------------- results sink
     def open_results(self, pipeline: Pipeline, run_token: str, sort: bool,
@@ -257,7 +282,8 @@ class ShardWorker:
         from sealstream.distributed._shard import split
 
         plan = pipeline.field_plan()
-        slab = self.slabs[q].take(bound, chunk_records)
+        with self.phases("read: take and parse"):
+            slab = self.slabs[q].take(bound, chunk_records)
         self.spans.pop((q, step - 2), None)
         self.bad_rows.pop((q, step - 2), None)
         self.bad_rows.pop((q, step), None)
@@ -270,18 +296,23 @@ class ShardWorker:
         bad, failed_rows = slab.bad, None
         transform = _transform_stage(pipeline, plan)
         if transform is not None:
-            events, failed = transform.apply(events)
-            if failed.height:
-                failed_rows = _failed(pipeline, failed, slab.raw)
+            with self.phases("read: transform"):
+                events, failed = transform.apply(events)
+                if failed.height:
+                    failed_rows = _failed(pipeline, failed, slab.raw)
         read = events.height
-        events = events.with_columns((pl.col(OFFSET) * n_parts + q).alias(SEQ))
-        op = self._grid_op(pipeline)
-        breaks = breakpoints(q, events, pipeline.watermark.max_delay_ms, grid_of(op),
-                             slab.last_offset, slab.empty_done, slab.drained)
+        with self.phases("read: breakpoints"):
+            events = events.with_columns((pl.col(OFFSET) * n_parts + q).alias(SEQ))
+            op = self._grid_op(pipeline)
+            breaks = breakpoints(q, events, pipeline.watermark.max_delay_ms, grid_of(op),
+                                 slab.last_offset, slab.empty_done, slab.drained)
         if transform is not None:
             events = transform.keep(events)
         seen = _seen(events, unseen) if unseen and events.height else []
-        shards = [ray.put(to_ipc(part)) for part in split(events, workers)]
+        with self.phases("read: key split"):
+            parts = split(events, workers)
+        with self.phases("read: IPC encode + put"):
+            shards = [ray.put(to_wire(part)) for part in parts]
         n_bad = (bad.height if bad is not None else 0) + (
             failed_rows.height if failed_rows is not None else 0)
         if keep_bad and n_bad:
@@ -337,17 +368,20 @@ class ShardWorker:
         :meth:`stage_records`), not the rows."""
         import ray
 
-        got: list[Breaks] = list(ray.get(breaks))
-        frames = [from_ipc(f) for f in ray.get(shards)]
+        with self.phases("process: fetch + decode"):
+            got: list[Breaks] = list(ray.get(breaks))
+            frames = [from_wire(f) for f in ray.get(shards)]
         state = WatermarkState.from_json(wm)
         state.last_offset = list(last_offsets)
         prepare(state, got)
         op = self._op()
         grid = grid_of(op)
-        events = pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
-        events = row_watermarks(events, state, got, grid)
+        with self.phases("process: watermarks"):
+            events = pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
+            events = row_watermarks(events, state, got, grid)
         advance(state, got, bound)
-        out = op.process(events, state.current())
+        with self.phases("process: aggregate + fire"):
+            out = op.process(events, state.current())
         fired = out.fired
         late: bytes | dict[str, Any] | None = None
         if out.late.height:
@@ -355,7 +389,8 @@ class ShardWorker:
                     else to_ipc(out.late))
         if stage is not None and fired.height and self.results is not None:
             # staged here: their number and largest window end go back, nothing else
-            return self.results.stage(stage, fired), late, events.height
+            with self.phases("process: stage results"):
+                return self.results.stage(stage, fired), late, events.height
         # nothing fired or late (most steps): nothing but None goes back
         return (to_ipc(fired) if fired.height else None, late, events.height)
 
@@ -462,19 +497,24 @@ class ShardWorker:
     def snapshot(self) -> bytes:
         return to_ipc(self._op().snapshot())
 
-    def stage_part(self, metadata: dict[str, Any]) -> int:
-        """Encode this worker's part of a checkpoint's state at the step boundary: the
-        checkpoint file itself (Arrow IPC, key-ordered, with ``metadata``), kept here
-        until :meth:`write_part` or :meth:`take_part`. Returns its row count."""
-        frame = incremental.key_ordered(self._op().snapshot())
-        self.staged = encode_table(frame, metadata)
-        return frame.height
+    def stage_part(self, metadata: dict[str, Any]) -> tuple[int, int]:
+        """Keep this worker's part of a checkpoint's state at the step boundary: the
+        state as it is now (an immutable frame) with ``metadata``, encoded later by
+        :meth:`write_part` or :meth:`take_part` (on the checkpoint thread, while the
+        next steps run). Returns its row count and open windows."""
+        op = self._op()
+        with self.phases("checkpoint: take state"):
+            frame = op.snapshot()
+            self.staged = (frame, metadata)
+            return frame.height, op.open_windows
 
     def take_part(self) -> bytes:
-        """The staged part's bytes (for the coordinator to write)."""
-        data, self.staged = self.staged, None
-        assert data is not None, "stage_part() first"
-        return data
+        """The staged part encoded as the checkpoint file (Arrow IPC, key-ordered)."""
+        staged, self.staged = self.staged, None
+        assert staged is not None, "stage_part() first"
+        frame, metadata = staged
+        with self.phases("checkpoint: encode"):
+            return encode_table(incremental.key_ordered(frame), metadata)
 
     def write_part(self, cid: int, fence: Any, encryption_key: bytes | None
                    ) -> tuple[str, str, int]:
@@ -483,7 +523,8 @@ class ShardWorker:
         fencing token ``fence``; return its name, SHA-256 and size (plaintext)."""
         data = self.take_part()
         name = part_name(self.index)
-        self._store(encryption_key).write_part(cid, name, data, fence)
+        with self.phases("checkpoint: write"):
+            self._store(encryption_key).write_part(cid, name, data, fence)
         return name, sha256_hex(data), len(data)
 
     def _store(self, encryption_key: bytes | None) -> CheckpointStore:
@@ -496,6 +537,11 @@ class ShardWorker:
 
     def open_windows(self) -> int:
         return self._op().open_windows
+
+    def phase_times(self) -> dict[str, tuple[int, float, float]]:
+        """Calls, wall and CPU seconds per phase since the last call (the benchmark's
+        profile, :mod:`._phases`)."""
+        return self.phases.take()
 
     def cpu_s(self) -> float:
         """CPU seconds this worker process used so far (for the benchmark)."""

@@ -70,6 +70,7 @@ from sealstream.distributed._shard import (
     WorkerLostError,
     acquire,
     gather,
+    on_ckpt,
     release,
 )
 from sealstream.distributed._sinks import (
@@ -448,7 +449,7 @@ class DistributedJob(Job):
             if self._receipt_builder is not None:
                 builder, self._receipt_builder = self._receipt_builder, None
                 self._receipt_ids = trees.decode_ids(gather(
-                    [builder.take_receipt_file.remote()], "receipt ids")[0])
+                    [on_ckpt(builder.take_receipt_file).remote()], "receipt ids")[0])
             return super()._write_checkpoint(store, cid, snap, wm_json, chain, touched,
                                              last_state, receipts, pending, body, together)
         meta = {WATERMARK_META.decode(): wm_json}
@@ -466,7 +467,7 @@ class DistributedJob(Job):
         builder, self._receipt_builder = self._receipt_builder, None
         if builder is not None and not direct:  # SQLite: the ids file through here
             files["receipt_ids"] = (RECEIPT_IDS_NAME, gather(
-                [builder.take_receipt_file.remote()], "receipt ids")[0])
+                [on_ckpt(builder.take_receipt_file).remote()], "receipt ids")[0])
         written: dict[str, dict[str, Any]] = {}
         if direct:
             store.claim(cid)
@@ -478,7 +479,7 @@ class DistributedJob(Job):
                 written[f"{incremental.PART_ROLE}{i}"] = {
                     "path": f"{dirname}/{name}", "sha256": digest, "bytes": size}
             if builder is not None:  # the epoch's receipt worker writes its ids file
-                name, digest, size = gather([builder.write_receipt_ids.remote(
+                name, digest, size = gather([on_ckpt(builder.write_receipt_ids).remote(
                     cid, store.fence(), store.encryption_key)], "write receipt ids")[0]
                 written["receipt_ids"] = {"path": f"{dirname}/{name}", "sha256": digest,
                                           "bytes": size}

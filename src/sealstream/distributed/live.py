@@ -35,6 +35,7 @@ import polars as pl
 from sealstream._runtime.live import LiveMerger, _Cursor, _Took
 from sealstream._runtime.merge import Batch, SourcePosition
 from sealstream.checkpoint.plans import StepPlan
+from sealstream.distributed._phases import Phases
 from sealstream.distributed._plane import Breaks
 from sealstream.distributed._shard import gather
 from sealstream.distributed._steps import StepBatch, StepPlanner, _bytes
@@ -95,6 +96,7 @@ class _Outputs(StepPlanner):
         self.step = 0
         self.step_bytes: list[int] = []
         self.output_bytes: list[int] = []
+        self.phases = Phases()
 
     @property
     def n(self) -> int:  # type: ignore[override]
@@ -125,6 +127,11 @@ class LivePlanner(LiveMerger):
     def step_bytes(self) -> list[int]:
         """Bytes the coordinator received per step (reports, summaries, outputs)."""
         return self.outputs.step_bytes
+
+    @property
+    def phases(self) -> Phases:
+        """Where the coordinator's time goes (for the benchmark)."""
+        return self.outputs.phases
 
     @property
     def output_bytes(self) -> list[int]:

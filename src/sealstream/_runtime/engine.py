@@ -250,6 +250,8 @@ class Job(Checkpointing):
         )
         self.sinks = {}
         self.resumed_from: int | None = None
+        #: why resume_point() could not list the store (None: it could, or it was not asked)
+        self.resume_point_unlisted: str | None = None
         self.rejected: list[dict[str, Any]] = []
         self.rebuilt: list[str] = []  # rebuildable components the resume rebuilt
         self.started = time.monotonic()
@@ -482,8 +484,9 @@ class Job(Checkpointing):
                                default=None)
                 finally:
                     store.close()
-            except (SealstreamError, OSError):
-                pass
+            except (SealstreamError, OSError) as exc:
+                # said in the stop line: the number below is only what this run knows
+                self.resume_point_unlisted = str(exc) or type(exc).__name__
         ids = [i for i in (self.ck_stats.last_id, self.resumed_from) if i is not None]
         return max(ids) if ids else None
 

@@ -328,6 +328,10 @@ def _resume_note(job: Any) -> str:
     cid = job.resume_point()
     if cid is None:
         return "no checkpoint was committed yet; the next run starts from the beginning"
+    why = getattr(job, "resume_point_unlisted", None)
+    if why is not None:  # the store could not be listed: a newer one may be published
+        return (f"committed output is intact; the next run resumes from checkpoint {cid} "
+                f"or a newer one (the store could not be listed: {why})")
     return f"committed output is intact; the next run resumes from checkpoint {cid}"
 
 

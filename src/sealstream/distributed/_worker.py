@@ -32,6 +32,7 @@ from sealstream._runtime.engine import _transform_stage
 from sealstream._runtime.merge import SourcePosition
 from sealstream.checkpoint.manifest import RECEIPT_IDS_NAME, part_name
 from sealstream.checkpoint.stores import CheckpointStore
+from sealstream.distributed._kafka_sinks import WorkerProducer, open_on_worker
 from sealstream.distributed._live_read import LiveReader, Report, publish
 from sealstream.distributed._plane import (
     Breaks,
@@ -103,12 +104,15 @@ class ShardWorker:
 
     # ------------------------------------------------------------- results sink
     def open_results(self, pipeline: Pipeline, run_token: str, sort: bool,
-                     keep_ids: bool = True) -> None:
+                     keep_ids: bool = True, kafka: WorkerProducer | None = None) -> None:
         """Stage results in part files of this worker's own (``run_token``);
-        ``keep_ids``: keep their identities for the receipts."""
+        ``keep_ids``: keep their identities for the receipts; ``kafka``: produce them
+        into Kafka through a transactional producer of this worker's own
+        (:mod:`._kafka_sinks`)."""
         if self.results is not None:
             self.results.close()
-        self.results = WorkerResults(pipeline, run_token, sort, keep_ids)
+        self.results = (WorkerResults(pipeline, run_token, sort, keep_ids) if kafka is None
+                        else open_on_worker(pipeline, run_token, sort, keep_ids, kafka))
 
     def prepare_results(self, epoch: int, role: str = "results") -> list[str]:
         """Make this worker's staged ``role`` output of ``epoch`` durable; its tokens."""

@@ -62,6 +62,7 @@ from sealstream.checkpoint.manifest import (
 )
 from sealstream.checkpoint.stores import CheckpointStore, checkpoint_dirname
 from sealstream.distributed._cluster import connect
+from sealstream.distributed._kafka_sinks import KafkaWorkersSink
 from sealstream.distributed._plane import advance, prepare
 from sealstream.distributed._records import ROLES as RECORD_ROLES
 from sealstream.distributed._shard import (
@@ -82,6 +83,7 @@ from sealstream.distributed._worker import from_ipc, to_ipc
 from sealstream.distributed.live import LivePlanner, live_on_workers
 from sealstream.errors import CheckpointError
 from sealstream.pipeline import Pipeline
+from sealstream.sinks.kafka import KafkaSink
 from sealstream.sources._base import KEY, KEY_IS_INT, OFFSET, PARTITION
 from sealstream.state import incremental
 from sealstream.state.codec import WATERMARK_META, encode_table, sha256_hex
@@ -258,6 +260,9 @@ class DistributedJob(Job):
         on_workers = not self.live or live_on_workers(self.p)
         if on_workers and stages_on_workers(results):
             self.sinks["results"] = WorkerPartsSink(results, self._workers, self.crash)
+        elif on_workers and isinstance(results, KafkaSink):  # a producer per worker
+            self.sinks["results"] = KafkaWorkersSink(results, self._workers, self.crash,
+                                                     self.run_token, self.workers)
         for role in RECORD_ROLES:  # late events, bad records: staged by the readers
             sink = self.sinks.get(role)
             if sink is not None and on_workers and stages_on_workers(sink):
@@ -265,7 +270,13 @@ class DistributedJob(Job):
                                                    self._drain_records)
 
     def _open_worker_results(self) -> None:
-        if isinstance(self.sinks.get("results"), WorkerPartsSink):
+        kafka = self.sinks.get("results")
+        if isinstance(kafka, KafkaWorkersSink):
+            gather([a.open_results.remote(self.p, worker_run_token(self.run_token, i),
+                                          self.workers > 1, self.store is not None,
+                                          kafka.producer(i))
+                    for i, a in enumerate(self._workers())], "open results")
+        elif isinstance(self.sinks.get("results"), WorkerPartsSink):
             gather([a.open_results.remote(self.p, worker_run_token(self.run_token, i),
                                           self.workers > 1, self.store is not None)
                     for i, a in enumerate(self._workers())], "open results")

@@ -175,6 +175,38 @@ def test_a_kafka_source_job_with_workers_equals_one_process(
     assert _workers_of(got) == {0, 1}
 
 
+def test_late_events_and_bad_records_are_produced_by_the_reading_workers(
+        ray_cluster: Any, kafka: Any, tmp_path: Path) -> None:
+    """Results, late events and bad records into three topics, 2 workers: each topic
+    holds one process's records, produced by both workers' own transactions (late
+    events and bad records by the worker that reads their partition), and no output
+    row crosses the coordinator (it received the late events and bad records when it
+    produced them)."""
+    from _kafka_story import OUTPUTS, kafka_spec
+
+    from sealstream.distributed._steps import StepPlanner
+
+    specs: dict[str, Path] = {}
+    topics: dict[str, dict[str, str]] = {}
+    for label in ("one", "two"):
+        d = tmp_path / label
+        d.mkdir()
+        specs[label] = write_spec(d, make_input(d, events=EVENTS, bad_every=97), **SPEC)
+        topics[label] = kafka_spec(specs[label], kafka.bootstrap)
+    _job(specs["one"], None).run()
+    job = _job(specs["two"], 2)
+    job.run()
+    assert isinstance(job.merger, StepPlanner)
+    assert job.counters.late_events > 0 and job.counters.bad_records > 0
+    assert sum(job.merger.output_bytes) == 0
+    for section, _, _ in OUTPUTS:
+        want = _records(kafka.bootstrap, topics["one"][section])
+        got = _records(kafka.bootstrap, topics["two"][section])
+        assert want, section
+        _assert_same_records(got, want)
+        assert _workers_of(got) == {0, 1}, section
+
+
 def _descendants(root: int) -> set[int]:
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):

@@ -5,8 +5,11 @@ by the workers), each key worker finalises the windows it fires and produces the
 itself, through a :class:`~sealstream.sinks.kafka.KafkaSink` of its own whose
 ``transactional.id`` is the job's (``sealstream-<pipeline>-<output>``, or the one the
 settings name) followed by ``-w<i>`` for worker ``i``, and whose run token is
-``<run>w<i>``. The two-phase commit is the single-process Kafka sink's, spread over
-the workers as the part files are (:mod:`._sinks`):
+``<run>w<i>``. Late events and bad records into Kafka (``[late]``, ``[errors]``) are
+produced the same way by the worker that reads their partition (:mod:`._records`),
+with ids ``...-late-w<i>`` and ``...-errors-w<i>``. The two-phase commit is the
+single-process Kafka sink's, spread over the workers as the part files are
+(:mod:`._sinks`):
 
 1. **stage**: every step, a worker keeps its result rows of the epoch in memory (and
    their identities for the epoch's receipt, :mod:`._receipts`); only their number and

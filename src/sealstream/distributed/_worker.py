@@ -32,7 +32,11 @@ from sealstream._runtime.engine import _transform_stage
 from sealstream._runtime.merge import SourcePosition
 from sealstream.checkpoint.manifest import RECEIPT_IDS_NAME, part_name
 from sealstream.checkpoint.stores import CheckpointStore
-from sealstream.distributed._kafka_sinks import WorkerProducer, open_on_worker
+from sealstream.distributed._kafka_sinks import (
+    WorkerProducer,
+    open_on_worker,
+    open_worker_kafka,
+)
 from sealstream.distributed._live_read import LiveReader, Report, publish
 from sealstream.distributed._plane import (
     Breaks,
@@ -133,13 +137,15 @@ class ShardWorker:
         self.results.commit(epoch, tokens)
 
     def open_records(self, pipeline: Pipeline, role: str, run_token: str, names: list[str],
-                     keep_ids: bool) -> None:
+                     keep_ids: bool, kafka: WorkerProducer | None = None) -> None:
         """Stage ``role`` (late events or bad records) in part files of this worker's
-        own (:mod:`._records`)."""
+        own (:mod:`._records`), or (``kafka``) produce them through a transactional
+        producer of its own (:mod:`._kafka_sinks`)."""
         old = self.records.pop(role, None)
         if old is not None:
             old.close()
-        self.records[role] = WorkerRecords(pipeline, role, run_token, names, keep_ids)
+        sink = None if kafka is None else open_worker_kafka(pipeline, role, run_token, kafka)
+        self.records[role] = WorkerRecords(pipeline, role, run_token, names, keep_ids, sink)
 
     def stage_records(self, mine: list[int], step: int, late_epoch: int | None,
                       errors_epoch: int | None, late: list[Any],

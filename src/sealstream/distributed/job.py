@@ -4,7 +4,8 @@ The coordinator (this process) is the single-process :class:`~sealstream.Job`
 as the control plane: it plans steps, keeps the watermark state, stages output
 in the sinks and writes the checkpoints, as on one process (except results in a
 JSON Lines or Parquet directory of a bounded run or of a live run read by the
-workers (Kafka, NATS), which each worker stages and commits itself: :mod:`._sinks`;
+workers (Kafka, NATS), which each worker stages and commits itself: :mod:`._sinks`,
+and of outputs into Kafka, which each worker produces itself: :mod:`._kafka_sinks`;
 late events and bad records in such directories are staged by the partitions'
 readers: :mod:`._records`). For bounded sources
 the data plane runs on the workers (:mod:`._steps`, :mod:`._plane`): partition
@@ -268,6 +269,10 @@ class DistributedJob(Job):
             if sink is not None and on_workers and stages_on_workers(sink):
                 self.sinks[role] = WorkerPartsSink(sink, self._workers, self.crash, role,
                                                    self._drain_records)
+            elif on_workers and isinstance(sink, KafkaSink):  # the readers' producers
+                self.sinks[role] = KafkaWorkersSink(sink, self._workers, self.crash,
+                                                    self.run_token, self.workers, role,
+                                                    self._drain_records)
 
     def _open_worker_results(self) -> None:
         kafka = self.sinks.get("results")
@@ -281,10 +286,13 @@ class DistributedJob(Job):
                                           self.workers > 1, self.store is not None)
                     for i, a in enumerate(self._workers())], "open results")
         for role in RECORD_ROLES:
-            if isinstance(self.sinks.get(role), WorkerPartsSink):
+            sink = self.sinks.get(role)
+            if isinstance(sink, WorkerPartsSink):
                 gather([a.open_records.remote(self.p, role,
                                               worker_run_token(self.run_token, i),
-                                              list(self.names), self.store is not None)
+                                              list(self.names), self.store is not None,
+                                              sink.producer(i) if isinstance(
+                                                  sink, KafkaWorkersSink) else None)
                         for i, a in enumerate(self._workers())], f"open {role}")
 
     def records_on_workers(self, role: str) -> bool:

@@ -324,17 +324,17 @@ def _killed_at(spec: Path, point: str, address: str, workers: int) -> None:
     assert proc.returncode == -signal.SIGKILL, f"not killed at {point}: {proc.stderr}"
 
 
-@pytest.mark.parametrize(("before", "after"), [(2, 3), (3, 2)])
+@pytest.mark.parametrize(("before", "after"), [(2, 3), (3, 2), (3, 1)])
 def test_rescaled_between_the_manifest_and_the_worker_commits_stays_exactly_once(
         ray_cluster: Any, kafka: Any, reference: list[dict[str, Any]], tmp_path: Path,
         before: int, after: int) -> None:
     """``run --workers N`` SIGKILLs itself after worker 0 committed an epoch's
     transaction (the manifest names every worker's token, the others are staged);
     meanwhile a zombie producer of the highest old index holds an open transaction.
-    ``--workers M`` resumes: the zombie is fenced (its commit fails, its row is never
-    visible), the staged epochs of the old indexes (``w2`` when 3 -> 2) are produced by
-    the coordinator's recovery, and the topic holds one process's records exactly
-    once; with 3 workers the third worker produces its own."""
+    ``--workers M`` (M = 1: one process) resumes: the zombie is fenced (its commit
+    fails, its row is never visible), the staged epochs of the old indexes (``w2`` when
+    3 -> 2) are produced by the coordinator's recovery, and the topic holds one
+    process's records exactly once; with 3 workers the third worker produces its own."""
     from confluent_kafka import KafkaException, Producer
 
     spec, topic = _spec(tmp_path, kafka.bootstrap)
@@ -347,7 +347,7 @@ def test_rescaled_between_the_manifest_and_the_worker_commits_stays_exactly_once
     zombie.begin_transaction()
     zombie.produce(topic, b'{"zombie": true}', b"zombie")
     assert zombie.flush(30) == 0
-    job = _job(spec, after)
+    job = _job(spec, after if after > 1 else None)
     job.run()
     assert job.resumed_from is not None
     with pytest.raises(KafkaException):

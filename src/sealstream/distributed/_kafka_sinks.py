@@ -50,7 +50,6 @@ from sealstream.sinks.kafka import KafkaSink
 
 #: a token staged by worker ``i``: ``<epoch>-<run>w<i>``
 WORKER_TOKEN = re.compile(r"[0-9]{12,}-[A-Za-z0-9]*w([0-9]+)")
-_STAGED = re.compile(r"\.part-([0-9]{12,}-[A-Za-z0-9]*w[0-9]+)\.arrow")
 
 
 def worker_transactional_id(base: str, index: int) -> str:
@@ -112,6 +111,7 @@ class KafkaWorkersSink(WorkerPartsSink):
         self.workers = workers
         self.run_token = run_token
         local.family = run_token
+        local.fence_below = workers  # its recovery fences every worker's producer
 
     def producer(self, index: int) -> WorkerProducer:
         return WorkerProducer(worker_transactional_id(self.local.transactional_id, index),
@@ -141,32 +141,3 @@ class KafkaWorkersSink(WorkerPartsSink):
             self._crash("after_commit_worker_part" if self.output == "results"
                         else "after_commit_worker_records")
 
-    def _fence(self, prepared: dict[int, list[str]]) -> None:
-        """Fence every worker producer that may hold a transaction of this job: the
-        indexes below the worker count, and those of staged files and prepared
-        tokens (an earlier run with more workers), with every index below them."""
-        indexes = set(range(self.workers))
-        names: list[str] = []
-        try:
-            names = os.listdir(self.local.path)
-        except OSError:
-            pass  # the sink's own recovery reports an unreadable folder
-        for name in names:
-            m = _STAGED.fullmatch(name)
-            if m is not None:
-                indexes.add(int(WORKER_TOKEN.fullmatch(m.group(1)).group(1)))  # type: ignore[union-attr]
-        for tokens in prepared.values():
-            for t in tokens:
-                m = WORKER_TOKEN.fullmatch(t)
-                if m is not None:
-                    indexes.add(int(m.group(1)))
-        self.local.fence([worker_transactional_id(self.local.transactional_id, i)
-                          for i in range(max(indexes) + 1)])
-
-    def recover(self, prepared: dict[int, list[str]]) -> None:
-        self._fence(prepared)
-        self.local.recover(prepared)
-
-    def recover_at(self, staged_at: object, prepared: dict[int, list[str]]) -> None:
-        self._fence(prepared)
-        self.local.recover_at(staged_at, prepared)

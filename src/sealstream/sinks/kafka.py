@@ -55,7 +55,10 @@ open transaction is aborted and its next commit fails, so the run stops with a
 :class:`SinkError` and none of its later results become visible. A fenced instance
 whose call met the broker away (a retriable error: it is not told) sees the other
 instance's epochs when its retry reads the topic back, and stops the same way
-instead of taking the transactional id back with a new producer.
+instead of taking the transactional id back with a new producer. Recovery also
+fences the producers of a scale-out run's workers (``<id>-w<i>``,
+:mod:`sealstream.distributed._kafka_sinks`) that staged files or prepared tokens name,
+so that one process resuming such a run is safe from them too.
 
 **Transaction timeouts.** Unlike Flink's KafkaSink (which writes into a
 transaction during the whole checkpoint interval and must commit it after a
@@ -112,6 +115,8 @@ ID_HEADER = "sealstream-id"
 TOKEN_HEADER = "sealstream-token"
 _TOKEN_RE = re.compile(r"([0-9]{12,})-([A-Za-z0-9]{1,64})")
 _TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
+#: a token of worker ``i`` of a scale-out run (``<epoch>-<run>w<i>``)
+_WORKER_TOKEN_RE = re.compile(r"[0-9]{12,}-[A-Za-z0-9]*w([0-9]+)")
 _STAGED_RE = re.compile(r"\.part-([0-9]{12,}-[A-Za-z0-9]{1,64})\.arrow")
 #: consumer settings taken over from the output's settings (connection and security)
 _SHARED_PREFIXES = ("security.", "sasl.", "ssl.", "socket.", "broker.", "client.",
@@ -214,6 +219,9 @@ class KafkaSink(Sink):
         #: a worker's producer: nothing to learn from the topic at its start (the
         #: coordinator recovered it); read-backs start at the ends of its first commit
         self.from_end = False
+        #: recovery fences the workers' producers ``<id>-w<i>`` below this index (and
+        #: below those named by staged files and prepared tokens)
+        self.fence_below = 0
 
     # ------------------------------------------------------------ naming
     def set_job(self, pipeline: str, output: str, owner: str | None = None) -> None:
@@ -716,6 +724,25 @@ class KafkaSink(Sink):
         for tid in transactional_ids:
             self._retrying(f"fence the producer {tid!r} of", partial(once, tid))
 
+    def _fence_workers(self, prepared: dict[int, list[str]]) -> None:
+        """Before the read-back: fence the producers of a scale-out run's workers
+        (``<id>-w<i>``) that may hold a transaction of this job: every index below
+        :attr:`fence_below` and below the largest one a staged file or a prepared token
+        names (a run with more workers, or a single process resuming one). A producer
+        left inside a transaction (killed, or a zombie cut off from its coordinator)
+        then has it aborted and can never commit."""
+        seen = [self.fence_below - 1]
+        try:
+            names = os.listdir(self.path)
+        except OSError:
+            names = []  # reported by the recovery's own listing
+        staged = [m.group(1) for m in map(_STAGED_RE.fullmatch, names) if m is not None]
+        for token in staged + [t for ts in prepared.values() for t in ts]:
+            m = _WORKER_TOKEN_RE.fullmatch(token)
+            if m is not None:
+                seen.append(int(m.group(1)))
+        self.fence([f"{self._tid}-w{i}" for i in range(max(seen) + 1)])
+
     def moved(self) -> None:
         """Other producers of this run committed to the topic: the next
         :meth:`location` reads the ends again."""
@@ -799,6 +826,7 @@ class KafkaSink(Sink):
         self._buffers.clear()
         self._prepared.clear()
         self._drop_producer()
+        self._fence_workers(prepared)
         self._load(floor)
         keep: set[str] = set()
         for epoch, tokens in sorted(prepared.items()):

@@ -35,7 +35,7 @@ from sealstream.distributed._receipts import EpochIds
 from sealstream.distributed._sinks import stages_on_workers
 from sealstream.pipeline import Pipeline
 from sealstream.sinks import open_sink
-from sealstream.sinks._base import JSON_LINE
+from sealstream.sinks._base import JSON_LINE, Sink
 from sealstream.sources._base import OFFSET, PARTITION
 
 ROLES = ("late", "errors")
@@ -82,11 +82,13 @@ class WorkerRecords:
     identities of what it staged (for the epoch's receipt)."""
 
     def __init__(self, pipeline: Pipeline, role: str, run_token: str, names: list[str],
-                 keep_ids: bool) -> None:
+                 keep_ids: bool, sink: Sink | None = None) -> None:
+        """``sink``: the worker's own Kafka producer (:mod:`._kafka_sinks`) instead of
+        a part file."""
         config = pipeline.late if role == "late" else pipeline.errors
         assert config is not None
-        self.sink = open_sink(config, "records", run_token)
-        if not stages_on_workers(self.sink):
+        self.sink = sink if sink is not None else open_sink(config, "records", run_token)
+        if sink is None and not stages_on_workers(self.sink):
             raise RuntimeError(f"{config.kind} {role} outputs are not staged per worker")
         self.names = names
         self.ids = EpochIds()

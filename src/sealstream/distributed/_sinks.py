@@ -45,6 +45,7 @@ from sealstream.pipeline import Pipeline
 from sealstream.sinks import open_sink
 from sealstream.sinks._base import CommittedFile, Sink
 from sealstream.sinks.jsonl import JsonlDirSink
+from sealstream.sinks.kafka import KafkaSink
 from sealstream.sinks.objects import StagedObjectSink
 from sealstream.sinks.parquet import ParquetDirSink
 from sealstream.sources._base import KEY, KEY_IS_INT
@@ -76,14 +77,16 @@ class WorkerResults:
     and raises what they raised."""
 
     def __init__(self, pipeline: Pipeline, run_token: str, sort: bool,
-                 keep_ids: bool = True) -> None:
+                 keep_ids: bool = True, sink: KafkaSink | None = None) -> None:
         """``keep_ids``: keep the results' identities for the receipts (a run with
-        checkpoints)."""
+        checkpoints); ``sink``: the worker's own Kafka producer (:mod:`._kafka_sinks`)
+        instead of a part file."""
         funcs = pipeline.result_kinds()  # a decimal field's: "decimal" (database columns)
-        self.sink = open_sink(pipeline.sink, "results", run_token, funcs)
-        if not stages_on_workers(self.sink):
+        self.sink = sink if sink is not None else open_sink(pipeline.sink, "results",
+                                                            run_token, funcs)
+        if not (stages_on_workers(self.sink) or isinstance(self.sink, KafkaSink)):
             raise RuntimeError(f"{pipeline.sink.kind} results are not staged per worker")
-        if isinstance(self.sink, STAGED_KINDS):
+        if isinstance(self.sink, (*STAGED_KINDS, KafkaSink)):
             self.sink.key_fields = pipeline.source.key_fields
         else:  # PostgreSQL
             setup_worker_db(self.sink, pipeline)

@@ -32,6 +32,11 @@ from sealstream._runtime.engine import _transform_stage
 from sealstream._runtime.merge import SourcePosition
 from sealstream.checkpoint.manifest import RECEIPT_IDS_NAME, part_name
 from sealstream.checkpoint.stores import CheckpointStore
+from sealstream.distributed._kafka_sinks import (
+    WorkerProducer,
+    open_on_worker,
+    open_worker_kafka,
+)
 from sealstream.distributed._live_read import LiveReader, Report, publish
 from sealstream.distributed._phases import Phases
 from sealstream.distributed._plane import (
@@ -131,12 +136,15 @@ class ShardWorker:
 
     # ------------------------------------------------------------- results sink
     def open_results(self, pipeline: Pipeline, run_token: str, sort: bool,
-                     keep_ids: bool = True) -> None:
+                     keep_ids: bool = True, kafka: WorkerProducer | None = None) -> None:
         """Stage results in part files of this worker's own (``run_token``);
-        ``keep_ids``: keep their identities for the receipts."""
+        ``keep_ids``: keep their identities for the receipts; ``kafka``: produce them
+        into Kafka through a transactional producer of this worker's own
+        (:mod:`._kafka_sinks`)."""
         if self.results is not None:
             self.results.close()
-        self.results = WorkerResults(pipeline, run_token, sort, keep_ids)
+        self.results = (WorkerResults(pipeline, run_token, sort, keep_ids) if kafka is None
+                        else open_on_worker(pipeline, run_token, sort, keep_ids, kafka))
 
     def prepare_results(self, epoch: int, role: str = "results") -> list[str]:
         """Make this worker's staged ``role`` output of ``epoch`` durable; its tokens."""
@@ -157,13 +165,15 @@ class ShardWorker:
         self.results.commit(epoch, tokens)
 
     def open_records(self, pipeline: Pipeline, role: str, run_token: str, names: list[str],
-                     keep_ids: bool) -> None:
+                     keep_ids: bool, kafka: WorkerProducer | None = None) -> None:
         """Stage ``role`` (late events or bad records) in part files of this worker's
-        own (:mod:`._records`)."""
+        own (:mod:`._records`), or (``kafka``) produce them through a transactional
+        producer of its own (:mod:`._kafka_sinks`)."""
         old = self.records.pop(role, None)
         if old is not None:
             old.close()
-        self.records[role] = WorkerRecords(pipeline, role, run_token, names, keep_ids)
+        sink = None if kafka is None else open_worker_kafka(pipeline, role, run_token, kafka)
+        self.records[role] = WorkerRecords(pipeline, role, run_token, names, keep_ids, sink)
 
     def stage_records(self, mine: list[int], step: int, late_epoch: int | None,
                       errors_epoch: int | None, late: list[Any],

@@ -4,8 +4,9 @@ The coordinator (this process) is the single-process :class:`~sealstream.Job`
 as the control plane: it plans steps, keeps the watermark state, stages output
 in the sinks and writes the checkpoints, as on one process (except results in a
 JSON Lines or Parquet directory or in a PostgreSQL table, of a bounded run or of a
-live run read by the workers (Kafka, NATS), which each worker stages and commits
-itself: :mod:`._sinks`, :mod:`._db_sinks`;
+live run read by the workers (Kafka, NATS, followed files), which each worker stages
+and commits itself: :mod:`._sinks`, :mod:`._db_sinks`; and of outputs into Kafka,
+which each worker produces itself: :mod:`._kafka_sinks`;
 late events and bad records in such directories are staged by the partitions'
 readers: :mod:`._records`). For bounded sources
 the data plane runs on the workers (:mod:`._steps`, :mod:`._plane`): partition
@@ -62,6 +63,7 @@ from sealstream.checkpoint.manifest import (
 )
 from sealstream.checkpoint.stores import CheckpointStore, checkpoint_dirname
 from sealstream.distributed._cluster import connect
+from sealstream.distributed._kafka_sinks import KafkaWorkersSink
 from sealstream.distributed._plane import advance, prepare
 from sealstream.distributed._records import ROLES as RECORD_ROLES
 from sealstream.distributed._shard import (
@@ -83,6 +85,7 @@ from sealstream.distributed._worker import from_ipc, to_ipc
 from sealstream.distributed.live import LivePlanner, live_on_workers
 from sealstream.errors import CheckpointError, SpecError
 from sealstream.pipeline import Pipeline
+from sealstream.sinks.kafka import KafkaSink
 from sealstream.sources._base import KEY, KEY_IS_INT, OFFSET, PARTITION
 from sealstream.state import incremental
 from sealstream.state.codec import WATERMARK_META, encode_table, sha256_hex
@@ -267,22 +270,38 @@ class DistributedJob(Job):
         on_workers = not self.live or live_on_workers(self.p)
         if on_workers and stages_on_workers(results):
             self.sinks["results"] = WorkerPartsSink(results, self._workers, self.crash)
+        elif on_workers and isinstance(results, KafkaSink):  # a producer per worker
+            self.sinks["results"] = KafkaWorkersSink(results, self._workers, self.crash,
+                                                     self.run_token, self.workers)
         for role in RECORD_ROLES:  # late events, bad records: staged by the readers
             sink = self.sinks.get(role)
             if sink is not None and on_workers and stages_on_workers(sink):
                 self.sinks[role] = WorkerPartsSink(sink, self._workers, self.crash, role,
                                                    self._drain_records)
+            elif on_workers and isinstance(sink, KafkaSink):  # the readers' producers
+                self.sinks[role] = KafkaWorkersSink(sink, self._workers, self.crash,
+                                                    self.run_token, self.workers, role,
+                                                    self._drain_records)
 
     def _open_worker_results(self) -> None:
-        if isinstance(self.sinks.get("results"), WorkerPartsSink):
+        kafka = self.sinks.get("results")
+        if isinstance(kafka, KafkaWorkersSink):
+            gather([a.open_results.remote(self.p, worker_run_token(self.run_token, i),
+                                          self.workers > 1, self.store is not None,
+                                          kafka.producer(i))
+                    for i, a in enumerate(self._workers())], "open results")
+        elif isinstance(self.sinks.get("results"), WorkerPartsSink):
             gather([a.open_results.remote(self.p, worker_run_token(self.run_token, i),
                                           self.workers > 1, self.store is not None)
                     for i, a in enumerate(self._workers())], "open results")
         for role in RECORD_ROLES:
-            if isinstance(self.sinks.get(role), WorkerPartsSink):
+            sink = self.sinks.get(role)
+            if isinstance(sink, WorkerPartsSink):
                 gather([a.open_records.remote(self.p, role,
                                               worker_run_token(self.run_token, i),
-                                              list(self.names), self.store is not None)
+                                              list(self.names), self.store is not None,
+                                              sink.producer(i) if isinstance(
+                                                  sink, KafkaWorkersSink) else None)
                         for i, a in enumerate(self._workers())], f"open {role}")
 
     def records_on_workers(self, role: str) -> bool:

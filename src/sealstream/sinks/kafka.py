@@ -55,7 +55,10 @@ open transaction is aborted and its next commit fails, so the run stops with a
 :class:`SinkError` and none of its later results become visible. A fenced instance
 whose call met the broker away (a retriable error: it is not told) sees the other
 instance's epochs when its retry reads the topic back, and stops the same way
-instead of taking the transactional id back with a new producer.
+instead of taking the transactional id back with a new producer. Recovery also
+fences the producers of a scale-out run's workers (``<id>-w<i>``,
+:mod:`sealstream.distributed._kafka_sinks`) that staged files or prepared tokens name,
+so that one process resuming such a run is safe from them too.
 
 **Transaction timeouts.** Unlike Flink's KafkaSink (which writes into a
 transaction during the whole checkpoint interval and must commit it after a
@@ -112,6 +115,8 @@ ID_HEADER = "sealstream-id"
 TOKEN_HEADER = "sealstream-token"
 _TOKEN_RE = re.compile(r"([0-9]{12,})-([A-Za-z0-9]{1,64})")
 _TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
+#: a token of worker ``i`` of a scale-out run (``<epoch>-<run>w<i>``)
+_WORKER_TOKEN_RE = re.compile(r"[0-9]{12,}-[A-Za-z0-9]*w([0-9]+)")
 _STAGED_RE = re.compile(r"\.part-([0-9]{12,}-[A-Za-z0-9]{1,64})\.arrow")
 #: consumer settings taken over from the output's settings (connection and security)
 _SHARED_PREFIXES = ("security.", "sasl.", "ssl.", "socket.", "broker.", "client.",
@@ -206,6 +211,17 @@ class KafkaSink(Sink):
         #: a compound key's fields (results only): the message key is then the JSON
         #: object of the fields, ``{"tenant":"acme","user":7}``
         self.key_fields: tuple[str, ...] | None = None
+        #: one of several producers of a run (the scale-out job's, one per worker:
+        #: :mod:`sealstream.distributed._kafka_sinks`): the run's base token; tokens
+        #: ``<epoch>-<family>`` and ``<epoch>-<family>w<i>`` are the run's own, not
+        #: another instance's
+        self.family: str | None = None
+        #: a worker's producer: nothing to learn from the topic at its start (the
+        #: coordinator recovered it); read-backs start at the ends of its first commit
+        self.from_end = False
+        #: recovery fences the workers' producers ``<id>-w<i>`` below this index (and
+        #: below those named by staged files and prepared tokens)
+        self.fence_below = 0
 
     # ------------------------------------------------------------ naming
     def set_job(self, pipeline: str, output: str, owner: str | None = None) -> None:
@@ -511,6 +527,14 @@ class KafkaSink(Sink):
         self._end_stale = False
 
     def _ensure_loaded(self) -> dict[str, int]:
+        if self._known is None and self.from_end:
+            # the producer first (it settles what an earlier holder of the id left),
+            # then the ends: this run's tokens are not in the topic before them
+            self._retrying("start a transactional producer for", self._ensure_producer)
+            self._end = self._floor = self._ends()
+            self._known, self._end_stale = {}, False
+            self._ids = pl.DataFrame({"token": [], "id": []},
+                                     schema={"token": pl.String, "id": pl.Binary})
         if self._known is None:
             self._load(self._floor)
         assert self._known is not None
@@ -662,8 +686,8 @@ class KafkaSink(Sink):
         """Raise the fenced error when ``frame`` (read back after our last end) holds
         epochs this instance neither found at its start nor committed: another
         instance of the job (the topic is the job's own) has been committing."""
-        others = sorted(set(frame.get_column("token").unique().to_list())
-                        - set(known) - {token})
+        others = sorted(t for t in set(frame.get_column("token").unique().to_list())
+                        - set(known) - {token} if not self._ours(t))
         if others:
             raise SinkError(
                 f"cannot commit a transaction to Kafka topic {self.topic!r} at "
@@ -671,6 +695,58 @@ class KafkaSink(Sink):
                 f"(transactional.id {self._tid!r} was taken over by another instance of "
                 "this job while the broker was unreachable; this run stops, the next run "
                 "produces its prepared epochs again)")
+
+    def _ours(self, token: str) -> bool:
+        """A token of another producer of this run (see :attr:`family`)."""
+        if self.family is None:
+            return False
+        run = token.partition("-")[2]
+        return run == self.family or re.fullmatch(f"{re.escape(self.family)}w[0-9]+",
+                                                  run) is not None
+
+    def fence(self, transactional_ids: list[str]) -> None:
+        """Fence every producer holding one of ``transactional_ids`` (another run's
+        workers, say): ``init_transactions`` under each id aborts the transaction its
+        holder left open, and its holder's later commit fails. Retried as any call."""
+        from confluent_kafka import Producer
+
+        def once(tid: str) -> None:
+            conf: dict[str, Any] = {**self._base_conf(), "enable.idempotence": True,
+                                    "acks": "all", "transaction.timeout.ms": 60_000}
+            conf.update(self.settings)
+            conf["transactional.id"] = tid
+            p = Producer(conf)
+            p.init_transactions(self._timeout())
+            p.flush(0)
+
+        from functools import partial
+
+        for tid in transactional_ids:
+            self._retrying(f"fence the producer {tid!r} of", partial(once, tid))
+
+    def _fence_workers(self, prepared: dict[int, list[str]]) -> None:
+        """Before the read-back: fence the producers of a scale-out run's workers
+        (``<id>-w<i>``) that may hold a transaction of this job: every index below
+        :attr:`fence_below` and below the largest one a staged file or a prepared token
+        names (a run with more workers, or a single process resuming one). A producer
+        left inside a transaction (killed, or a zombie cut off from its coordinator)
+        then has it aborted and can never commit."""
+        seen = [self.fence_below - 1]
+        try:
+            names = os.listdir(self.path)
+        except OSError:
+            names = []  # reported by the recovery's own listing
+        staged = [m.group(1) for m in map(_STAGED_RE.fullmatch, names) if m is not None]
+        for token in staged + [t for ts in prepared.values() for t in ts]:
+            m = _WORKER_TOKEN_RE.fullmatch(token)
+            if m is not None:
+                seen.append(int(m.group(1)))
+        self.fence([f"{self._tid}-w{i}" for i in range(max(seen) + 1)])
+
+    def moved(self) -> None:
+        """Other producers of this run committed to the topic: the next
+        :meth:`location` reads the ends again."""
+        self._end_stale = True
 
     def commit(self, epoch: int, tokens: list[str]) -> None:
         check_epoch(epoch)
@@ -750,6 +826,7 @@ class KafkaSink(Sink):
         self._buffers.clear()
         self._prepared.clear()
         self._drop_producer()
+        self._fence_workers(prepared)
         self._load(floor)
         keep: set[str] = set()
         for epoch, tokens in sorted(prepared.items()):

@@ -27,13 +27,22 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
 WAIT_S = 120.0  # generous: the machine is shared and loaded
 
 #: a pytest-like parent: starts the server, prints its PID, holds it until killed
+#: ("chromium": Playwright's driver and the browser it starts, as the console's browser
+#: tests do; Playwright ends them itself when its parent's pipe closes)
 PARENT = r"""
-import sys, threading
-from sealstream.testing.brokers import KafkaBroker, NatsServer, SeaweedServer
+import os, sys, threading
 kind, data = sys.argv[1], sys.argv[2]
-server = {"kafka": KafkaBroker, "nats": NatsServer, "s3": SeaweedServer}[kind](data_dir=data)
-server.start()
-print(server.pid, flush=True)
+if kind == "chromium":
+    from playwright.sync_api import sync_playwright
+    pw = sync_playwright().start()
+    pw.chromium.launch(executable_path=sys.argv[3], headless=True,
+                       args=["--no-sandbox", "--disable-dev-shm-usage"])
+    print(os.getpid(), flush=True)  # the test follows every process under this one
+else:
+    from sealstream.testing.brokers import KafkaBroker, NatsServer, SeaweedServer
+    server = {"kafka": KafkaBroker, "nats": NatsServer, "s3": SeaweedServer}[kind](data_dir=data)
+    server.start()
+    print(server.pid, flush=True)
 threading.Event().wait()
 """
 
@@ -77,16 +86,33 @@ def _read_line(proc: subprocess.Popen[str]) -> str:
     raise AssertionError(f"the server did not start within {WAIT_S:.0f} s")
 
 
-@pytest.mark.parametrize("kind", ["kafka", "nats", "s3"])
+def _chromium() -> str:
+    pytest.importorskip("playwright.sync_api")
+    res = subprocess.run([str(Path(__file__).resolve().parents[1] / "scripts" /
+                              "install-chromium")], capture_output=True, text=True, timeout=900)
+    path = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
+    if res.returncode != 0 or not path:
+        msg = f"no system Chromium: {res.stderr.strip()}"
+        if os.environ.get("SEALSTREAM_REQUIRE_BROWSER") == "1":
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["kafka", "nats", "s3", "chromium"])
 def test_a_server_dies_with_its_sigkilled_parent(kind: str, tmp_path: Path) -> None:
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, kind, str(tmp_path / "data")],
-                              stdout=subprocess.PIPE, text=True, env=dict(os.environ),
-                              preexec_fn=die_with_parent())
+    extra = [_chromium()] if kind == "chromium" else []
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, kind, str(tmp_path / "data"),
+                               *extra], stdout=subprocess.PIPE, text=True,
+                              env=dict(os.environ), preexec_fn=die_with_parent())
     server: dict[int, bytes] = {}
     try:
         pid = int(_read_line(parent))
         server = _descendants(pid)
-        assert pid in server, f"the server {pid} is not running"
+        if kind == "chromium":  # the parent itself is not the server: what it started is
+            server.pop(parent.pid)
+            assert len(server) >= 2, f"no driver and browser under the parent: {server}"
+        assert pid in server or kind == "chromium", f"the server {pid} is not running"
         parent.send_signal(signal.SIGKILL)
         assert parent.wait(WAIT_S) == -signal.SIGKILL
         deadline = time.monotonic() + WAIT_S

@@ -30,6 +30,8 @@ from typing import Any
 import pytest
 from _consolekit import emitted_window
 
+from sealstream.testing.lifeline import die_with_parent
+
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 120.0  # generous: the machine is shared and noisy
 
@@ -90,7 +92,8 @@ class Served:
                if not k.startswith("SEALSTREAM_CHECKPOINT_KEY")}
         self.proc = subprocess.Popen([sys.executable, "-m", "sealstream", "console", *args],
                                      stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                     text=True, env=env)
+                                     text=True, env=env,
+                                     preexec_fn=die_with_parent())  # not left running
         self.lines: queue.Queue[str] = queue.Queue()
         self.pump = threading.Thread(target=self._pump, daemon=True)
         self.pump.start()

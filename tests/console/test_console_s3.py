@@ -25,6 +25,7 @@ from _consolekit import emitted_window, story
 from scenarios._story import run
 from sealstream.checkpoint import manifest as mf
 from sealstream.errors import CheckpointError
+from sealstream.testing.lifeline import die_with_parent
 
 
 def _client(server: Any) -> Any:
@@ -176,7 +177,8 @@ def _serve(*args: str, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]
     """``sealstream console ARGS --port 0`` and the URL it prints when bound."""
     proc = subprocess.Popen([sys.executable, "-m", "sealstream", "console", *args,
                              "--port", "0"], stderr=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, text=True, env=env)
+                            stdout=subprocess.DEVNULL, text=True, env=env,
+                            preexec_fn=die_with_parent())  # not left by a killed pytest
     assert proc.stderr is not None
     printed = []
     for line in proc.stderr:  # blocks until the line (or the end: a failed start)

@@ -54,3 +54,12 @@ def ray_cluster() -> Iterator[Any]:
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+@pytest.fixture(scope="session")
+def live_story(kafka: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """tests/distributed/_live_case.py's topic and one process's output of it, made
+    once per test process for the test_live_*.py files (they only read it)."""
+    from _live_case import make_story
+
+    return make_story(kafka.bootstrap, tmp_path_factory.mktemp("live-ref"))

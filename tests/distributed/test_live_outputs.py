@@ -21,47 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _live_case import KillWorker, LiveStory, assert_same_output, live_job, live_spec
 
-SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
-if str(SCENARIOS) not in sys.path:  # _kafka_story imports _story as its neighbour
-    sys.path.append(str(SCENARIOS))
+from sealstream.testing.specs import spec_text
 
-from _kafka_story import kafka_source_spec, produce_input  # noqa: E402
-from _story import assert_same_output, make_input, run, write_spec  # noqa: E402
-
-from sealstream.testing.specs import spec_text  # noqa: E402
-
-EVENTS = 600
-SPEC = {"every_events": 150, "batch_size": 40, "errors": True}
 OUTPUTS = ("out", "late", "errors")
-
-
-def _job(spec: Path, workers: int, **kw: Any) -> Any:
-    from sealstream import load_spec
-    from sealstream.distributed import DistributedJob
-
-    return DistributedJob(load_spec(spec), workers=workers, **kw)
-
-
-@pytest.fixture(scope="module")
-def story(kafka: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A 3-partition topic (late events, bad records, integer keys) and the output of
-    one process reading it to its end."""
-    d = tmp_path_factory.mktemp("live-outputs-ref")
-    names = make_input(d, events=EVENTS, bad_every=97)
-    topic = produce_input(kafka.bootstrap, d, names)
-    spec = write_spec(d, names, **SPEC)
-    kafka_source_spec(spec, kafka.bootstrap, topic)
-    res = run(spec)
-    assert res.returncode == 0, res.stderr
-    return {"dir": d, "names": names, "topic": topic}
-
-
-def _spec(d: Path, kafka: Any, story: dict[str, Any]) -> Path:
-    d.mkdir(parents=True, exist_ok=True)
-    spec = write_spec(d, story["names"], **SPEC)
-    kafka_source_spec(spec, kafka.bootstrap, story["topic"])
-    return spec
 
 
 def _files(d: Path, sub: str, pattern: str) -> list[str]:
@@ -80,20 +44,20 @@ def _assert_staged_by_workers(d: Path, workers: range) -> None:
 
 
 def test_kafka_outputs_staged_by_two_workers_equal_one_process(
-        ray_cluster: Any, kafka: Any, story: dict[str, Any], tmp_path: Path) -> None:
+        ray_cluster: Any, kafka: Any, live_story: LiveStory, tmp_path: Path) -> None:
     """2 workers read the 3 partitions and stage every output themselves: results,
     late events and bad records equal one process's, in files of both workers; the
     coordinator received no output row."""
     from sealstream.distributed.live import LivePlanner
 
-    spec = _spec(tmp_path, kafka, story)
-    job = _job(spec, 2)
+    spec = live_spec(tmp_path, kafka.bootstrap, live_story)
+    job = live_job(spec, 2)
     job.run()
     assert isinstance(job.merger, LivePlanner)
     assert job.counters.late_events > 0 and job.counters.bad_records > 0
     assert job.counters.results_written > 0
     assert sum(job.merger.output_bytes) == 0
-    assert_same_output(tmp_path, story["dir"])
+    assert_same_output(tmp_path, live_story.dir)
     _assert_staged_by_workers(tmp_path, range(2))
 
 
@@ -145,7 +109,7 @@ def test_coordinator_bytes_do_not_grow_with_results_late_and_bad_rows(
             f'topic = "{topic}"\nstop = "end"', batch_size=1_000,
             window=window + "\nallowed_lateness_ms = 0", aggregates={"n": "count"},
             late=True, errors=True, checkpoint='path = "ckpt"', every_events=3_000, keep=3))
-        job = _job(spec, 2)
+        job = live_job(spec, 2)
         job.run()
         steps = list(job.merger.step_bytes)
         assert len(steps) >= 4, steps
@@ -174,7 +138,7 @@ def _killed_at(spec: Path, point: str, address: str, workers: int) -> None:
 @pytest.mark.parametrize("point", ["after_commit_worker_part:1",
                                    "after_commit_worker_records:1"])
 def test_coordinator_killed_between_the_manifest_and_worker_commits_then_rescaled(
-        ray_cluster: Any, kafka: Any, story: dict[str, Any], tmp_path: Path,
+        ray_cluster: Any, kafka: Any, live_story: LiveStory, tmp_path: Path,
         point: str) -> None:
     """``run --workers 2`` SIGKILLs itself after the first worker's commit of an
     epoch (the manifest naming every worker's part is published, the other parts still
@@ -182,44 +146,29 @@ def test_coordinator_killed_between_the_manifest_and_worker_commits_then_rescale
     checkpoint's parts are committed, the recorded steps after it replayed, every
     result, late event and bad record exactly once, the third worker staging its
     own."""
-    spec = _spec(tmp_path, kafka, story)
+    spec = live_spec(tmp_path, kafka.bootstrap, live_story)
     _killed_at(spec, point, ray_cluster.address, 2)
     staged = [n for sub in OUTPUTS for n in _files(tmp_path, sub, ".part-*.inprogress")]
     assert staged, "the epoch's other parts should still be staged"
-    job = _job(spec, 3)
+    job = live_job(spec, 3)
     job.run()
     assert job.resumed_from is not None
-    assert_same_output(tmp_path, story["dir"])
+    assert_same_output(tmp_path, live_story.dir)
     for sub in OUTPUTS:
         assert not _files(tmp_path, sub, ".part-*"), f"{sub}: staging left behind"
     assert any(_files(tmp_path, sub, "part-*w2.jsonl") for sub in OUTPUTS)
 
 
-class _KillWorker:
-    """A progress hook that SIGKILLs one worker after a randomly drawn step."""
-
-    def __init__(self, rng: random.Random, steps: int) -> None:
-        self.rng, self.at, self.step = rng, rng.randrange(2, steps), 0
-        self.killed: list[int] = []
-
-    def __call__(self, job: Any) -> None:
-        self.step += 1
-        if self.step >= self.at and not self.killed and job.worker_pids:
-            pid = self.rng.choice(job.worker_pids)
-            os.kill(pid, signal.SIGKILL)
-            self.killed.append(pid)
-
-
 def test_a_sigkilled_worker_loses_no_staged_output(
-        ray_cluster: Any, kafka: Any, story: dict[str, Any], tmp_path: Path) -> None:
+        ray_cluster: Any, kafka: Any, live_story: LiveStory, tmp_path: Path) -> None:
     """A worker SIGKILLed after a random step (its staged part files of the open epoch
     are lost with it): every worker restarts from the newest checkpoint, the staging of
     the lost epoch is deleted and replayed, and the committed output is one process's,
     exactly once, staged by both workers."""
-    spec = _spec(tmp_path, kafka, story)
-    kill = _KillWorker(random.Random(11), steps=10)
-    job = _job(spec, 2, progress=kill)
+    spec = live_spec(tmp_path, kafka.bootstrap, live_story)
+    kill = KillWorker(random.Random(11), steps=10)
+    job = live_job(spec, 2, progress=kill)
     job.run()
     assert kill.killed and job.restarts == 1
-    assert_same_output(tmp_path, story["dir"])
+    assert_same_output(tmp_path, live_story.dir)
     _assert_staged_by_workers(tmp_path, range(2))

@@ -7,21 +7,22 @@ and a worker SIGKILLed while it holds records read ahead loses nothing."""
 from __future__ import annotations
 
 import random
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import pytest
+from _live_case import (
+    BATCH,
+    LiveStory,
+    assert_same_output,
+    kafka_source_spec,
+    live_job,
+    live_spec,
+    make_input,
+    produce_input,
+    write_spec,
+)
 
-SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
-if str(SCENARIOS) not in sys.path:  # _kafka_story imports _story as its neighbour
-    sys.path.append(str(SCENARIOS))
-
-from _kafka_story import kafka_source_spec, produce_input  # noqa: E402
-from _story import assert_same_output, make_input, run, write_spec  # noqa: E402
-
-BATCH = 40
 WAIT_S = 120  # generous: the machine is shared and loaded
 
 
@@ -100,23 +101,6 @@ def test_read_ahead_is_one_poll_and_hands_out_exactly_the_ranges(
     assert reader.held == {} and reader._pool is None
 
 
-EVENTS = 600
-SPEC = {"every_events": 150, "batch_size": BATCH, "errors": True}
-
-
-@pytest.fixture(scope="module")
-def story(kafka: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A 3-partition topic (late events, bad records) and one process's output."""
-    d = tmp_path_factory.mktemp("ahead-ref")
-    names = make_input(d, events=EVENTS, bad_every=97)
-    topic = produce_input(kafka.bootstrap, d, names)
-    spec = write_spec(d, names, **SPEC)
-    kafka_source_spec(spec, kafka.bootstrap, topic)
-    res = run(spec)
-    assert res.returncode == 0, res.stderr
-    return {"dir": d, "names": names, "topic": topic}
-
-
 class _KillHoldingWorker:
     """A progress hook: from a randomly drawn step on, SIGKILL the first worker seen
     holding records read ahead (asked between steps, while its read-ahead polls);
@@ -158,19 +142,15 @@ class _KillHoldingWorker:
 
 
 def test_a_worker_killed_holding_read_ahead_records_loses_nothing(
-        ray_cluster: Any, kafka: Any, story: dict[str, Any], tmp_path: Path) -> None:
+        ray_cluster: Any, kafka: Any, live_story: LiveStory, tmp_path: Path) -> None:
     """2 workers; one is SIGKILLed while it holds a poll read ahead (records in no
     step yet): every worker restarts from the newest checkpoint, and the results,
     late events and bad records are one process's, exactly once."""
-    from sealstream import load_spec
-    from sealstream.distributed import DistributedJob
-
-    spec = write_spec(tmp_path, story["names"], **SPEC)
-    kafka_source_spec(spec, kafka.bootstrap, story["topic"])
+    spec = live_spec(tmp_path, kafka.bootstrap, live_story)
     kill = _KillHoldingWorker(random.Random(5))
-    job = DistributedJob(load_spec(spec), workers=2, progress=kill)
+    job = live_job(spec, 2, progress=kill)
     job.run()
     assert kill.killed, "no worker was seen holding records read ahead"
     assert job.restarts == 1
     assert 0 < kill.most <= BATCH
-    assert_same_output(tmp_path, story["dir"])
+    assert_same_output(tmp_path, live_story.dir)

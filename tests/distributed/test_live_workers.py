@@ -18,103 +18,64 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 NATS_TESTS = Path(__file__).resolve().parents[1] / "sources" / "nats"
-for extra in (SCENARIOS, NATS_TESTS):
-    if str(extra) not in sys.path:  # _kafka_story imports _story as its neighbour
-        sys.path.append(str(extra))
+if str(NATS_TESTS) not in sys.path:
+    sys.path.append(str(NATS_TESTS))
 
 from _jet import Jet  # noqa: E402
-from _kafka_story import kafka_source_spec, produce_input  # noqa: E402
-from _story import assert_same_output, make_input, run, write_spec  # noqa: E402
-
-EVENTS = 600
-SPEC = {"every_events": 150, "batch_size": 40, "errors": True}
-
-
-def _job(spec: Path, workers: int, **kw: Any) -> Any:
-    from sealstream import load_spec
-    from sealstream.distributed import DistributedJob
-
-    return DistributedJob(load_spec(spec), workers=workers, **kw)
-
-
-@pytest.fixture(scope="module")
-def story(kafka: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A 3-partition topic (late events, bad records, integer keys) and the output
-    of one process reading it to its end."""
-    d = tmp_path_factory.mktemp("live-ref")
-    names = make_input(d, events=EVENTS, bad_every=97)
-    topic = produce_input(kafka.bootstrap, d, names)
-    spec = write_spec(d, names, **SPEC)
-    kafka_source_spec(spec, kafka.bootstrap, topic)
-    res = run(spec)
-    assert res.returncode == 0, res.stderr
-    return {"dir": d, "names": names, "topic": topic}
-
-
-def _spec(d: Path, kafka: Any, story: dict[str, Any]) -> Path:
-    d.mkdir(parents=True, exist_ok=True)
-    spec = write_spec(d, story["names"], **SPEC)
-    kafka_source_spec(spec, kafka.bootstrap, story["topic"])
-    return spec
+from _live_case import (  # noqa: E402
+    SPEC,
+    KillWorker,
+    LiveStory,
+    assert_same_output,
+    kafka_source_spec,
+    live_job,
+    live_spec,
+    make_input,
+    produce_input,
+    run,
+    write_spec,
+)
 
 
 def test_kafka_with_two_workers_equals_one_process(
-        ray_cluster: Any, kafka: Any, story: dict[str, Any], tmp_path: Path) -> None:
+        ray_cluster: Any, kafka: Any, live_story: LiveStory, tmp_path: Path) -> None:
     """2 workers, each reading its partitions of the topic through its own consumer:
     results, late events and bad records equal one process's, exactly once; the
     coordinator planned and recorded the steps but read no record."""
     from sealstream.distributed.live import LivePlanner
 
-    spec = _spec(tmp_path, kafka, story)
-    job = _job(spec, 2)
+    spec = live_spec(tmp_path, kafka.bootstrap, live_story)
+    job = live_job(spec, 2)
     job.run()
     assert isinstance(job.merger, LivePlanner)
     assert job.counters.events > 0 and job.counters.late_events > 0
     assert job.counters.bad_records > 0
     assert list((tmp_path / "ckpt" / "plans").glob("step-*.json")) or \
         job.merger.step > 0
-    assert_same_output(tmp_path, story["dir"])
-
-
-class _KillWorker:
-    """A progress hook that SIGKILLs one worker after a randomly drawn step."""
-
-    def __init__(self, rng: random.Random, steps: int) -> None:
-        self.rng, self.at, self.step = rng, rng.randrange(2, steps), 0
-        self.killed: list[int] = []
-
-    def __call__(self, job: Any) -> None:
-        self.step += 1
-        if self.step >= self.at and not self.killed and job.worker_pids:
-            pid = self.rng.choice(job.worker_pids)
-            os.kill(pid, signal.SIGKILL)
-            self.killed.append(pid)
+    assert_same_output(tmp_path, live_story.dir)
 
 
 def test_a_lost_worker_restarts_every_worker_from_the_newest_checkpoint(
-        ray_cluster: Any, kafka: Any, story: dict[str, Any], tmp_path: Path) -> None:
+        ray_cluster: Any, kafka: Any, live_story: LiveStory, tmp_path: Path) -> None:
     """A worker SIGKILLed after a random step: every worker restarts from the newest
     checkpoint, the recorded steps after it are re-read by the new workers, and the
     output is one process's exactly once."""
-    spec = _spec(tmp_path, kafka, story)
-    kill = _KillWorker(random.Random(3), steps=8)
-    job = _job(spec, 2, progress=kill)
+    spec = live_spec(tmp_path, kafka.bootstrap, live_story)
+    kill = KillWorker(random.Random(3), steps=8)
+    job = live_job(spec, 2, progress=kill)
     job.run()
     assert kill.killed and job.restarts == 1
-    assert_same_output(tmp_path, story["dir"])
+    assert_same_output(tmp_path, live_story.dir)
 
 
 def test_sigkill_of_the_coordinator_then_resume_with_three_workers(
-        ray_cluster: Any, kafka: Any, story: dict[str, Any], tmp_path: Path) -> None:
+        ray_cluster: Any, kafka: Any, live_story: LiveStory, tmp_path: Path) -> None:
     """``run --workers 2`` SIGKILLed once a randomly drawn checkpoint is published
     (and the plans of the steps after it recorded), resumed with 3 workers: the
     recorded ranges are replayed by the workers that own them now, and the output
     is one process's exactly once (a rescale 2 -> 3 of a live run)."""
-    spec = _spec(tmp_path, kafka, story)
+    spec = live_spec(tmp_path, kafka.bootstrap, live_story)
     target = random.Random(17).randint(1, 3)
     proc = subprocess.Popen(
         [sys.executable, "-m", "sealstream", "run", str(spec), "--quiet", "--workers", "2",
@@ -131,10 +92,10 @@ def test_sigkill_of_the_coordinator_then_resume_with_three_workers(
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == -signal.SIGKILL, f"the run ended before the kill: {err}"
-    job = _job(spec, 3)
+    job = live_job(spec, 3)
     job.run()
     assert job.resumed_from is not None
-    assert_same_output(tmp_path, story["dir"])
+    assert_same_output(tmp_path, live_story.dir)
 
 
 def test_no_event_row_passes_through_the_coordinator(
@@ -165,7 +126,7 @@ def test_no_event_row_passes_through_the_coordinator(
         spec = write_spec(d, ["in/none.jsonl"], window=window, batch_size=batch,
                           every_events=100_000)
         kafka_source_spec(spec, kafka.bootstrap, topic)
-        job = _job(spec, 2)
+        job = live_job(spec, 2)
         job.run()
         assert job.counters.events == 3 * per_partition
         steps = list(job.merger.step_bytes)
@@ -197,7 +158,7 @@ def test_nats_with_two_workers_equals_one_process(
             res = run(spec)
             assert res.returncode == 0, res.stderr
         else:
-            job = _job(spec, workers)
+            job = live_job(spec, workers)
             job.run()
             assert job.counters.late_events > 0
         outs.append(d)

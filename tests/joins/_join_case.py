@@ -151,3 +151,52 @@ def run_engine(case: JoinCase, directory: Path) -> Output:
     rc = main(["run", str(spec)])
     assert rc == 0, f"sealstream run exited {rc}\n{case.spec()}"
     return Output(read_jsonl_dir(directory / "out"), read_jsonl_dir(directory / "late"))
+
+
+# ------------------------------------------------------------ click-through-rate stories
+# The story tests (test_join_kafka/nats/chaos/transforms.py) join clicks with
+# impressions (or views) on an ad key; their specs differ only in the sources, the
+# window, the aggregates and the outputs.
+
+#: per CTR source: (key field, time field, value field) in its records
+CTR_FIELDS = {"clicks": ("ad", "ts", "bid"), "impressions": ("ad_id", "shown_at", "cost")}
+
+
+def _table(name: str, settings: dict[str, Any]) -> list[str]:
+    # keys as written (dotted keys stay dotted), values as TOML (JSON's strings, numbers
+    # and lists are TOML's too)
+    return [f"[{name}]", *(f"{k} = {json.dumps(v)}" for k, v in settings.items()), ""]
+
+
+def source_block(name: str, kind: str, fields: tuple[str, str, str] | None = None,
+                 settings: dict[str, Any] | None = None, extra: str = "") -> str:
+    """``[sources.NAME]`` of ``kind`` keyed and timed by ``fields`` (CTR_FIELDS[NAME] by
+    default), with ``settings`` and ``extra`` TOML lines (a sub-table, say) after it."""
+    k, t, _ = fields or CTR_FIELDS[name]
+    block = _table(f"sources.{name}",
+                   {"kind": kind, **(settings or {}), "key": k, "time": t})
+    return "\n".join(block) + extra
+
+
+def ctr_spec(sources: list[str], *, left: str, window: dict[str, Any],
+             aggregates: dict[str, str], name: str = "ctr", batch_size: int | None = 64,
+             max_delay_ms: int | None = 1000, outputs: tuple[str, ...] = ("late", "errors"),
+             checkpoint: dict[str, Any] | None = None) -> str:
+    """A left join of ``sources`` (``[sources.NAME]`` blocks) on ``left`` with
+    ``ctr = clicks.n / LEFT.n``, results into ``out`` and each of ``outputs``
+    (late, errors) into a directory of its name."""
+    head: dict[str, Any] = {"name": name}
+    if batch_size is not None:
+        head["batch_size"] = batch_size
+    lines = _table("pipeline", head) + ["\n".join(sources), ""]
+    if max_delay_ms is not None:
+        lines += _table("watermark", {"max_delay_ms": max_delay_ms})
+    lines += _table("window", window)
+    lines += ["[aggregates]", *(f"{n} = {json.dumps(e)}" for n, e in aggregates.items()), ""]
+    lines += ["[join]", 'type = "left"', f'left = "{left}"',
+              f'fields.ctr = "clicks.n / {left}.n"', ""]
+    for out in ("sink", *outputs):
+        lines += _table(out, {"kind": "jsonl", "path": "out" if out == "sink" else out})
+    if checkpoint is not None:
+        lines += _table("checkpoint", checkpoint)
+    return "\n".join(lines)

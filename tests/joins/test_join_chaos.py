@@ -15,13 +15,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scenarios"))
 
+from _join_case import CTR_FIELDS, ctr_spec, source_block  # noqa: E402
 from _story import assert_same_output, newest_checkpoint, run, run_killed_randomly  # noqa: E402
+
+#: per source: (key field, time field, value field)
+FIELDS = {"clicks": CTR_FIELDS["clicks"], "views": ("ad_id", "time", "cost")}
 
 
 def _input(d: Path) -> None:
     rng = random.Random(11)
-    for src, (k, t, v) in {"clicks": ("ad", "ts", "bid"),
-                           "views": ("ad_id", "time", "cost")}.items():
+    for src, (k, t, v) in FIELDS.items():
         for p in range(2):
             now = 1_700_000_000_000
             lines = []
@@ -37,62 +40,22 @@ def _input(d: Path) -> None:
             path.write_text("\n".join(lines) + "\n")
 
 
-SPEC = """
-[pipeline]
-name = "ctr"
-batch_size = 50
-
-[sources.clicks]
-kind = "jsonl"
-paths = ["in/clicks/*.jsonl"]
-key = "ad"
-time = "ts"
-
-[sources.views]
-kind = "jsonl"
-paths = ["in/views/*.jsonl"]
-key = "ad_id"
-time = "time"
-
-[watermark]
-max_delay_ms = 1000
-
-[window]
-kind = "sliding"
-size_ms = 4000
-slide_ms = 2000
-allowed_lateness_ms = 500
-
-[aggregates]
-clicks.n = "count"
-clicks.bids = "sum(bid)"
-views.n = "count"
-views.spend = "mean(cost)"
-
-[join]
-type = "left"
-left = "views"
-fields.ctr = "clicks.n / views.n"
-
-[sink]
-kind = "jsonl"
-path = "out"
-
-[late]
-kind = "jsonl"
-path = "late"
-
-[checkpoint]
-path = "ckpt"
-every_events = 150
-keep = 20
-"""
+def _spec() -> str:
+    sources = [source_block(src, "jsonl", FIELDS[src], {"paths": [f"in/{src}/*.jsonl"]})
+               for src in FIELDS]
+    return ctr_spec(
+        sources, left="views", batch_size=50, outputs=("late",),
+        window={"kind": "sliding", "size_ms": 4000, "slide_ms": 2000,
+                "allowed_lateness_ms": 500},
+        aggregates={"clicks.n": "count", "clicks.bids": "sum(bid)", "views.n": "count",
+                    "views.spend": "mean(cost)"},
+        checkpoint={"path": "ckpt", "every_events": 150, "keep": 20})
 
 
 def _story(d: Path) -> Path:
     _input(d)
     spec = d / "spec.toml"
-    spec.write_text(SPEC)
+    spec.write_text(_spec())
     return spec
 
 

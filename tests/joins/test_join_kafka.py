@@ -21,6 +21,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scenarios"))
 
+from _join_case import CTR_FIELDS, ctr_spec, source_block  # noqa: E402
 from _story import (  # noqa: E402
     assert_same_output,
     committed,
@@ -31,61 +32,13 @@ from _story import (  # noqa: E402
 
 ck = pytest.importorskip("confluent_kafka")
 
-#: per source: (key field, time field, value field)
-FIELDS = {"clicks": ("ad", "ts", "bid"), "impressions": ("ad_id", "shown_at", "cost")}
-
-SPEC = """
-[pipeline]
-name = "ctr"
-batch_size = 64
-
-{sources}
-
-[watermark]
-max_delay_ms = 1000
-
-[window]
-kind = "tumbling"
-size_ms = 5000
-allowed_lateness_ms = 500
-
-[aggregates]
-clicks.n = "count"
-clicks.bids = "sum(bid)"
-impressions.n = "count"
-impressions.cost = "sum(cost)"
-
-[join]
-type = "left"
-left = "impressions"
-fields.ctr = "clicks.n / impressions.n"
-
-[sink]
-kind = "jsonl"
-path = "out"
-
-[late]
-kind = "jsonl"
-path = "late"
-
-[errors]
-kind = "jsonl"
-path = "errors"
-
-[checkpoint]
-path = "ckpt"
-{every}
-keep = 20
-"""
-
-
 def _input(d: Path, seed: int = 7, n: int = 400, start_ms: int = 1_700_000_000_000
            ) -> dict[str, list[Path]]:
     """Two partitions per source: disorder below max_delay_ms, a few events far
     behind (late), a few bad lines."""
     rng = random.Random(seed)
     out: dict[str, list[Path]] = {}
-    for src, (k, t, v) in FIELDS.items():
+    for src, (k, t, v) in CTR_FIELDS.items():
         out[src] = []
         for p in range(2):
             now = start_ms
@@ -115,23 +68,24 @@ def _produce(bootstrap: str, topic: str, files: list[Path]) -> None:
 
 
 def _kafka(name: str, bootstrap: str, topic: str, stop: str = "end") -> str:
-    k, t, _ = FIELDS[name]
-    return (f'[sources.{name}]\nkind = "kafka"\nbootstrap = "{bootstrap}"\n'
-            f'topic = "{topic}"\nstop = "{stop}"\nkey = "{k}"\ntime = "{t}"\n'
-            'fail_after_ms = 20000\n')
+    return source_block(name, "kafka", settings={
+        "bootstrap": bootstrap, "topic": topic, "stop": stop, "fail_after_ms": 20000})
 
 
 def _files(name: str, files: list[Path]) -> str:
-    k, t, _ = FIELDS[name]
-    return (f'[sources.{name}]\nkind = "jsonl"\npaths = {json.dumps([str(f) for f in files])}\n'
-            f'key = "{k}"\ntime = "{t}"\n')
+    return source_block(name, "jsonl", settings={"paths": [str(f) for f in files]})
 
 
-def _spec(d: Path, sources: list[str], every: str = "every_events = 200",
+def _spec(d: Path, sources: list[str], every: tuple[str, int] = ("every_events", 200),
           name: str = "spec.toml") -> Path:
     d.mkdir(parents=True, exist_ok=True)
     spec = d / name
-    spec.write_text(SPEC.format(sources="\n".join(sources), every=every))
+    spec.write_text(ctr_spec(
+        sources, left="impressions",
+        window={"kind": "tumbling", "size_ms": 5000, "allowed_lateness_ms": 500},
+        aggregates={"clicks.n": "count", "clicks.bids": "sum(bid)",
+                    "impressions.n": "count", "impressions.cost": "sum(cost)"},
+        checkpoint={"path": "ckpt", every[0]: every[1], "keep": 20}))
     return spec
 
 
@@ -161,16 +115,16 @@ def _renamed(d: Path, to: Path, names: dict[str, str]) -> Path:
 def test_ctr_from_two_topics_equals_the_same_join_from_files(kafka: Any, tmp_path: Path
                                                               ) -> None:
     files = _input(tmp_path)
-    topics = {src: kafka.new_topic(partitions=2) for src in FIELDS}
+    topics = {src: kafka.new_topic(partitions=2) for src in CTR_FIELDS}
     for src, t in topics.items():
         _produce(kafka.bootstrap, t, files[src])
-    ref = _spec(tmp_path / "files", [_files(s, files[s]) for s in FIELDS])
+    ref = _spec(tmp_path / "files", [_files(s, files[s]) for s in CTR_FIELDS])
     _ok(ref)
-    names = {str(f): f"{topics[s]}/{i}" for s in FIELDS for i, f in enumerate(files[s])}
+    names = {str(f): f"{topics[s]}/{i}" for s in CTR_FIELDS for i, f in enumerate(files[s])}
     assert committed(ref.parent, "late") and committed(ref.parent, "errors")
     assert any(r["clicks.n"] is None for r in committed(ref.parent, "out"))  # left join
 
-    both = _spec(tmp_path / "kafka", [_kafka(s, kafka.bootstrap, topics[s]) for s in FIELDS])
+    both = _spec(tmp_path / "kafka", [_kafka(s, kafka.bootstrap, topics[s]) for s in CTR_FIELDS])
     _ok(both)
     assert_same_output(both.parent, _renamed(ref.parent, tmp_path / "want-both", names))
 
@@ -211,10 +165,10 @@ def test_ctr_from_two_topics_equals_the_same_join_from_files(kafka: Any, tmp_pat
 
 def test_an_app_change_is_refused_naming_the_source(kafka: Any, tmp_path: Path) -> None:
     files = _input(tmp_path, n=50)
-    topics = {src: kafka.new_topic(partitions=2) for src in FIELDS}
+    topics = {src: kafka.new_topic(partitions=2) for src in CTR_FIELDS}
     for src, t in topics.items():
         _produce(kafka.bootstrap, t, files[src])
-    spec = _spec(tmp_path / "job", [_kafka(s, kafka.bootstrap, topics[s]) for s in FIELDS])
+    spec = _spec(tmp_path / "job", [_kafka(s, kafka.bootstrap, topics[s]) for s in CTR_FIELDS])
     _ok(spec)
     other = kafka.new_topic(partitions=2)
     spec.write_text(spec.read_text().replace(topics["clicks"], other))
@@ -231,16 +185,16 @@ def test_random_sigkills_and_damaged_checkpoints_exactly_once(kafka: Any, tmp_pa
     truncated, then SIGKILLed at random instants until it finishes: the output equals
     an uninterrupted run's, exactly once (recorded steps replayed as planned)."""
     files = _input(tmp_path, seed=3, n=600)
-    topics = {src: kafka.new_topic(partitions=2) for src in FIELDS}
+    topics = {src: kafka.new_topic(partitions=2) for src in CTR_FIELDS}
     for src, t in topics.items():
         _produce(kafka.bootstrap, t, files[src])
-    sources = [_kafka(s, kafka.bootstrap, topics[s]) for s in FIELDS]
-    clean = _spec(tmp_path / "clean", sources, every="every_events = 150")
+    sources = [_kafka(s, kafka.bootstrap, topics[s]) for s in CTR_FIELDS]
+    clean = _spec(tmp_path / "clean", sources, every=("every_events", 150))
     started = time.monotonic()
     _ok(clean)
     typical = time.monotonic() - started
 
-    spec = _spec(tmp_path / "chaos", sources, every="every_events = 150")
+    spec = _spec(tmp_path / "chaos", sources, every=("every_events", 150))
     d = spec.parent
     assert run(spec, crash_at="after_retention:3").returncode == -signal.SIGKILL
     state = newest_checkpoint(d) / "state.arrow"
@@ -278,11 +232,11 @@ def test_a_topic_deleted_mid_run_stops_it_in_one_line(kafka: Any, tmp_path: Path
     from confluent_kafka.admin import AdminClient
 
     files = _input(tmp_path, n=100)
-    topics = {src: kafka.new_topic(partitions=2) for src in FIELDS}
+    topics = {src: kafka.new_topic(partitions=2) for src in CTR_FIELDS}
     for src, t in topics.items():
         _produce(kafka.bootstrap, t, files[src])
     spec = _spec(tmp_path / "job", [_kafka(s, kafka.bootstrap, topics[s], stop="never")
-                                    for s in FIELDS], every="every_ms = 200")
+                                    for s in CTR_FIELDS], every=("every_ms", 200))
     proc = subprocess.Popen([sys.executable, "-m", "sealstream", "run", str(spec), "--json"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

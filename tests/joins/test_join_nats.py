@@ -18,42 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sources" / "nats")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scenarios"))
 
 from _jet import Jet  # noqa: E402
+from _join_case import CTR_FIELDS, ctr_spec, source_block  # noqa: E402
 from _story import committed  # noqa: E402
-
-FIELDS = {"clicks": ("ad", "ts", "bid"), "impressions": ("ad_id", "shown_at", "cost")}
-
-SPEC = """
-[pipeline]
-name = "ctr"
-batch_size = 64
-
-{sources}
-
-[watermark]
-max_delay_ms = 1000
-
-[window]
-kind = "tumbling"
-size_ms = 5000
-
-[aggregates]
-clicks.n = "count"
-impressions.n = "count"
-impressions.cost = "sum(cost)"
-
-[join]
-type = "left"
-left = "impressions"
-fields.ctr = "clicks.n / impressions.n"
-
-[sink]
-kind = "jsonl"
-path = "out"
-
-[checkpoint]
-path = "ckpt"
-every_events = 150
-"""
 
 
 def _input(d: Path, seed: int, n: int, start_ms: int) -> dict[str, list[list[str]]]:
@@ -61,7 +27,7 @@ def _input(d: Path, seed: int, n: int, start_ms: int) -> dict[str, list[list[str
     whatever the interleaving of partitions (NATS positions are stream sequences)."""
     rng = random.Random(seed)
     out: dict[str, list[list[str]]] = {}
-    for src, (k, t, v) in FIELDS.items():
+    for src, (k, t, v) in CTR_FIELDS.items():
         out[src] = []
         for p in range(2):
             now, lines = start_ms, []
@@ -89,7 +55,11 @@ def _publish(jets: dict[str, Jet], data: dict[str, list[list[str]]]) -> None:
 
 def _spec(d: Path, sources: list[str]) -> Path:
     d.mkdir(parents=True, exist_ok=True)
-    (d / "spec.toml").write_text(SPEC.format(sources="\n".join(sources)))
+    (d / "spec.toml").write_text(ctr_spec(
+        sources, left="impressions", window={"kind": "tumbling", "size_ms": 5000},
+        aggregates={"clicks.n": "count", "impressions.n": "count",
+                    "impressions.cost": "sum(cost)"},
+        outputs=(), checkpoint={"path": "ckpt", "every_events": 150}))
     return d / "spec.toml"
 
 
@@ -105,28 +75,24 @@ def _results(d: Path) -> dict[tuple[Any, ...], dict[str, Any]]:
 
 def test_ctr_from_two_streams_equals_the_same_join_from_files(nats_server: Any,
                                                               tmp_path: Path) -> None:
-    jets = {src: Jet(nats_server.url, f"S{uuid.uuid4().hex[:10]}") for src in FIELDS}
+    jets = {src: Jet(nats_server.url, f"S{uuid.uuid4().hex[:10]}") for src in CTR_FIELDS}
     for jet in jets.values():
         jet.create(["p0", "p1"])
     data = _input(tmp_path / "data", seed=4, n=300, start_ms=1_700_000_000_000)
     _publish(jets, data)
 
     def nats(src: str) -> str:
-        k, t, _ = FIELDS[src]
         jet = jets[src]
-        return (f'[sources.{src}]\nkind = "nats"\nservers = "{jet.url}"\n'
-                f'stream = "{jet.stream}"\nsubjects = {json.dumps([jet.s("*")])}\n'
-                f'stop = "end"\nkey = "{k}"\ntime = "{t}"\n')
+        return source_block(src, "nats", settings={
+            "servers": jet.url, "stream": jet.stream, "subjects": [jet.s("*")], "stop": "end"})
 
     def files(src: str) -> str:
-        k, t, _ = FIELDS[src]
         paths = [str(tmp_path / "data" / src / f"p{p}.jsonl") for p in range(2)]
-        return (f'[sources.{src}]\nkind = "jsonl"\npaths = {json.dumps(paths)}\n'
-                f'key = "{k}"\ntime = "{t}"\n')
+        return source_block(src, "jsonl", settings={"paths": paths})
 
-    ref = _spec(tmp_path / "files", [files(s) for s in FIELDS])
+    ref = _spec(tmp_path / "files", [files(s) for s in CTR_FIELDS])
     _run(ref)
-    spec = _spec(tmp_path / "nats", [nats(s) for s in FIELDS])
+    spec = _spec(tmp_path / "nats", [nats(s) for s in CTR_FIELDS])
     _run(spec)
     got, want = _results(spec.parent), _results(ref.parent)
     assert got.keys() == want.keys() and got

@@ -6,6 +6,7 @@ fails on is a bad record naming its file and line; the spec and Python forms agr
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,50 +24,19 @@ from sealstream import (
 from sealstream.checkpoint.manifest import KEY_ENV
 from sealstream.cli import main
 
-SPEC = """\
-[pipeline]
-name = "filtered"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _join_case import ctr_spec, source_block  # noqa: E402
 
-[sources.clicks]
-kind = "jsonl"
-paths = ["in/clicks.jsonl"]
-key = "ad"
-time = "ts"
-
-[sources.clicks.transform]
-where = "bot = false"
-fields.v2 = "v * 2"
-
-[sources.views]
-kind = "csv"
-paths = ["in/views.csv"]
-key = "ad_id"
-time = "time"
-transform.where = "cost >= 2"
-
-[window]
-kind = "tumbling"
-size_ms = 10
-
-[aggregates]
-clicks.n = "count"
-clicks.total = "sum(v2)"
-views.n = "count"
-views.spend = "sum(cost)"
-
-[join]
-type = "left"
-left = "views"
-fields.ctr = "clicks.n / views.n"
-
-[sink]
-kind = "jsonl"
-path = "out"
-
-[errors]
-kind = "jsonl"
-path = "errors"
-"""
+SPEC = ctr_spec(
+    [source_block("clicks", "jsonl", settings={"paths": ["in/clicks.jsonl"]},
+                  extra='[sources.clicks.transform]\nwhere = "bot = false"\n'
+                        'fields.v2 = "v * 2"\n'),
+     source_block("views", "csv", ("ad_id", "time", "cost"),
+                  {"paths": ["in/views.csv"], "transform.where": "cost >= 2"})],
+    left="views", name="filtered", batch_size=None, max_delay_ms=None, outputs=("errors",),
+    window={"kind": "tumbling", "size_ms": 10},
+    aggregates={"clicks.n": "count", "clicks.total": "sum(v2)", "views.n": "count",
+                "views.spend": "sum(cost)"})
 
 CLICKS = [
     {"ad": "a", "ts": 1, "v": 1, "bot": False},

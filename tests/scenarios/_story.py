@@ -90,6 +90,41 @@ def run(spec: Path, *extra: str, crash_at: str | None = None,
     )
 
 
+def in_process(*args: str, env: dict[str, str | None] | None = None
+               ) -> subprocess.CompletedProcess[str]:
+    """``sealstream ARGS`` in this process (``sealstream.cli.main``; the CLI is thin):
+    its exit code and what it printed, as :func:`subprocess.run` gives them. ``env``
+    sets (or, with ``None``, removes) environment variables for the call only.
+
+    For commands that need no process of their own (``checkpoints list|verify|...``):
+    a subprocess costs a Python start and the imports of Polars and Arrow (a second or
+    more on a loaded machine) and tests nothing more. Runs that are SIGKILLed, or whose
+    safety net is a process limit, stay in subprocesses (:func:`run`)."""
+    import contextlib
+    import io
+
+    from sealstream.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved = {k: os.environ.get(k) for k in (env or {})}
+
+    def put(values: dict[str, str | None]) -> None:
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    put(env or {})
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(args))
+    finally:
+        put(saved)
+    return subprocess.CompletedProcess(["sealstream", *args], code, out.getvalue(),
+                                       err.getvalue())
+
+
 def run_killed_randomly(spec: Path, rng: random.Random, typical_s: float, max_rounds: int = 6,
                         env: dict[str, str] | None = None,
                         reset: Callable[[], None] | None = None) -> int:

@@ -17,6 +17,7 @@ import pytest
 from _story import (
     assert_same_output,
     committed,
+    in_process,
     make_input,
     run,
     uninterrupted,
@@ -44,15 +45,8 @@ def crashed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def verify(d: Path, *extra: str, env: dict[str, str] | None = None) -> tuple[int, dict]:
-    import os
-
-    e = dict(os.environ)
-    e.pop(mf.KEY_ENV, None)
-    e.update(env or {})
-    res = subprocess.run(
-        [sys.executable, "-m", "sealstream", "checkpoints", "verify", str(d / "ckpt"), "--json",
-         *extra], capture_output=True, text=True, env=e,
-    )
+    res = in_process("checkpoints", "verify", str(d / "ckpt"), "--json", *extra,
+                     env={mf.KEY_ENV: None, **(env or {})})
     return res.returncode, json.loads(res.stdout)
 
 

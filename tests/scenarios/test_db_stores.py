@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _story import assert_same_output, make_input, run, uninterrupted, write_spec
+from _story import assert_same_output, in_process, make_input, run, uninterrupted, write_spec
 
 STORY = {"errors": True, "bad_every": 97}
 
@@ -30,9 +30,7 @@ def _sqlite_story(d: Path, name: str = "story") -> Path:
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sealstream", "checkpoints", *args],
-                          capture_output=True, text=True, timeout=60,
-                          env={**os.environ, **(env or {})})
+    return in_process("checkpoints", *args, env=dict(env or {}))
 
 
 def _db_story(d: Path, db: str, request: pytest.FixtureRequest) -> tuple[Path, str]:

@@ -8,12 +8,19 @@ from __future__ import annotations
 import json
 import random
 import subprocess
-import sys
 from pathlib import Path
 
 import polars as pl
 import pytest
-from _story import assert_same_output, make_input, reference_run, run, uninterrupted, write_spec
+from _story import (
+    assert_same_output,
+    in_process,
+    make_input,
+    reference_run,
+    run,
+    uninterrupted,
+    write_spec,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,8 +42,7 @@ def _spec(d: Path, full_every: int = 3, keep: int = 3) -> Path:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sealstream", "checkpoints", *args],
-                          capture_output=True, text=True, timeout=60)
+    return in_process("checkpoints", *args)
 
 
 def _manifest(d: Path, cid: int) -> dict[str, object]:

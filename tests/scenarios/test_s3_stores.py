@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _story import assert_same_output, make_input, run, uninterrupted, write_spec
+from _story import assert_same_output, in_process, make_input, run, uninterrupted, write_spec
 
 STORY = {"errors": True, "bad_every": 97}
 
@@ -36,9 +36,7 @@ def _s3_story(d: Path, server: Any) -> tuple[Path, str, dict[str, str]]:
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sealstream", "checkpoints", *args],
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **env})
+    return in_process("checkpoints", *args, env=dict(env))
 
 
 def _objects(url: str, env: dict[str, str]) -> Any:

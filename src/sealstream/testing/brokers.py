@@ -2,8 +2,10 @@
 S3-compatible object store.
 
 Each is a real server process, started on 127.0.0.1 on a free port with its own
-temporary data directory, and stopped by its own PID (never by name). They are
-what sealstream's own tests use, and they serve a user's test suite as well.
+temporary data directory, and stopped by its own PID (never by name). On Linux each
+dies with the process that started it, even a SIGKILLed one
+(:func:`sealstream.testing.lifeline.die_with_parent`). They are what sealstream's own
+tests use, and they serve a user's test suite as well.
 
 - :class:`KafkaBroker` runs ``noida-db`` (PyPI, a single-binary Kafka-protocol
   broker with consumer groups, transactions, ``read_committed``, fencing and
@@ -39,6 +41,8 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from sealstream.testing.lifeline import die_with_parent
 
 __all__ = ["BrokerError", "KafkaBroker", "NatsServer", "SeaweedServer", "free_port",
            "produce_files"]
@@ -104,6 +108,7 @@ class _Server:
             self.proc = subprocess.Popen(
                 self._command(), stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,
+                preexec_fn=die_with_parent(),  # not left running by a SIGKILLed parent
             )
         finally:
             log.close()

@@ -59,6 +59,11 @@ def _store(s3_env: Any, tmp_path: Path) -> tuple[ObjectCheckpointStore, Counted]
     return ObjectCheckpointStore(objects, PIPELINE, encryption_key=None), Counted(objects)
 
 
+def reader_view(store: ObjectCheckpointStore, cid: int) -> list[str]:
+    """``files_of(cid)`` as a store without the lease answers it (from the bucket)."""
+    return ObjectCheckpointStore(store.objects, PIPELINE, encryption_key=None).files_of(cid)
+
+
 def _checkpoint_and_retain(store: ObjectCheckpointStore, cid: int, keep: int) -> None:
     """What the engine does per checkpoint: write it, verify it, read the manifests
     of the ones it keeps, delete the oldest beyond ``keep``."""
@@ -94,13 +99,19 @@ def test_a_checkpoint_under_the_lease_lists_nothing_and_reads_nothing_back(
             assert calls["DeleteObjects"] == deleted and calls["DeleteObject"] == 3 * deleted, \
                 calls
         assert store.ids() == [5, 6]
+        assert store.files_of(6) == reader_view(store, 6)
+    with store.locked():  # the next run: deletes what the previous one wrote
+        assert store.ids() == [5, 6]
+        for cid in (7, 8):
+            _checkpoint_and_retain(store, cid, keep=2)
+        assert store.ids() == [7, 8]
     # what it left is what a reader of the bucket finds: no trace of the deleted ones
     reader, _ = _store(s3_env, tmp_path)
-    assert reader.ids() == [5, 6]
-    assert reader.objects.keys("cp-000000000004/") == []
+    assert reader.ids() == [7, 8]
+    assert [k for k in reader.objects.keys("cp-") if k.split("/")[0] < "cp-000000000007"] == []
     assert reader.objects.keys(DELETING) == []
     policy = guard.Policy(key=SIGNING_KEY, pipeline=PIPELINE)
-    for cid in (5, 6):
+    for cid in (7, 8):
         assert guard.judge(reader.evidence(cid, SIGNING_KEY), None, policy).ok
 
 

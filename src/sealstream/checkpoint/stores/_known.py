@@ -72,6 +72,8 @@ class Known:
             return None if got is None else list(got)
 
     def set_names(self, cid: int, names: list[str]) -> None:
+        """``names``: the keys of checkpoint ``cid`` but its claim (``cp-N/state.arrow``),
+        as :meth:`~sealstream.checkpoint.stores.base.CheckpointStore._names` gives them."""
         with self._lock:
             if cid in self._ids:
                 self._names[cid] = sorted(names)

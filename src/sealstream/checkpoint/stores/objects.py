@@ -342,7 +342,7 @@ class ObjectCheckpointStore(CheckpointStore):
         self._create(f"{d}/{MANIFEST_NAME}", sealed, cid)
         known = self._known
         if known is not None and not claimed:  # claimed: workers may have added parts
-            known.set_names(cid, [*files, MANIFEST_NAME])
+            known.set_names(cid, [f"{d}/{n}" for n in (*files, MANIFEST_NAME)])
 
     def _copy_aside(self, keys: list[str], src: str, dest: str) -> None:
         for key in keys:
@@ -365,7 +365,7 @@ class ObjectCheckpointStore(CheckpointStore):
         known = self._known
         names = known.names(cid) if known is not None else None
         if names is not None:
-            return sorted([f"{d}/{n}" for n in names] + [f"{d}/{CLAIM}"])
+            return sorted([*names, f"{d}/{CLAIM}"])
         return self.objects.keys(f"{d}/")
 
     def move_aside(self, cid: int, reason: str) -> str | None:

@@ -7,8 +7,11 @@ with a checkpoint every second, its checkpoints once in a directory and once in 
 Prints a markdown table (median whole-process time, events/s, the S3 run's share of
 the directory's, checkpoint count, mean checkpoint write time and size, from the
 engine's ``--summary-json``) and writes it to ``bench/results/s3.md``. Against a
-real bucket the write time adds the network's round trips (about five requests per
-checkpoint: claim, state, receipts, lease renewal, manifest).
+real bucket the write time adds the network's round trips: per checkpoint, on the
+writer thread, the claim, its files (concurrently), the lease renewal and the
+manifest; on the engine's thread only the retention's deletion of the oldest (a
+marker, the manifest, one batch, the claim, the marker). ``python -m bench.s3_profile``
+counts and times every request by thread and caller.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ keys (``a/b/c``: slashes are only part of names) under one root:
   listing started is (or is not) in it.
 * :meth:`Objects.head` - an object's size and version (an ETag on S3), None when
   absent, without reading it.
-* :meth:`Objects.delete` (absent: nothing to do) and :meth:`Objects.copy`.
+* :meth:`Objects.delete` (absent: nothing to do), :meth:`Objects.delete_many` and
+  :meth:`Objects.copy`.
 * :meth:`Objects.read_versioned` / :meth:`Objects.replace` - compare-and-swap of
   one small object by its version (an ETag): the lease of a single writer.
 
@@ -93,6 +94,12 @@ class Objects(abc.ABC):
     @abc.abstractmethod
     def delete(self, key: str) -> None:
         """Remove ``key`` (nothing to do when it is absent)."""
+
+    def delete_many(self, keys: list[str]) -> None:
+        """Remove every key of ``keys`` (absent ones: nothing to do), in no promised
+        order (S3: one ``DeleteObjects`` request per 1,000 keys)."""
+        for key in keys:
+            self.delete(key)
 
     def copy(self, src: str, dst: str) -> bool:
         """Create ``dst`` with the bytes of ``src``; False when ``src`` is absent."""

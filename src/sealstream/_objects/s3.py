@@ -9,11 +9,11 @@ container role) and ``AWS_ENDPOINT_URL``. Checked against SeaweedFS 4.48: a seco
 with 412, also at the completion of a multipart upload.
 
 * Create-if-absent: ``PutObject`` with ``If-None-Match: *``; an object larger than
-  :attr:`S3Objects.multipart_bytes` goes up in parts and is completed with
-  ``If-None-Match: *`` only once every part is stored (aborted otherwise), so it is
-  never visible half-written. A refused create reads what is there: the same
-  bytes are an idempotent retry (a first attempt whose answer was lost), other
-  bytes a conflict.
+  :attr:`S3Objects.multipart_bytes` goes up in parts (:attr:`S3Objects.part_threads`
+  at a time) and is completed with ``If-None-Match: *`` only once every part is
+  stored (aborted otherwise), so it is never visible half-written. A refused create
+  reads what is there: the same bytes are an idempotent retry (a first attempt whose
+  answer was lost), other bytes a conflict.
 * Compare-and-swap: ``PutObject`` with ``If-Match: ETAG`` (``If-None-Match: *`` for
   "only if absent").
 * Listing: ``ListObjectsV2``, which S3 (and SeaweedFS) answer with strong
@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sealstream._env import seconds
@@ -75,6 +77,10 @@ class S3Objects(Objects):
 
     #: objects larger than this go up in a multipart upload, in parts of this size
     multipart_bytes = 16 * 1024 * 1024
+    #: the parts of one multipart upload sent at a time
+    part_threads = 4
+    #: the client's connections (one client per store, shared by its threads)
+    pool_connections = 16
 
     def __init__(self, bucket: str, prefix: str = "", endpoint_url: str | None = None,
                  client: Any = None) -> None:
@@ -85,6 +91,7 @@ class S3Objects(Objects):
         self.location = where
         self._shown_endpoint = _redact(self.endpoint_url) if self.endpoint_url else "AWS"
         self._client = client
+        self._client_lock = threading.Lock()
 
     @classmethod
     def from_url(cls, url: str, endpoint_url: str | None = None) -> S3Objects:
@@ -94,6 +101,12 @@ class S3Objects(Objects):
     # ------------------------------------------------------------ plumbing
     @property
     def client(self) -> Any:
+        if self._client is not None:
+            return self._client
+        with self._client_lock:  # one client (and its connection pool) for every thread
+            return self._make_client()
+
+    def _make_client(self) -> Any:
         if self._client is None:
             try:
                 import boto3
@@ -106,7 +119,8 @@ class S3Objects(Objects):
             self._client = boto3.session.Session().client(
                 "s3", endpoint_url=self.endpoint_url,
                 config=Config(s3={"addressing_style": style}, connect_timeout=5,
-                              read_timeout=30, retries={"mode": "standard", "max_attempts": 2}))
+                              read_timeout=30, retries={"mode": "standard", "max_attempts": 2},
+                              max_pool_connections=self.pool_connections))
         return self._client
 
     def _key(self, key: str) -> str:
@@ -202,13 +216,20 @@ class S3Objects(Objects):
     def _multipart(self, full: str, data: bytes) -> None:
         c = self.client
         upload = self._call("start an upload", c.create_multipart_upload, Key=full)["UploadId"]
+        view = memoryview(data)
+        size = self.multipart_bytes
+
+        def part(n: int) -> dict[str, Any]:
+            body = bytes(view[(n - 1) * size:n * size])
+            r = self._call(f"upload part {n} of {full}", c.upload_part, Key=full,
+                           UploadId=upload, PartNumber=n, Body=body)
+            return {"PartNumber": n, "ETag": r["ETag"]}
+
         try:
-            parts = []
-            size = self.multipart_bytes
-            for n, at in enumerate(range(0, len(data), size), 1):
-                r = self._call(f"upload part {n} of {full}", c.upload_part, Key=full,
-                               UploadId=upload, PartNumber=n, Body=data[at:at + size])
-                parts.append({"PartNumber": n, "ETag": r["ETag"]})
+            count = -(-len(data) // size)
+            with ThreadPoolExecutor(min(self.part_threads, count),
+                                    thread_name_prefix="sealstream-s3part") as pool:
+                parts = list(pool.map(part, range(1, count + 1)))  # every part, or raise
             self._call(f"complete {full}", c.complete_multipart_upload, Key=full,
                        UploadId=upload, MultipartUpload={"Parts": parts}, IfNoneMatch="*")
         except BaseException:
@@ -267,6 +288,24 @@ class S3Objects(Objects):
 
     def delete(self, key: str) -> None:
         self._call(f"delete {key}", self.client.delete_object, Key=self._key(key))
+
+    def delete_many(self, keys: list[str]) -> None:
+        for at in range(0, len(keys), 1000):
+            batch = keys[at:at + 1000]
+            if len(batch) == 1:
+                self.delete(batch[0])
+                continue
+            resp = self._call(f"delete {len(batch)} objects", self.client.delete_objects,
+                              Delete={"Objects": [{"Key": self._key(k)} for k in batch],
+                                      "Quiet": True})
+            base = f"{self.prefix}/" if self.prefix else ""
+            for err in resp.get("Errors") or []:  # per key: a server fault retried alone
+                key, code = str(err.get("Key", ""))[len(base):], str(err.get("Code", ""))
+                if code in _RETRIED_CODES or code == "NoSuchKey":
+                    self.delete(key)
+                    continue
+                raise ObjectStoreError(f"cannot delete {key} in {self._where()}: {code} "
+                                       f"{err.get('Message', '')}")
 
     def copy(self, src: str, dst: str) -> bool:
         # read and create: create-if-absent and idempotent like every create

@@ -33,6 +33,12 @@ aside copies its objects under ``rejected/`` and then deletes them, manifest fir
 a deletion writes a ``.deleting/`` marker first, so a crash mid-way never leaves a
 half-deleted checkpoint among the ids. A store that does not refuse a second create
 of one key is refused at :meth:`ensure_root` (:meth:`Objects.probe`).
+
+While it holds the lease, the store answers its own questions (the ids, a
+checkpoint's names, the step plans, the bytes of what it created and of the manifests
+it read) from what it knows (:mod:`sealstream.checkpoint.stores._known`) rather than
+by listing and reading the prefix again at every checkpoint; a checkpoint's files go
+up concurrently, a few at a time, before its manifest.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +64,7 @@ from sealstream._objects import (
 )
 from sealstream.checkpoint import crypto
 from sealstream.checkpoint.manifest import MANIFEST_NAME
+from sealstream.checkpoint.stores._known import Known
 from sealstream.checkpoint.stores.base import (
     _PART_FILE,
     PREFIX,
@@ -129,6 +137,8 @@ class ObjectCheckpointStore(CheckpointStore):
         self._mutex = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._known: Known | None = None  # while the lease is held (see _known)
+        self._pool: ThreadPoolExecutor | None = None  # a checkpoint's files, concurrently
 
     @property
     def location(self) -> str:
@@ -153,6 +163,12 @@ class ObjectCheckpointStore(CheckpointStore):
             raise self._fail(f"cannot list {self.location}", exc) from None
 
     def ids(self) -> list[int]:
+        known = self._known
+        if known is not None:
+            return known.ids()
+        return self._listed_ids()
+
+    def _listed_ids(self) -> list[int]:
         deleting = {k[len(DELETING):] for k in self._keys(DELETING)}
         out = set()
         for key in self._keys(PREFIX):
@@ -182,23 +198,48 @@ class ObjectCheckpointStore(CheckpointStore):
     def _raw(self, rel: str) -> bytes | None:
         if not self._valid(rel):
             return None
+        known = self._known
+        if known is not None and (kept := known.blob(rel)) is not None:
+            return kept
         try:
-            return self.objects.get(rel)
+            got = self.objects.get(rel)
         except ObjectStoreError as exc:
             raise self._fail(f"cannot read {rel}", exc) from None
+        self._remember_manifest(rel, got)
+        return got
 
     def _bounded(self, rel: str, limit: int) -> bytes | None:
         if not self._valid(rel):
             return None
+        known = self._known
+        if known is not None and (kept := known.blob(rel)) is not None:
+            return kept[: limit + 1]
         try:
-            return self.objects.get(rel, 0, limit + 1)
+            got = self.objects.get(rel, 0, limit + 1)
         except ObjectStoreError as exc:
             raise self._fail(f"cannot read {rel}", exc) from None
+        if got is not None and len(got) <= limit:  # whole: the object, not a prefix of it
+            self._remember_manifest(rel, got)
+        return got
+
+    def _remember_manifest(self, rel: str, got: bytes | None) -> None:
+        """Keep a manifest read under the lease: immutable until this writer deletes
+        it (a checkpoint's other files are read once, by the guard, and not kept)."""
+        known = self._known
+        if known is not None and got is not None and rel.endswith(f"/{MANIFEST_NAME}") \
+                and _parse_id(rel.split("/", 1)[0]) is not None:
+            known.keep_blob(rel, got)
 
     def _names(self, cid: int) -> list[str]:
+        known = self._known
+        if known is not None and (names := known.names(cid)) is not None:
+            return names
         d = checkpoint_dirname(cid)
-        return sorted(k for k in self._keys(f"{d}/")
-                      if not k.rsplit("/", 1)[-1].startswith("."))
+        names = sorted(k for k in self._keys(f"{d}/")
+                       if not k.rsplit("/", 1)[-1].startswith("."))
+        if known is not None and f"{d}/{MANIFEST_NAME}" in names:
+            known.set_names(cid, names)  # published: no file is added any more
+        return names
 
     # ------------------------------------------------------------ writing
     def ensure_root(self) -> None:
@@ -222,9 +263,42 @@ class ObjectCheckpointStore(CheckpointStore):
             what = f"cannot write checkpoint {cid}" if cid is not None else f"cannot write {rel}"
             raise CheckpointError(f"{what} in {self.location}: {exc}; "
                                   "the previous checkpoints are intact") from None
+        known = self._known
+        if known is not None and cid is not None:
+            known.keep_blob(rel, data)  # stored as sent: the server checked its checksum
+
+    def _create_files(self, d: str, cid: int, files: dict[str, bytes], crash: Any) -> None:
+        """Create a checkpoint's files (not its manifest), several at a time; each
+        ``after_write_<name>`` crash point comes once that file is stored. The first
+        failure is raised once every create has ended (none is left running)."""
+        sealed = [(name, f"{d}/{name}", self._seal(f"{d}/{name}", data))
+                  for name, data in files.items()]
+        if len(sealed) > 1:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(4, thread_name_prefix="sealstream-s3put")
+            futures = [self._pool.submit(self._create, rel, raw, cid) for _, rel, raw in sealed]
+        else:
+            futures = []
+            for _, rel, raw in sealed:
+                done: Future[None] = Future()
+                try:
+                    self._create(rel, raw, cid)
+                    done.set_result(None)
+                except BaseException as exc:  # noqa: BLE001 - raised below, in order
+                    done.set_exception(exc)
+                futures.append(done)
+        for (name, _, _), future in zip(sealed, futures, strict=True):
+            if future.exception() is not None:
+                for other in futures:
+                    other.exception()  # wait: nothing of this checkpoint still going up
+                future.result()
+            if crash is not None:
+                crash(f"after_write_{name.split('.')[0]}")
 
     def claim(self, cid: int) -> None:
         self._create(f"{checkpoint_dirname(cid)}/{CLAIM}", self._run.encode(), cid)
+        if self._known is not None:
+            self._known.add_id(cid)
 
     def fence(self) -> Any:
         with self._mutex:
@@ -259,16 +333,16 @@ class ObjectCheckpointStore(CheckpointStore):
         d = checkpoint_dirname(cid)
         if not claimed:
             self.claim(cid)
-        for name, data in files.items():
-            self._create(f"{d}/{name}", self._seal(f"{d}/{name}", data), cid)
-            if crash is not None:
-                crash(f"after_write_{name.split('.')[0]}")
+        self._create_files(d, cid, files, crash)
         sealed = self._seal(f"{d}/{MANIFEST_NAME}", manifest)
         if crash is not None:
             crash("before_manifest_publish")
         if self._lease is not None:
             self._renew(publishing=cid)
         self._create(f"{d}/{MANIFEST_NAME}", sealed, cid)
+        known = self._known
+        if known is not None and not claimed:  # claimed: workers may have added parts
+            known.set_names(cid, [f"{d}/{n}" for n in (*files, MANIFEST_NAME)])
 
     def _copy_aside(self, keys: list[str], src: str, dest: str) -> None:
         for key in keys:
@@ -277,16 +351,29 @@ class ObjectCheckpointStore(CheckpointStore):
     def _remove(self, keys: list[str], d: str) -> None:
         """Delete ``keys`` of ``d``: the manifest first (the checkpoint stops being one
         the moment it goes), the claim last (the id stays taken until the end)."""
-        def order(k: str) -> int:
-            return 0 if k.endswith(MANIFEST_NAME) else 2 if k.endswith(CLAIM) else 1
-
-        for key in sorted(keys, key=order):
+        first = [k for k in keys if k.endswith(f"/{MANIFEST_NAME}")]
+        last = [k for k in keys if k.endswith(f"/{CLAIM}")]
+        for key in first:
             self.objects.delete(key)
+        self.objects.delete_many([k for k in keys if k not in first and k not in last])
+        for key in last:
+            self.objects.delete(key)
+
+    def _keys_of(self, cid: int, d: str) -> list[str]:
+        """Every key under ``d/``: what this writer knows it holds (its names and the
+        claim), else a listing."""
+        known = self._known
+        names = known.names(cid) if known is not None else None
+        if names is not None:
+            return sorted([*names, f"{d}/{CLAIM}"])
+        return self.objects.keys(f"{d}/")
 
     def move_aside(self, cid: int, reason: str) -> str | None:
         d = checkpoint_dirname(cid)
         try:
-            keys = self.objects.keys(f"{d}/")
+            keys = self._keys_of(cid, d)
+            if self._known is not None:
+                self._known.forget(cid, d)
             if not keys:
                 return None
             stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
@@ -305,10 +392,13 @@ class ObjectCheckpointStore(CheckpointStore):
     def delete(self, cid: int) -> None:
         d = checkpoint_dirname(cid)
         try:
-            keys = self.objects.keys(f"{d}/")
+            keys = self._keys_of(cid, d)
+            if keys:
+                self.objects.create(f"{DELETING}{d}", b"")
+            if self._known is not None:  # marked: out of the ids (as the listing says)
+                self._known.forget(cid, d)
             if not keys:
                 return
-            self.objects.create(f"{DELETING}{d}", b"")
             self._remove(keys, d)
             self.objects.delete(f"{DELETING}{d}")
         except ObjectStoreError as exc:
@@ -348,8 +438,16 @@ class ObjectCheckpointStore(CheckpointStore):
         if not created:
             raise CheckpointError(f"cannot write the plan of step {step} in {self.location}: "
                                   "it is there already (plans are never rewritten)")
+        if self._known is not None:
+            self._known.add_plan(step)
 
     def plan_steps(self) -> list[int]:
+        known = self._known
+        if known is not None:
+            return known.plans()
+        return self._listed_plans()
+
+    def _listed_plans(self) -> list[int]:
         from sealstream.checkpoint.plans import PLANS_DIR, parse_plan_name
 
         steps = [parse_plan_name(k.rsplit("/", 1)[-1]) for k in self._keys(f"{PLANS_DIR}/")]
@@ -360,6 +458,8 @@ class ObjectCheckpointStore(CheckpointStore):
 
         try:
             for step in steps:
+                if self._known is not None:
+                    self._known.drop_plan(step)
                 self.objects.delete(plan_name(step))
         except ObjectStoreError as exc:
             raise self._fail(f"cannot delete plans in {self.location}", exc) from None
@@ -368,6 +468,8 @@ class ObjectCheckpointStore(CheckpointStore):
         from sealstream.checkpoint.plans import plan_name
 
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        if self._known is not None:
+            self._known.drop_plan(step)
         try:
             if self.objects.copy(plan_name(step),
                                  f"{REJECTED}/plan-step-{step:012d}-{reason}-{stamp}.json"):
@@ -434,6 +536,7 @@ class ObjectCheckpointStore(CheckpointStore):
                               + (f"; checkpoint {publishing} was not published"
                                  if publishing is not None else "") + "; stopping")
                 self._lease = None
+                self._known = None
                 raise LockHeldError(self._lost) from None
             except ObjectStoreError as exc:
                 raise self._fail(f"cannot renew the lease of {self.location}", exc) from None
@@ -455,6 +558,11 @@ class ObjectCheckpointStore(CheckpointStore):
         self.ensure_root()
         with self._mutex:
             self._acquire()
+        try:  # the one listing this run trusts for its ids and plans (see _known)
+            self._known = Known(set(self._listed_ids()), set(self._listed_plans()))
+        except BaseException:
+            self._release()
+            raise
         self._stop.clear()
         self._thread = threading.Thread(target=self._heartbeat, daemon=True,
                                         name="sealstream-lease")
@@ -465,12 +573,24 @@ class ObjectCheckpointStore(CheckpointStore):
             self._stop.set()
             self._thread.join()
             self._thread = None
-            with self._mutex:
-                held, self._lease = self._lease, None
-                if held is not None:
-                    doc = {**held[0], "released": True}
-                    with contextlib.suppress(ObjectStoreError):
-                        self.objects.replace(LEASE_KEY, json.dumps(doc).encode(), held[1])
+            self._release()
+
+    def _release(self) -> None:
+        self._known = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        with self._mutex:
+            held, self._lease = self._lease, None
+            if held is not None:
+                doc = {**held[0], "released": True}
+                with contextlib.suppress(ObjectStoreError):
+                    self.objects.replace(LEASE_KEY, json.dumps(doc).encode(), held[1])
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def check_lock(self) -> None:
         with self._mutex:

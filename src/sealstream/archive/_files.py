@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 #: the key column of a followed file's archived line (``_tap.py``)
 _KEY = pl.Struct({"dev": pl.Int64(), "ino": pl.Int64(), "base": pl.Int64(),
-                  "byte": pl.Int64(), "header": pl.String()})
+                  "header": pl.String()})
 #: records per chunk when an archived range is parsed again
 _CHUNK = 1 << 16
 
@@ -114,14 +114,17 @@ class ArchivedFile:
             keys = rows["key"].cast(pl.String).str.json_decode(_KEY)
         except Exception:  # noqa: BLE001 - not a followed file's rows
             keys = None
-        if keys is None or rows.height != hi - lo or keys.struct.field("byte").null_count() \
-                or (rows.height and int(rows["position"][-1]) != hi - 1):
+        if keys is None or rows.height != hi - lo or keys.struct.field("dev").null_count() \
+                or (rows.height and (int(rows["position"][-1]) != hi - 1
+                                     or bool((rows["timestamp_ms"] < 0).any()))):
             raise ArchiveDamagedError(
                 f"partition {self.name!r}, positions {lo}..{hi - 1}: archive segment "
                 f"{self._archiver.location}/{entry.name} does not hold a followed file's "
                 "lines for every position of that range; nothing was read from it, "
                 "skipped or committed")
-        return rows.with_columns(keys.struct.unnest()).drop("key")
+        # a followed file's line: its file in the key, its byte in timestamp_ms
+        return rows.with_columns(*keys.struct.unnest().get_columns(),
+                                 pl.col("timestamp_ms").alias("byte")).drop("key")
 
     def _parse(self, lo: int, hi: int, entry: SegmentEntry) -> list[Chunk]:
         """The chunks of positions ``lo..hi-1``, one file's lines at a time."""

@@ -7,12 +7,15 @@ included, so that the archived lines of a range are its bytes, in order):
 
 ================  ==========================================================
 ``position``      the line's position in the partition (as the chunk's positions)
-``key``           the line's place as the follow source's checkpoint records it:
-                  JSON ``{"dev", "ino", "base", "byte"}`` (the file's device and
-                  inode, the position of its first line, the byte the line starts
-                  at in it) and, for CSV, ``"header"``: the hex of the file's
-                  header bytes (a recovery re-reads the lines under that header)
-``timestamp_ms``  -1 (a file line has no broker timestamp)
+``key``           the line's file as the follow source's checkpoint records it:
+                  JSON ``{"dev", "ino", "base"}`` (the file's device and inode, the
+                  position of its first line) and, for CSV, ``"header"``: the hex
+                  of the file's header bytes (a recovery re-reads the lines under
+                  that header); the same for every line of a file (Parquet stores
+                  it once per page, dictionary-encoded)
+``timestamp_ms``  the byte the line starts at in its file (a file line has no
+                  broker timestamp; with the key, the line's place as a
+                  checkpoint records a position)
 ``value``         the line's bytes, its line ending included (the last line of a
                   file rotated away may have none)
 ================  ==========================================================
@@ -64,19 +67,13 @@ def raw_lines(data: bytes, first: int, byte0: int, fid: tuple[int, int], base: i
     head = {"dev": fid[0], "ino": fid[1], "base": base}
     if header is not None:
         head["header"] = header.hex()  # type: ignore[assignment]
-    prefix = json.dumps(head, separators=(",", ":"))[:-1] + ',"byte":'
-    frame = pl.DataFrame({
+    key = json.dumps(head, separators=(",", ":")).encode()
+    return pl.DataFrame({
         "position": pl.Series(first + np.arange(n, dtype=np.int64), dtype=pl.Int64),
-        "byte": pl.Series(byte0 + offsets[:-1], dtype=pl.Int64),
+        "key": pl.repeat(key, n, dtype=pl.Binary, eager=True),
+        "timestamp_ms": pl.Series(byte0 + offsets[:-1], dtype=pl.Int64),
         "value": pl.Series(pl.from_arrow(values)).cast(pl.Binary),
     })
-    return frame.select(
-        "position",
-        pl.concat_str(pl.lit(prefix), pl.col("byte").cast(pl.String), pl.lit("}"))
-        .cast(pl.Binary).alias("key"),
-        pl.lit(-1, pl.Int64).alias("timestamp_ms"),
-        "value",
-    )
 
 
 def chunk_lines(fd: int, line0: int, b0: int, line1: int, b1: int, base: int,

@@ -44,7 +44,8 @@ def _edit_archive(spec: dict[str, Any]) -> None:
     (_edit_late, "late.path: S3://Not_A_Bucket/late: expected s3://BUCKET/PREFIX"),
     (_edit_endpoint, "sink.endpoint_url: only for an s3:// path"),
     (_edit_archive, "[archive]: the raw-event archive is supported for kind = \"kafka\" "
-                    "and \"nats\" sources only, not yet for 'jsonl'"),
+                    "and \"nats\" sources and for followed jsonl/csv files (follow = true), "
+                    "not yet for a bounded 'jsonl' source"),
 ])
 def test_not_yet_supported_object_storage_is_one_line(tmp_path: Path, edit: Any, needle: str,
                                                       capsys: pytest.CaptureFixture[str]

@@ -259,7 +259,10 @@ class LiveMerger:
             start = SourcePosition(full if isinstance(full, PartitionPosition)
                                    and full.offset == at else PartitionPosition(offset=at), at)
         elif open_at is not None and (pos.resume.byte_offset or pos.resume.identity):
-            part = open_at(name, pos.resume)
+            try:
+                part = open_at(name, pos.resume)
+            except SourceExpiredError as exc:  # a followed file rotated away and gone
+                part = self._from_archive(name, pos.next_offset, exc)
             start = pos
         else:  # an integer position (brokers; replay --from p=OFFSET): seek to it
             try:

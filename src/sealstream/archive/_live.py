@@ -92,7 +92,8 @@ class Archiver:
     # ------------------------------------------------------------ writing
     def attach(self, part: Any) -> None:
         """Tap ``part``'s polls (a partition without a tap is refused at spec time)."""
-        if isinstance(part, ArchivedPartition) or self.settings.read_only:
+        if isinstance(part, ArchivedPartition) or getattr(part, "archived", False) \
+                or self.settings.read_only:
             return  # it taps the broker partition it hands over to; a replay writes none
         name = str(part.name)
         self._buf[name] = []
@@ -154,7 +155,7 @@ class Archiver:
         return frame
 
     def recover(self, name: str, at: int, plans: Sequence[_Plan], source: LiveSource,
-                expired: SourceExpiredError) -> ArchivedPartition:
+                expired: SourceExpiredError) -> LivePartition:
         """Partition ``name`` read from position ``at`` out of the segments of the
         recorded ``plans`` (verified, in order; a replay's: the live job's), then from
         ``source``. The broker's refusal ``expired`` stands, with the archive named,
@@ -162,7 +163,12 @@ class Archiver:
         archive)."""
         ranges = _chain(name, at, plans)
         if not ranges and self.settings.read_only:
-            ranges = _chain(name, at, self._live_plans())
+            plans = self._live_plans()
+            ranges = _chain(name, at, plans)
+        if callable(getattr(source, "open_successor", None)):  # followed files
+            from sealstream.archive._files import recover_file
+
+            return recover_file(self, name, at, ranges, plans, source, expired)
         if not ranges:
             raise SourceExpiredError(
                 f"{expired} The archive {self.location} cannot help: no recorded step read "

@@ -325,7 +325,8 @@ def _enrich(raw: object, base_dir: Path) -> tuple[Any, ...]:
 
 
 def _archive(sec: dict[str, Any], source: Any, base_dir: Path) -> ArchiveSettings:
-    """``[archive]``: the raw-event archive of a live broker source (docs/object-storage.md)."""
+    """``[archive]``: the raw-event archive of a live source: a broker, or followed files
+    (docs/object-storage.md)."""
     url = _get(sec, "archive", "url", str, _MISSING)
     if not url.strip():
         raise SpecError("archive.url: expected s3://BUCKET/PREFIX or a directory path")
@@ -333,10 +334,12 @@ def _archive(sec: dict[str, Any], source: Any, base_dir: Path) -> ArchiveSetting
         raise SpecError("[archive]: the raw-event archive is not supported yet in a "
                         "several-source job; it is for a job with one kafka or nats "
                         "[source] (remove the section)")
-    if source.kind not in ("kafka", "nats"):
+    followed = source.kind in ("jsonl", "csv") and bool(getattr(source, "follow", False))
+    if source.kind not in ("kafka", "nats") and not followed:
         raise SpecError(f"[archive]: the raw-event archive is supported for kind = \"kafka\" "
-                        f"and \"nats\" sources only, not yet for {source.kind!r} (a file "
-                        "source is re-read from its files); remove the section")
+                        "and \"nats\" sources and for followed jsonl/csv files (follow = "
+                        f"true), not yet for a bounded {source.kind!r} source (it is re-read "
+                        "from its files); remove the section")
     return ArchiveSettings(url=url, endpoint_url=_get(sec, "archive", "endpoint_url", str, None),
                            base_dir=base_dir)
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +108,11 @@ class FollowedFile:
         self.first_file: tuple[int, int] = self._fid
         self._pos = self._exposed(self._local)
         self._reader: PartitionReader | None = None
+        #: ``[archive]``: called with the lines each chunk moved over (``_tap.py``)
+        self.raw_tap: Callable[[pl.DataFrame], None] | None = None
+        #: (local line, byte) where the reader's next chunk starts (what the tap reads)
+        self._tap_at = (self._local.offset, self._local.byte_offset)
+        self._header: tuple[FileId, bytes] | None = None
         try:  # a first open checks the position against the file now (identity)
             self._open_current()
         except BaseException:
@@ -158,7 +163,9 @@ class FollowedFile:
             f"{str(self._path.parent)!r} (deleted, compressed or moved): lines it held "
             "after that position, if any, cannot be read. Ways forward: run with "
             "--start-over, or replay the file now at the path into a new destination "
-            f"(sealstream replay SPEC --from {self.name}=0 --to ...); nothing was skipped")
+            f"(sealstream replay SPEC --from {self.name}=0 --to ...); nothing was skipped. "
+            "An [archive] section keeps the lines a job reads, so that a later resume "
+            "finds them when their file is gone")
 
     @staticmethod
     def _names(path: Path, fid: FileId) -> bool:
@@ -184,6 +191,8 @@ class FollowedFile:
                 continue
             if self._names(self._at, self._fid):
                 self._reader = reader
+                self._tap_at = (getattr(reader, "_start_line", self._local.offset),
+                                getattr(reader, "_start_byte", self._local.byte_offset))
                 return
             reader.close()
             self._relocate()
@@ -356,6 +365,7 @@ class FollowedFile:
                 self.close_reader()
             if chunk is None:
                 return None
+            self._tap(chunk.position)
             before = self._pos.offset
             moved = chunk.position.offset != self._local.offset
             self._local = chunk.position
@@ -368,6 +378,31 @@ class FollowedFile:
                 return chunk
             if self._reader is None:
                 return None
+
+    def _tap(self, local: PartitionPosition) -> None:
+        """``[archive]``: hand the lines the reader just moved over to the tap."""
+        (line0, b0), self._tap_at = self._tap_at, (local.offset, local.byte_offset)
+        if self.raw_tap is None or local.byte_offset <= b0:
+            return
+        from ._tap import chunk_lines
+
+        self.raw_tap(chunk_lines(self._fd, line0, b0, local.offset, local.byte_offset,
+                                 self._base, self._fid, self._csv_header(), self.name))
+
+    def _csv_header(self) -> bytes | None:
+        """The current CSV file's bytes up to its first record (None: JSONL)."""
+        if self._kind != "csv":
+            return None
+        if self._header is None or self._header[0] != self._fid:
+            reader = _open_reader(self._kind, self.name, self._at, self._plan, None)
+            try:
+                end = int(getattr(reader, "_start_byte", 0))
+            finally:
+                reader.close()
+            from ._tap import pread_all
+
+            self._header = (self._fid, pread_all(self._fd, end, 0))
+        return self._header[1]
 
     def _shift(self, chunk: Chunk) -> Chunk:
         """A chunk of the current file in the partition's positions (``+ base``)."""
@@ -539,6 +574,28 @@ class FollowedFiles:
             raise SourceError(f"{name}: the followed file disappeared")
         part = FollowedFile(self._kind, name, self._paths[name], self._plan, position,
                             files=self._files)
+        self._opened.add(name)
+        return part
+
+    def open_successor(self, name: str, position: int) -> FollowedFile:
+        """``[archive]``: the file now at ``name``'s path, read from its first line as
+        position ``position`` (the continuation of a file rotated away and gone, whose
+        lines up to ``position`` came from the archive)."""
+        if name not in self._paths:
+            self.discover()
+        path = self._paths.get(name)
+        try:
+            st = os.stat(path) if path is not None else None
+        except OSError:
+            st = None
+        if path is None or st is None:
+            raise SourceError(
+                f"partition {name!r}: the archive holds its lines up to position {position}, "
+                f"but no file is at its path to go on with (the rotation's new file); "
+                "start the run again once the writer has created it")
+        part = FollowedFile(self._kind, name, path, self._plan, PartitionPosition(
+            position, 0, {"dev": st.st_dev, "ino": st.st_ino, "base": position}),
+            files=self._files)
         self._opened.add(name)
         return part
 

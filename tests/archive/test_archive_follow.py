@@ -332,3 +332,34 @@ def test_a_tampered_segment_is_refused(tmp_path: Path, damage: str) -> None:
     r = run_once(d)
     assert r.returncode == 0, r.stderr
     assert committed(d) == reference(tmp_path, "jsonl", first, new)
+
+
+def test_a_file_that_took_the_archived_files_inode_is_not_taken_for_it(
+        tmp_path: Path) -> None:
+    """The archive's last line is in the rotation's new file B; while the job is down,
+    the file of its checkpoint is deleted and B is replaced by a file C that took B's
+    inode (logrotate deleting B and creating C, ext4 reusing the freed inode). Found by
+    device and inode, C must not be read from B's byte offset: it does not hold the
+    archive's last line, so the run goes on with C from its first line."""
+    d = tmp_path / "job"
+    (d / "in").mkdir(parents=True)
+    first = lines("jsonl", 0, 300, bad_at=262, late_at=275)
+    b = lines("jsonl", 300, 390)  # under the next checkpoint (at 400 to 449 lines)
+    c = lines("jsonl", 390, 1200, bad_at=700)  # longer than B: B's end is inside it
+    (d / app("jsonl")).write_text(first)
+    write_specs(d, "jsonl")
+    proc = start(d)
+    Log(proc).checkpoints(1)  # in the first file
+    read_to(d, proc, app("jsonl"), 300)
+    os.rename(d / app("jsonl"), d / "in" / "app.jsonl.1")
+    (d / app("jsonl")).write_text(b)
+    read_to(d, proc, app("jsonl"), 390)  # B read and archived, no checkpoint in it
+    sigkill(proc)
+    assert len(list((d / "ckpt").glob("cp-*"))) == 1
+    (d / "in" / "app.jsonl.1").unlink()  # the checkpoint's file is gone: the archive
+    ino = (d / app("jsonl")).stat().st_ino
+    (d / app("jsonl")).write_text(c)  # in place: C has B's inode
+    assert (d / app("jsonl")).stat().st_ino == ino
+    r = run_once(d)
+    assert r.returncode == 0, r.stderr
+    assert committed(d) == reference(tmp_path, "jsonl", first, b + c)

@@ -176,28 +176,38 @@ class ArchivedFile:
                 "nothing was skipped or committed")
         return out
 
-    def _end_position(self) -> PartitionPosition | None:
-        """Where the archive ends, in the file of its last line (None: nothing archived
-        from the position asked)."""
+    def _end_position(self) -> tuple[PartitionPosition, int, bytes] | None:
+        """Where the archive ends, in the file of its last line, with that line's byte
+        offset and bytes (None: nothing archived from the position asked)."""
         if self._last is None:
             return None
         lo, hi, entry = self._last
         tail = self._rows(hi - 1, hi, entry).row(0, named=True)
-        return PartitionPosition(hi, int(tail["byte"]) + len(tail["value"]), {
-            "dev": tail["dev"], "ino": tail["ino"], "base": tail["base"]})
+        value = bytes(tail["value"])
+        return PartitionPosition(hi, int(tail["byte"]) + len(value), {
+            "dev": tail["dev"], "ino": tail["ino"], "base": tail["base"]}), \
+            int(tail["byte"]), value
 
     # ------------------------------------------------------------ the files
     def _file(self) -> LivePartition:
         """The partition's files from where the archive ends."""
         if self._real is not None:
             return self._real
-        end = self._end_position()
-        at = end.offset if end is not None else self._pos
+        last = self._end_position()
+        at = last[0].offset if last is not None else self._pos
         real: LivePartition | None = None
-        if end is not None:
+        if last is not None:
+            end, byte, value = last
             try:  # the file of the last archived line, if it still exists
                 real = self._source.open_at(self.name, end)
             except SourceExpiredError:
+                real = None
+            # found by (device, inode) alone: a file that took a deleted one's inode (the
+            # rotation's new file, often) is not it unless it holds the last archived line
+            from sealstream.sources.files.follow import FollowedFile
+
+            if isinstance(real, FollowedFile) and not real.holds(byte, value):
+                real.close()
                 real = None
         if real is None:
             if at < self._recorded:

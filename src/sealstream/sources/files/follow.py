@@ -379,6 +379,15 @@ class FollowedFile:
             if self._reader is None:
                 return None
 
+    def holds(self, byte: int, data: bytes) -> bool:
+        """Whether the current file has ``data`` at ``byte`` (``[archive]``: the file of
+        the archive's last line, found by device and inode, is that file only if it
+        still holds that line; another file may have taken a deleted one's inode)."""
+        try:
+            return os.pread(self._fd, len(data), byte) == data
+        except OSError:
+            return False
+
     def _tap(self, local: PartitionPosition) -> None:
         """``[archive]``: hand the lines the reader just moved over to the tap."""
         (line0, b0), self._tap_at = self._tap_at, (local.offset, local.byte_offset)

@@ -34,7 +34,7 @@ import polars as pl
 
 from sealstream.archive._segments import ArchiveDamagedError, SegmentEntry
 from sealstream.errors import SourceError, SourceExpiredError
-from sealstream.sources._base import OFFSET, Chunk, PartitionPosition, RawSpan
+from sealstream.sources._base import Chunk, PartitionPosition
 from sealstream.sources._live import LivePartition, empty_chunk
 
 if TYPE_CHECKING:
@@ -273,14 +273,9 @@ class ArchivedFile:
 
 def _shifted(chunk: Chunk, delta: int, position: PartitionPosition) -> Chunk:
     """A chunk of the temporary copy in the partition's positions (``+ delta``)."""
-    chunk.events = chunk.events.with_columns(pl.col(OFFSET) + delta)
-    chunk.bad = chunk.bad.with_columns(pl.col("_offset") + delta, pl.col("_line") + delta)
-    if chunk.last_offset is not None:
-        chunk.last_offset += delta
-    if chunk.raw is not None:
-        texts = chunk.raw.texts
-        chunk.raw = RawSpan(chunk.raw.first + delta, chunk.raw.last + delta,
-                            lambda offs: texts(offs - delta))
+    from sealstream.sources.files.follow import shift_lines
+
+    shift_lines(chunk, delta)
     chunk.position = position
     chunk.eof = False
     return chunk

@@ -45,7 +45,6 @@ from typing import Any
 
 from sealstream.distributed._sinks import WorkerPartsSink, WorkerResults
 from sealstream.pipeline import Pipeline
-from sealstream.sinks._base import Sink
 from sealstream.sinks.kafka import KafkaSink
 
 #: a token staged by worker ``i``: ``<epoch>-<run>w<i>``
@@ -55,10 +54,6 @@ WORKER_TOKEN = re.compile(r"[0-9]{12,}-[A-Za-z0-9]*w([0-9]+)")
 def worker_transactional_id(base: str, index: int) -> str:
     """The ``transactional.id`` of worker ``index``'s producer."""
     return f"{base}-w{index}"
-
-
-def stages_kafka_on_workers(sink: Sink) -> bool:
-    return isinstance(sink, KafkaSink)
 
 
 @dataclass(frozen=True)
@@ -117,27 +112,14 @@ class KafkaWorkersSink(WorkerPartsSink):
         return WorkerProducer(worker_transactional_id(self.local.transactional_id, index),
                               os.path.abspath(self.local.path), self.run_token)
 
-    def commit(self, epoch: int, tokens: list[str]) -> None:
-        """The coordinator's own tokens here, then each worker's by that worker (its
-        transaction), one after the other; a token of an index the job no longer
-        has is produced here."""
-        from sealstream.distributed._shard import gather
+    # commit: the coordinator's own tokens here, then each worker's by that worker (its
+    # transaction), one after the other; a token of an index the job no longer has is
+    # produced here (WorkerPartsSink.commit)
+    def _token_worker(self, token: str) -> int:
+        m = WORKER_TOKEN.fullmatch(token)
+        i = int(m.group(1)) if m else -1
+        return i if i >= 0 and token.endswith(f"{self.run_token}w{i}") else -1
 
-        actors = self._actors()
-        by_worker: dict[int, list[str]] = {}
-        here: list[str] = []
-        for t in tokens:
-            m = WORKER_TOKEN.fullmatch(t)
-            i = int(m.group(1)) if m else -1
-            if 0 <= i < len(actors) and t.endswith(f"{self.run_token}w{i}"):
-                by_worker.setdefault(i, []).append(t)
-            else:
-                here.append(t)
-        self.local.commit(epoch, here)
-        for i in sorted(by_worker):
-            gather([actors[i].commit_results.remote(epoch, by_worker[i], self.output)],
-                   f"commit {self.output}")
-            self.local.moved()
-            self._crash("after_commit_worker_part" if self.output == "results"
-                        else "after_commit_worker_records")
+    def _worker_committed(self) -> None:
+        self.local.moved()  # the topic's end offsets the next manifest records
 

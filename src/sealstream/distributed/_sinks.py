@@ -184,11 +184,7 @@ class WorkerPartsSink(Sink):
         by_worker: dict[int, list[str]] = {}
         here: list[str] = []
         for t in tokens:
-            m = _WORKER_RUN.fullmatch(t)
-            i = int(m.group(1)) if m else -1
-            if m is None:  # a database token staged by a worker (:mod:`._db_sinks`)
-                w = token_worker(t)
-                i = -1 if w is None else w
+            i = self._token_worker(t)
             if 0 <= i < len(actors):
                 by_worker.setdefault(i, []).append(t)
             else:
@@ -197,8 +193,20 @@ class WorkerPartsSink(Sink):
         for i in sorted(by_worker):
             gather([actors[i].commit_results.remote(epoch, by_worker[i], self.output)],
                    f"commit {self.output}")
+            self._worker_committed()
             self._crash("after_commit_worker_part" if self.output == "results"
                         else "after_commit_worker_records")
+
+    def _token_worker(self, token: str) -> int:
+        """The index of the worker that staged ``token`` (-1: none, the coordinator's)."""
+        m = _WORKER_RUN.fullmatch(token)
+        if m is not None:
+            return int(m.group(1))
+        w = token_worker(token)  # a database token staged by a worker (:mod:`._db_sinks`)
+        return -1 if w is None else w
+
+    def _worker_committed(self) -> None:
+        """Called after each worker committed its share of an epoch."""
 
     def recover(self, prepared: dict[int, list[str]]) -> None:
         self.local.recover(prepared)

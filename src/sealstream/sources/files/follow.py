@@ -68,6 +68,20 @@ def _open_reader(kind: str, name: str, path: Path, plan: FieldPlan,
     raise SourceError(f"source kind {kind!r} cannot be followed (only jsonl and csv)")
 
 
+def shift_lines(chunk: Chunk, delta: int) -> Chunk:
+    """``chunk``'s line positions moved by ``delta`` (events, bad records, last offset
+    and raw texts): a file's lines in its partition's positions."""
+    chunk.events = chunk.events.with_columns(pl.col(OFFSET) + delta)
+    chunk.bad = chunk.bad.with_columns(pl.col("_offset") + delta, pl.col("_line") + delta)
+    if chunk.last_offset is not None:
+        chunk.last_offset += delta
+    if chunk.raw is not None:
+        texts = chunk.raw.texts
+        chunk.raw = RawSpan(chunk.raw.first + delta, chunk.raw.last + delta,
+                            lambda offs: texts(offs - delta))
+    return chunk
+
+
 class FollowedFile:
     """One growing file, and the files that follow it at its path after rotations, as
     a :class:`~sealstream.sources._live.LivePartition`.
@@ -417,17 +431,7 @@ class FollowedFile:
         """A chunk of the current file in the partition's positions (``+ base``)."""
         b = self._base
         chunk.position = self._exposed(chunk.position)
-        if not b:
-            return chunk
-        chunk.events = chunk.events.with_columns(pl.col(OFFSET) + b)
-        chunk.bad = chunk.bad.with_columns(pl.col("_offset") + b, pl.col("_line") + b)
-        if chunk.last_offset is not None:
-            chunk.last_offset += b
-        if chunk.raw is not None:
-            texts = chunk.raw.texts
-            chunk.raw = RawSpan(chunk.raw.first + b, chunk.raw.last + b,
-                                lambda offs: texts(offs - b))
-        return chunk
+        return shift_lines(chunk, b) if b else chunk
 
     def seek(self, position: int) -> None:
         if position < self._base:

@@ -22,7 +22,7 @@ import pytest
 import test_console_routes as routes
 from _consolekit import emitted_window, story
 
-from scenarios._story import run
+from scenarios._story import in_process, run
 from sealstream.checkpoint import manifest as mf
 from sealstream.errors import CheckpointError
 from sealstream.testing.lifeline import die_with_parent
@@ -61,14 +61,23 @@ def _story(d: Path, server: Any) -> tuple[Path, str]:
     return spec, url
 
 
+@pytest.fixture(scope="module")
+def s3_story(s3_server: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """One finished story run into the test server's bucket (its directory and store
+    URL), made once for the tests that only read it (each checks that it stays so)."""
+    d = tmp_path_factory.mktemp("console-s3")
+    _, url = _story(d, s3_server)
+    return d, url
+
+
 def _pages(c: Any, extra: tuple[str, ...] = ()) -> str:
     return "".join(c.get(p).text for p in ("/", "/s/0/0/history", "/s/0/0/charts",
                                            "/s/0/0/cp/1", *extra))
 
 
 def test_every_route_on_an_s3_store_reads_and_never_writes(
-        tmp_path: Path, s3_env: Any, make_client: Any) -> None:
-    _, url = _story(tmp_path, s3_env)
+        tmp_path: Path, s3_env: Any, make_client: Any, s3_story: tuple[Path, str]) -> None:
+    job, url = s3_story
     prefix = url.split("/", 3)[3]
     keys = [k for k, *_ in _listing(s3_env) if k.startswith(prefix + "/cp-")]
     n = len({k.split("/")[1] for k in keys})
@@ -79,7 +88,7 @@ def test_every_route_on_an_s3_store_reads_and_never_writes(
     assert "s3: <code>" in index and url in index
     routes._walk(c, None, n)
     # window lookup, its proof verifying offline against the store's signed manifest
-    w = emitted_window(tmp_path)
+    w = emitted_window(job)
     q = f"key={w['key']}&start={w['window_start']}&end={w['window_end']}"
     looked = routes._ok(c.get(f"/s/0/0/window?{q}"))
     assert 'id="window-status">emitted<' in looked and "proof-download" in looked
@@ -92,9 +101,7 @@ def test_every_route_on_an_s3_store_reads_and_never_writes(
     manifest = tmp_path / "MANIFEST.json"
     manifest.write_bytes(_client(s3_env).get_object(
         Bucket=s3_env.bucket, Key=f"{prefix}/cp-{signed:012d}/MANIFEST.json")["Body"].read())
-    res = subprocess.run([sys.executable, "-m", "sealstream", "receipts", "verify", str(proof),
-                          "--manifest", str(manifest)], capture_output=True, text=True,
-                         timeout=120)
+    res = in_process("receipts", "verify", str(proof), "--manifest", str(manifest))
     assert res.returncode == 0, res.stdout + res.stderr
     page = _pages(c)
     assert s3_env.secret_key not in page and s3_env.access_key not in page
@@ -203,12 +210,12 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 
 
 def test_the_console_command_takes_the_endpoint_and_bounds_an_unreachable_one(
-        tmp_path: Path, s3_server: Any) -> None:
+        s3_server: Any, s3_story: tuple[Path, str]) -> None:
     """`--endpoint-url` instead of AWS_ENDPOINT_URL; without SEALSTREAM_S3_RETRY_S an
     unreachable endpoint is retried for the console's 3 s, not a run's 30 s."""
     import httpx
 
-    _, url = _story(tmp_path, s3_server)
+    _, url = s3_story
     env = {k: v for k, v in os.environ.items()
            if k not in ("AWS_ENDPOINT_URL", "SEALSTREAM_S3_RETRY_S")}
     env.update({k: v for k, v in s3_server.env().items() if k != "AWS_ENDPOINT_URL"})

@@ -59,3 +59,17 @@ def make_client() -> Iterator[Any]:
     yield make
     for c in opened:
         c.close()
+
+
+@pytest.fixture(scope="session")
+def finished_sqlite_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One finished story run with its checkpoints in ``ckpt.db`` (SQLite), made once
+    (copy it to change it: ``sqlite_job_copy``)."""
+    d = tmp_path_factory.mktemp("console-sqlite-job")
+    story(d, url="sqlite:///ckpt.db", env={mf.KEY_ENV: ""})
+    return d
+
+
+@pytest.fixture
+def sqlite_job_copy(tmp_path: Path, finished_sqlite_job: Path) -> Path:
+    return Path(shutil.copytree(finished_sqlite_job, tmp_path / "job", symlinks=True))

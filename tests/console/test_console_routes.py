@@ -11,15 +11,13 @@ import os
 import re
 import shutil
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _consolekit import emitted_window, story, tree
 
-from scenarios._story import run
+from scenarios._story import in_process, run
 from sealstream.checkpoint.stores import LocalCheckpointStore
 from sealstream.inspect import judge_checkpoint
 
@@ -97,24 +95,22 @@ def test_every_route_on_a_directory_store_reads_and_never_writes(
     q = f"key={w['key']}&start={w['window_start']}&end={w['window_end']}"
     proof = tmp_path / "proof.json"
     proof.write_bytes(c.get(f"/s/0/0/window/proof?{q}").content)
-    res = subprocess.run([sys.executable, "-m", "sealstream", "receipts", "verify", str(proof),
-                          "--checkpoints", str(ckpt)], capture_output=True, text=True,
-                         timeout=60)
+    res = in_process("receipts", "verify", str(proof), "--checkpoints", str(ckpt))
     assert res.returncode == 0, res.stdout + res.stderr
 
 
 def test_every_route_on_a_sqlite_store_reads_and_never_writes(
-        tmp_path: Path, make_client: Any) -> None:
-    spec = story(tmp_path, url="sqlite:///ckpt.db")
-    db = spec.parent / "ckpt.db"
+        sqlite_job_copy: Path, make_client: Any) -> None:
+    job = sqlite_job_copy
+    db = job / "ckpt.db"
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     n = conn.execute("SELECT COUNT(*) FROM sealstream_checkpoints").fetchone()[0]
     conn.close()
-    names = sorted(p.name for p in tmp_path.iterdir())
+    names = sorted(p.name for p in job.iterdir())
     digest = hashlib.sha256(db.read_bytes()).hexdigest()
-    _walk(make_client(f"sqlite:///{db}"), tmp_path, n)
+    _walk(make_client(f"sqlite:///{db}"), job, n)
     assert hashlib.sha256(db.read_bytes()).hexdigest() == digest
-    assert sorted(p.name for p in tmp_path.iterdir()) == names  # no -wal, -shm, lock file
+    assert sorted(p.name for p in job.iterdir()) == names  # no -wal, -shm, lock file
 
 
 def test_every_route_on_a_postgresql_store_with_its_password_redacted(
@@ -357,9 +353,9 @@ def test_checkpoints_moved_aside_by_recovery_stay_in_the_history(
 
 
 def test_checkpoints_moved_aside_in_a_sqlite_store_stay_in_the_history(
-        tmp_path: Path, make_client: Any) -> None:
-    spec = story(tmp_path, url="sqlite:///ckpt.db")
-    db = tmp_path / "ckpt.db"
+        sqlite_job_copy: Path, make_client: Any) -> None:
+    spec = sqlite_job_copy / "spec.toml"
+    db = sqlite_job_copy / "ckpt.db"
     conn = sqlite3.connect(db)
     (cid,) = conn.execute("SELECT MAX(id) FROM sealstream_checkpoints").fetchone()
     name = f"cp-{cid:012d}/state.arrow"
@@ -379,7 +375,7 @@ def test_checkpoints_moved_aside_in_a_sqlite_store_stay_in_the_history(
                       "reason": "HASH_MISMATCH", "aside": True}]
     page = _ok(c.get(f"/s/0/0/aside/0/{cid}"))
     assert "HASH_MISMATCH" in page and "moved aside" in page
-    shutil.rmtree(tmp_path / "in")
+    shutil.rmtree(sqlite_job_copy / "in")
 
 
 # --------------------------------------------------------------------------- pages and cache

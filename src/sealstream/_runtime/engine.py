@@ -728,10 +728,10 @@ class Job(Checkpointing):
                 failed = self.enricher.not_dropped(failed, enriched)
             if failed.height:
                 self._handle_bad(self._failed_records(failed, batch))
-        if events.height:
-            events = events.with_columns(
-                (pl.col(OFFSET) * n_parts + pl.col(PARTITION)).alias(SEQ)
-            )
+        if events.height:  # one numpy column (the lazy engine would rechunk the batch)
+            seq = (events.get_column(OFFSET).to_numpy().astype(np.int64, copy=False) * n_parts
+                   + events.get_column(PARTITION).to_numpy())
+            events = events.drop(SEQ, strict=False).hstack([pl.Series(SEQ, seq, pl.Int64)])
         w_before = self.wm.global_ms
         events = assign_watermarks(
             events, self.wm, batch.end, self.operator.watermark_threshold(events)

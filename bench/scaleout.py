@@ -106,8 +106,11 @@ def _run(files: list[Path], every: int, workers: int | None, label: str,
     if warm:
         import ray
 
-        each = [c - c0 for c, c0 in zip(ray.get([a.cpu_s.remote() for a in warm]), cpu0,
-                                        strict=True)]
+        # in the job's worker order (worker i reads partitions i, i + N, ...)
+        ids = [a._actor_id for a in warm]
+        order = [a for a in getattr(job.merger, "actors", warm) if a._actor_id in ids] or warm
+        cpu1 = ray.get([a.cpu_s.remote() for a in order])
+        each = [c - cpu0[ids.index(a._actor_id)] for a, c in zip(order, cpu1, strict=True)]
         worker_cpu = sum(each)
         phases = _merge([*ray.get([a.phase_times.remote() for a in warm]),
                          getattr(getattr(job.merger, "phases", None), "totals", {})])

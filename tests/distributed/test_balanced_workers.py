@@ -24,10 +24,10 @@ def test_weighted_routing_gives_fewer_keys_to_the_workers_reading_more() -> None
     table = weighted([2.0, 1.0])
     assert table is not None and len(table) == 2 * BUCKETS_PER_WORKER
     counts = [table.count(0), table.count(1)]
-    # k_0 = 1/2 + 2 (1/2 - 2/3) = 1/6, k_1 = 5/6 of 128 buckets
-    assert counts == [21, 107]
+    # k_0 = 1/2 + 2.5 (1/2 - 2/3) = 1/12, k_1 = 11/12 of 128 buckets
+    assert counts == [11, 117]
     assert list(table) == sorted(table)  # consecutive ranges
-    assert describe(table, 2)["buckets_per_worker"] == [21, 107]
+    assert describe(table, 2)["buckets_per_worker"] == [11, 117]
     # equal shares (or within a bucket of them): plain hash mod N, as before
     assert weighted([1.0, 1.0]) is None and weighted([3.0, 3.0, 3.0]) is None
     assert weighted([1_000_000.0, 1_000_001.0]) is None
@@ -87,7 +87,7 @@ def _lines(d: Path) -> list[str]:
 def test_three_partitions_share_their_work_and_own_rows_stay_home(
         ray_cluster: Any, tmp_path: Path, workers: int,
         capsys: pytest.CaptureFixture[str]) -> None:
-    """With 2 workers, worker 0 reads two partitions and gets about a sixth of the keys
+    """With 2 workers, worker 0 reads two partitions and gets about a twelfth of the keys
     (it processes the fewer rows, the manifest records the routing);
     every row read goes either to the object store for another worker or stays with
     its reader for its own keys, none is left behind; the results are one process's,
@@ -127,9 +127,9 @@ def test_three_partitions_share_their_work_and_own_rows_stay_home(
             assert rows[0]["put"] == 0, rows
             assert dist["routing"]["rule"] == "hash mod workers"
             continue
-        assert dist["routing"]["buckets_per_worker"] == [21, 107], dist["routing"]
-        assert 0 < done[0] < done[1] / 3, rows  # about 1/6 against 5/6
-        # worker 1 reads partition 1 and keeps the rows of its own keys (5/6 of them)
+        assert dist["routing"]["buckets_per_worker"] == [11, 117], dist["routing"]
+        assert 0 < done[0] < done[1] / 5, rows  # about 1/12 against 11/12
+        # worker 1 reads partition 1 and keeps the rows of its own keys (11/12 of them)
         assert rows[1]["kept"] > rows[1]["put"] > 0, rows
         assert rows[0]["kept"] > 0, rows
     assert out["single"] and out["dist"] == out["single"]

@@ -25,9 +25,11 @@ from __future__ import annotations
 from pathlib import Path
 
 #: a reading worker's CPU per event relative to a key worker's: parse, breakpoints,
-#: key split and put about 0.6-0.7 us against aggregate, watermarks and fetch about
-#: 0.3 us (bench/results/scaleout.md, profile of the workers' phases)
-READ_COST = 2.0
+#: key split and put about 0.7-0.8 us against aggregate, watermarks and fetch about
+#: 0.3 us (bench/results/scaleout.md, profile of the workers' phases); measured on
+#: 3 partitions over 2 workers, 2.0 left the worker reading two partitions about 10%
+#: more CPU than the other, 3.0 about 5% less (docs/scale-out.md, "Key routing")
+READ_COST = 2.5
 #: buckets per worker of a weighted routing (a key share's resolution: 1/64 of 1/N)
 BUCKETS_PER_WORKER = 64
 

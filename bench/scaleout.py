@@ -101,11 +101,17 @@ def _run(files: list[Path], every: int, workers: int | None, label: str,
     coord_cpu = time.process_time() - c0
     wall = time.perf_counter() - t0
     worker_cpu = 0.0
+    each: list[float] = []
     phases: dict[str, tuple[int, float, float]] = {}
     if warm:
         import ray
 
-        worker_cpu = sum(ray.get([a.cpu_s.remote() for a in warm])) - sum(cpu0)
+        # in the job's worker order (worker i reads partitions i, i + N, ...)
+        ids = [a._actor_id for a in warm]
+        order = [a for a in getattr(job.merger, "actors", warm) if a._actor_id in ids] or warm
+        cpu1 = ray.get([a.cpu_s.remote() for a in order])
+        each = [c - cpu0[ids.index(a._actor_id)] for a, c in zip(order, cpu1, strict=True)]
+        worker_cpu = sum(each)
         phases = _merge([*ray.get([a.phase_times.remote() for a in warm]),
                          getattr(getattr(job.merger, "phases", None), "totals", {})])
     rss = [_peak_rss_mb(p) for p in getattr(job.operator, "pids", [])]
@@ -117,7 +123,7 @@ def _run(files: list[Path], every: int, workers: int | None, label: str,
     events = summary.counters.events
     return {"label": label, "workers": workers, "wall_s": wall, "start_s": start_s,
             "engine_s": dist.get("engine_s", wall), "coord_cpu_s": coord_cpu,
-            "worker_cpu_s": worker_cpu,
+            "worker_cpu_s": worker_cpu, "worker_cpu_each": each,
             "coord_bytes_per_event": (sum(steps) / events if steps and events else None),
             "control_bytes_per_event": ((sum(steps) - sum(rows_bytes or [])) / events
                                         if steps and events else None),
@@ -193,11 +199,12 @@ def _table(runs: list[dict[str, Any]]) -> list[str]:
     base = runs[0]
     lines = [
         "| config | worker start s | engine s | wall s | events/s | vs single (engine) | "
-        "coordinator CPU s / M events | coordinator share of CPU | coordinator bytes / "
+        "coordinator CPU s / M events | coordinator share of CPU | workers' CPU s (each) | "
+        "job CPU s | coordinator bytes / "
         "event (control only) | steps | checkpoints | mean ckpt ms (blocking) | "
         "worker peak RSS MB | output |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-        "| --- | --- |",
+        "| ---: | ---: | --- | --- |",
     ]
     for r in runs:
         rate = r["events"] / r["engine_s"]
@@ -210,7 +217,8 @@ def _table(runs: list[dict[str, Any]]) -> list[str]:
         lines.append(
             f"| {r['label']} | {r['start_s']:.2f} | {r['engine_s']:.2f} | {r['wall_s']:.2f} "
             f"| {rate:,.0f} | {base['engine_s'] / r['engine_s']:.2f}x | {per_m:.2f} | "
-            f"{share} | {'-' if bpe is None else f'{bpe:.4f} ({ctl:.5f})'} | "
+            f"{share} | {', '.join(f'{c:.2f}' for c in r.get('worker_cpu_each', [])) or '-'} "
+            f"| {total:.2f} | {'-' if bpe is None else f'{bpe:.4f} ({ctl:.5f})'} | "
             f"{r['steps'] or '-'} | "
             f"{r['ckpts']} | {r['ck_ms']:.0f} ({r['ck_blocking_ms']:.0f}) | {rss} | {same} |")
     return lines

@@ -61,6 +61,12 @@ def spec(kind: str, files: list[Path], ckpt: bool) -> Path:
                       checkpoint_every_ms=1000 if ckpt else None, **WINDOWS[kind])
 
 
+#: CPU seconds (user + system of the process and what it waited for) of every run,
+#: by contender, beside the wall seconds: on a loaded machine they compare better
+CPU: dict[str, list[float]] = {}
+_last_cpu: list[float] = [0.0]
+
+
 def run_sealstream(path: Path, src: Path) -> float:
     wd = path.parent
     for sub in ("out", "ckpt"):
@@ -70,6 +76,7 @@ def run_sealstream(path: Path, src: Path) -> float:
                 log=wd / "run.log", timeout=1800)
     if r.returncode != 0:
         raise RuntimeError(f"sealstream run failed: {(wd / 'run.log').read_text()[-400:]}")
+    _last_cpu[0] = r.cpu_s
     return r.seconds
 
 
@@ -84,6 +91,7 @@ def run_polars(kind: str, files: list[Path]) -> float:
                 timeout=1800)
     if r.returncode != 0:
         raise RuntimeError(f"{runner} failed: {(wd / 'run.log').read_text()[-400:]}")
+    _last_cpu[0] = r.cpu_s
     return r.seconds
 
 
@@ -262,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
             for name, fn in contenders:
                 s = fn()
                 times.setdefault(name, []).append(s)
-                print(f"[{i + 1}/{args.repeat}] {name}: {s:.2f} s "
+                CPU.setdefault(name, []).append(_last_cpu[0])
+                print(f"[{i + 1}/{args.repeat}] {name}: {s:.2f} s, {_last_cpu[0]:.2f} CPU s "
                       f"({args.events / s:,.0f} events/s)", flush=True)
     load_after = os.getloadavg()
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -290,13 +299,24 @@ def main(argv: list[str] | None = None) -> int:
         r = rate["tumbling-ckpt/after"] / rate["tumbling/after"]
         lines += ["", f"Checkpointed (every second) / unchecked, tumbling: {r:.0%} "
                   f"(target >= 95 %: {'met' if r >= 0.95 else 'NOT met'}).", ""]
-    lines += ["All runs (seconds):", ""]
-    lines += [f"- {k}: {', '.join(f'{x:.2f}' for x in v)}" for k, v in times.items()]
+    cpu_med = {k: statistics.median(v) for k, v in CPU.items()}
+    lines += ["CPU seconds (user + system, median; the CPU ratio is Polars' CPU over "
+              "sealstream's, the work each does, less sensitive to the load):", ""]
+    for kind in kinds:
+        a, p = cpu_med[f"{kind}/after"], cpu_med[f"{kind}/polars"]
+        b = cpu_med.get(f"{kind}/before")
+        lines.append(f"- {kind}: " + (f"before {b:.2f} s (ratio {p / b:.2f}), " if b else "")
+                     + f"now {a:.2f} s (ratio {p / a:.2f}), Polars {p:.2f} s")
+    if "tumbling-ckpt/after" in cpu_med:
+        lines.append(f"- tumbling, checkpointed: {cpu_med['tumbling-ckpt/after']:.2f} s")
+    lines += ["", "All runs (wall seconds / CPU seconds):", ""]
+    lines += [f"- {k}: {', '.join(f'{x:.2f}/{c:.2f}' for x, c in zip(v, CPU[k], strict=True))}"
+              for k, v in times.items()]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "speed-batch.md").write_text("\n".join(lines) + "\n")
     (args.out / "speed-batch.json").write_text(json.dumps(
         {"started": started, "events": args.events, "load": [load_before, load_after],
-         "seconds": times, "median_s": med, "rate": rate}, indent=2) + "\n")
+         "seconds": times, "median_s": med, "rate": rate, "cpu_s": CPU}, indent=2) + "\n")
     print("\n".join(lines))
     return 0
 

@@ -72,7 +72,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
@@ -90,8 +90,6 @@ from sealstream.checkpoint.manifest import (
     load_json,
 )
 from sealstream.checkpoint.stores import CheckpointStore
-from sealstream.enrich import MANIFEST_FIELD as ENRICH_FIELD
-from sealstream.enrich import EnrichStage, changed_tables, open_stage
 from sealstream.errors import (
     BadRecordError,
     CheckpointError,
@@ -104,9 +102,8 @@ from sealstream.pipeline import Pipeline, Session
 from sealstream.pipeline.source import Sources
 from sealstream.sinks import open_sink
 from sealstream.sinks._base import JSON_LINE
-from sealstream.sinks.database import DatabaseSink, same_database
+from sealstream.sinks._kinds import is_database_sink, is_kafka_sink
 from sealstream.sinks.jsonl import JsonlDirSink
-from sealstream.sinks.kafka import KafkaSink
 from sealstream.sinks.parquet import ParquetDirSink
 from sealstream.sources._base import (
     OFFSET,
@@ -125,6 +122,11 @@ from sealstream.watermark import POS_INF, WATERMARK, WatermarkState, assign_wate
 from sealstream.windows.aggregates import SEQ
 from sealstream.windows.operator import WindowOperator
 
+if TYPE_CHECKING:  # [[enrich]] is imported by the jobs that have tables to join
+    from sealstream.enrich import EnrichStage
+
+#: the manifest's member for the [[enrich]] tables' versions (sealstream.enrich)
+ENRICH_FIELD = "enrich"
 DEFINITION_REASONS = ("FINGERPRINT_MISMATCH", "OTHER_PIPELINE")
 #: the smallest batch (records per partition per step) pacing by ``every_ms`` goes to
 MIN_PACED_BATCH = 4096
@@ -282,7 +284,7 @@ class Job(Checkpointing):
         self.started = time.monotonic()
         self._open_sinks()
         self.output = OutputStage(
-            concurrent=not any(isinstance(s, DatabaseSink) for s in self.sinks.values())
+            concurrent=not any(is_database_sink(s) for s in self.sinks.values())
         )
         try:
             if self.store is None:
@@ -290,7 +292,9 @@ class Job(Checkpointing):
             else:
                 with self.store.locked():
                     for sink in self.sinks.values():
-                        if isinstance(sink, DatabaseSink):
+                        if is_database_sink(sink):
+                            from sealstream.sinks.database import same_database
+
                             sink.transactional = same_database(sink, self.store)
                     self._run_checked(self.store)
         finally:
@@ -331,12 +335,13 @@ class Job(Checkpointing):
             self.sinks["errors"] = open_sink(self.p.errors, "records", self.run_token)
         results = self.sinks["results"]
         # a compound key: each field under its own name (a line's field, a column)
-        if isinstance(results, (JsonlDirSink, ParquetDirSink, DatabaseSink, KafkaSink)):
+        if (isinstance(results, (JsonlDirSink, ParquetDirSink)) or is_database_sink(results)
+                or is_kafka_sink(results)):
             results.key_fields = self.p.source.key_fields
         for role, sink in self.sinks.items():
-            if isinstance(sink, DatabaseSink):
+            if is_database_sink(sink):
                 sink.pipeline = self.p.name  # its staged rows and its table are its own
-            elif isinstance(sink, KafkaSink):
+            elif is_kafka_sink(sink):
                 # its transactional.id (one per job and output), its staging (the store's)
                 sink.set_job(self.p.name, role, self.store.location if self.store else None)
 
@@ -352,6 +357,8 @@ class Job(Checkpointing):
         a resumed run refuses a table whose version is not the checkpoint's."""
         if not self.p.enrich or self.enricher is not None:
             return
+        from sealstream.enrich import changed_tables, open_stage
+
         pinned = None if self.accept_table_change else self._enrich_bound
         full = self.plan
         self.enricher = open_stage(tuple(self.p.enrich), full, pinned)
@@ -721,10 +728,10 @@ class Job(Checkpointing):
                 failed = self.enricher.not_dropped(failed, enriched)
             if failed.height:
                 self._handle_bad(self._failed_records(failed, batch))
-        if events.height:
-            events = events.with_columns(
-                (pl.col(OFFSET) * n_parts + pl.col(PARTITION)).alias(SEQ)
-            )
+        if events.height:  # one numpy column (the lazy engine would rechunk the batch)
+            seq = (events.get_column(OFFSET).to_numpy().astype(np.int64, copy=False) * n_parts
+                   + events.get_column(PARTITION).to_numpy())
+            events = events.drop(SEQ, strict=False).hstack([pl.Series(SEQ, seq, pl.Int64)])
         w_before = self.wm.global_ms
         events = assign_watermarks(
             events, self.wm, batch.end, self.operator.watermark_threshold(events)

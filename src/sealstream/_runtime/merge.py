@@ -212,9 +212,9 @@ class PartitionMerger:
             taken, buf.events = _split(buf.events, bound)
             taken_bad, buf.bad = _split(buf.bad, bound, column="_offset")
             if taken is not None:
-                ev_parts.append(taken.with_columns(pl.lit(q, dtype=pl.Int32).alias(PARTITION)))
+                ev_parts.append(_with_partition(taken, PARTITION, q))
             if taken_bad is not None:
-                bad_parts.append(taken_bad.with_columns(pl.lit(q, dtype=pl.Int32).alias("_p")))
+                bad_parts.append(_with_partition(taken_bad, "_p", q))
             while buf.chunks and buf.chunks[0][1] <= bound:
                 buf.chunks.popleft()  # every record of that chunk is taken (or was skipped)
             if not buf.events and not buf.bad:
@@ -266,6 +266,12 @@ class PartitionMerger:
     def close(self) -> None:
         for b in self.buffers:
             b.reader.close()
+
+
+def _with_partition(frame: pl.DataFrame, name: str, q: int) -> pl.DataFrame:
+    """``frame`` with the Int32 column ``name`` = ``q`` appended: one eager column
+    (``with_columns(pl.lit(q))`` runs the lazy engine, which rechunks the frame)."""
+    return frame.hstack([pl.Series(name, np.full(frame.height, q, np.int32))])
 
 
 def _split(

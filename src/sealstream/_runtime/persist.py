@@ -39,7 +39,7 @@ from sealstream.checkpoint.manifest import (
 from sealstream.checkpoint.stores import CheckpointStore, checkpoint_dirname
 from sealstream.pipeline import Pipeline
 from sealstream.sinks._base import Sink
-from sealstream.sinks.database import DatabaseSink
+from sealstream.sinks._kinds import is_database_sink
 from sealstream.state import incremental
 from sealstream.state.codec import WATERMARK_META, encode_table, sha256_hex
 from sealstream.watermark import WatermarkState
@@ -292,7 +292,7 @@ class Checkpointing:
         body["watermark"] = wm_json
         # a sink in the store's database commits in the transaction that publishes
         together = [s.in_publish(epoch, tokens[role]) for role, s in self.sinks.items()
-                    if isinstance(s, DatabaseSink) and s.transactional and tokens[role]]
+                    if is_database_sink(s) and s.transactional and tokens[role]]
         # the consistent point is behind us: the next epoch starts now
         self._touched.clear()
         if self._incremental:

@@ -38,9 +38,6 @@ import struct
 from collections.abc import Mapping
 from pathlib import Path
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
 from sealstream.errors import CheckpointError, SpecError
 
 KEY_ENV = "SEALSTREAM_ENCRYPTION_KEY"
@@ -151,6 +148,8 @@ def encrypt(key: bytes, plaintext: bytes, context: str) -> bytes:
     nonce = os.urandom(NONCE_BYTES)
     fields = _FIELDS.pack(MAGIC, VERSION, key_id(key), nonce, len(plaintext))
     header = fields + _check(fields)
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # only when encrypting
+
     body = AESGCM(key).encrypt(nonce, plaintext, header + context.encode())
     return header + body
 
@@ -197,6 +196,9 @@ def decrypt(key: bytes | None, data: bytes, context: str) -> bytes:
         raise EnvelopeError(
             DECRYPTION_FAILED, f"{context} has {len(body) - length - TAG_BYTES} extra bytes"
         )
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
     try:
         return AESGCM(key).decrypt(nonce, body, data[:HEADER_BYTES] + context.encode())
     except InvalidTag:

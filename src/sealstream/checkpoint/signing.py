@@ -39,16 +39,16 @@ from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import (
-    Ed25519PrivateKey,
-    Ed25519PublicKey,
-)
+from typing import TYPE_CHECKING, Any
 
 from sealstream.errors import SpecError
+
+if TYPE_CHECKING:  # cryptography is imported where a public key is used: a run
+    # without SEALSTREAM_SIGNING_KEY / SEALSTREAM_VERIFY_KEYS never loads it
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
 
 SIGNING_KEY_ENV = "SEALSTREAM_SIGNING_KEY"
 SIGNING_KEY_FILE_ENV = "SEALSTREAM_SIGNING_KEY_FILE"
@@ -77,6 +77,8 @@ _extra: ContextVar[tuple[str, ...]] = ContextVar("sealstream_public_keys", defau
 
 def key_id(public: Ed25519PublicKey) -> str:
     """The public key's id: the first 8 bytes of SHA-256 of its 32 raw bytes, in hex."""
+    from cryptography.hazmat.primitives import serialization
+
     raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return hashlib.sha256(raw).digest()[:8].hex()
 
@@ -94,6 +96,9 @@ class SigningKey:
 
 
 def _private_from(data: bytes, source: str) -> Ed25519PrivateKey:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     text = data.strip()
     if text.startswith(b"-----BEGIN"):
         try:
@@ -155,6 +160,9 @@ def signing_key(environ: Mapping[str, str] | None = None) -> SigningKey | None:
 
 def parse_public_keys(data: bytes, source: str) -> dict[str, Ed25519PublicKey]:
     """The public keys in a key file (PEM blocks and/or ``KEY_ID BASE64`` lines), by id."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     out: dict[str, Ed25519PublicKey] = {}
     for m in _PEM.finditer(data):
         try:
@@ -247,6 +255,8 @@ def check(sig: Mapping[str, Any], data: bytes, trusted: Mapping[str, Ed25519Publ
     public = trusted.get(str(sig.get("key_id")))
     if public is None:
         return False, UNKNOWN_KEY
+    from cryptography.exceptions import InvalidSignature
+
     try:
         public.verify(bytes.fromhex(str(sig.get("value"))), data)
     except (InvalidSignature, ValueError):
@@ -261,6 +271,9 @@ def check(sig: Mapping[str, Any], data: bytes, trusted: Mapping[str, Ed25519Publ
 def generate(directory: Path) -> str:
     """Write a new key pair into ``directory`` (the private key mode 0600, created, never
     replaced) and return the public key's id."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     directory.mkdir(parents=True, exist_ok=True)
     private = Ed25519PrivateKey.generate()
     pem = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,

@@ -29,6 +29,7 @@ import click
 from sealstream import __version__
 from sealstream.checkpoint.manifest import checkpoint_key
 from sealstream.cli._keys import public_key_option, with_public_key
+from sealstream.cli._lazy import LazyGroup
 from sealstream.errors import SealstreamError, SpecError
 
 __all__ = ["entrypoint", "main"]
@@ -97,7 +98,7 @@ _RESUME_REQUIRE_RECEIPTS = _require_receipts_option(
     "[checkpoint] require_receipts).")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(version=__version__, prog_name="sealstream")
 def cli() -> None:
     """Event-time windowed stream processing with verifiable, exactly-once checkpoints."""
@@ -682,7 +683,7 @@ def window_cmd(directory: str, window_key: str, start_ms: int, end_ms: int,
         raise _Exit(1)
 
 
-@cli.group()
+@cli.group(cls=LazyGroup)
 def receipts() -> None:
     """Check emission receipts: inclusion proofs against signed checkpoint manifests."""
 
@@ -753,33 +754,28 @@ def prune_cmd(directory: str, keep: int, dry_run: bool, as_json: bool,
         raise _Exit(1)
 
 
-def _add_agents() -> None:
-    from sealstream.cli import _guard as _guard_cli
-    from sealstream.cli._agents import agents
-    from sealstream.cli._keys import keys
-
-    cli.add_command(agents)
-    cli.add_command(keys)
-    receipts.add_command(_guard_cli.consistency_cmd)
-    receipts.add_command(_guard_cli.export_cmd)
+def _add_agents() -> None:  # imported when used (cli/_lazy.py)
+    assert isinstance(cli, LazyGroup) and isinstance(receipts, LazyGroup)
+    cli.add_lazy("agents", "sealstream.cli._agents:agents")
+    cli.add_lazy("keys", "sealstream.cli._keys:keys")
+    receipts.add_lazy("consistency", "sealstream.cli._guard:consistency_cmd")
+    receipts.add_lazy("export", "sealstream.cli._guard:export_cmd")
 
 
 _add_agents()
 
 
 def _add_console() -> None:
-    from sealstream.cli._console import console_cmd
-
-    cli.add_command(console_cmd)
+    assert isinstance(cli, LazyGroup)
+    cli.add_lazy("console", "sealstream.cli._console:console_cmd")
 
 
 _add_console()
 
 
 def _add_compare() -> None:
-    from sealstream.cli._compare import compare_cmd
-
-    cli.add_command(compare_cmd)
+    assert isinstance(cli, LazyGroup)
+    cli.add_lazy("compare", "sealstream.cli._compare:compare_cmd")
 
 
 _add_compare()
@@ -864,9 +860,8 @@ def entrypoint() -> None:
 
 
 def _add_archive() -> None:
-    from sealstream.cli._archive import archive
-
-    cli.add_command(archive)
+    assert isinstance(cli, LazyGroup)
+    cli.add_lazy("archive", "sealstream.cli._archive:archive")
 
 
 _add_archive()

@@ -286,7 +286,8 @@ class LiveReader:
 
 def publish(pipeline: Pipeline, q: int, events: pl.DataFrame, bad: pl.DataFrame,
             spans: list[RawSpan], workers: int, unseen: list[str], end: bool,
-            grid_op: Any) -> tuple[dict[str, Any], Any, list[Any]]:
+            grid_op: Any, table: tuple[int, ...] | None = None
+            ) -> tuple[dict[str, Any], Any, list[Any]]:
     """A live step's rows of partition ``q`` (offset order): transformed here, their
     watermark breakpoints and each key worker's rows put in Ray's object store; a
     summary of a few numbers back (bad records' rows when there are any)."""
@@ -321,4 +322,5 @@ def publish(pipeline: Pipeline, q: int, events: pl.DataFrame, bad: pl.DataFrame,
         "failed": to_ipc(failed_rows) if failed_rows is not None else None,
         "seen": _seen(events, unseen) if unseen and events.height else [],
     }
-    return summary, ray.put(breaks), [ray.put(to_wire(part)) for part in split(events, workers)]
+    return summary, ray.put(breaks), [ray.put(to_wire(part))
+                                  for part in split(events, workers, table)]

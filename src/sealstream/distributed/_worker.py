@@ -110,6 +110,8 @@ class ShardWorker:
     def __init__(self) -> None:
         self.index = -1
         self.op: WindowOperator | None = None
+        #: the key routing of the job (None: hash mod workers; :mod:`._routing`)
+        self.table: tuple[int, ...] | None = None
         self.pipeline: Pipeline | None = None
         #: a checkpoint's part of the state, kept at the step boundary until written
         self.staged: tuple[pl.DataFrame, dict[str, Any]] | None = None
@@ -118,6 +120,14 @@ class ShardWorker:
         #: raw text spans of the step's slab (the last two steps: one may be read
         #: ahead while the late events of the one before are written)
         self.slabs: dict[int, SlabReader] = {}
+        #: the rows of this worker's own keys from the slabs it read, handed to its own
+        #: :meth:`process_step` as they are (no copy, no object store): (partition,
+        #: step) -> rows; the coordinator passes an :func:`own_marker` in their place
+        self.own: dict[tuple[int, int], pl.DataFrame] = {}
+        #: rows of the slabs read here: kept for this worker's own keys, put for others
+        self.rows_kept = 0
+        self.rows_put = 0
+        self.rows_processed = 0
         self.spans: dict[tuple[int, int], list[Any]] = {}
         #: this worker's own results sink (a part file per epoch), see :mod:`._sinks`
         self.results: WorkerResults | None = None
@@ -275,6 +285,7 @@ class ShardWorker:
         self.slabs[q] = SlabReader(reader, pos)
         self.spans = {k: v for k, v in self.spans.items() if k[0] != q}
         self.bad_rows = {k: v for k, v in self.bad_rows.items() if k[0] != q}
+        self.own = {k: v for k, v in self.own.items() if k[0] != q}
         return self.slabs[q].start_offset()
 
     def read_step(self, pipeline: Pipeline, q: int, n_parts: int, bound: int,
@@ -320,9 +331,18 @@ class ShardWorker:
             events = transform.keep(events)
         seen = _seen(events, unseen) if unseen and events.height else []
         with self.phases("read: key split"):
-            parts = split(events, workers)
+            parts = split(events, workers, self.table)
         with self.phases("read: IPC encode + put"):
-            shards = [ray.put(to_wire(part)) for part in parts]
+            # this worker's own keys stay here; the other workers' go to the store
+            shards: list[Any] = []
+            for i, part in enumerate(parts):
+                if i == self.index:
+                    self.own[(q, step)] = part
+                    shards.append(own_marker(q, step))
+                    self.rows_kept += part.height
+                else:
+                    shards.append(ray.put(to_wire(part)))
+                    self.rows_put += part.height
         n_bad = (bad.height if bad is not None else 0) + (
             failed_rows.height if failed_rows is not None else 0)
         if keep_bad and n_bad:
@@ -364,8 +384,9 @@ class ShardWorker:
         """Apply this shard's rows of a step: ``breaks`` (one reference per partition
         read in the step) and ``shards`` (this worker's rows from each partition, in
         partition order) come from the partitions' workers through the
-        object store; ``wm`` is the watermark state before the step (a few numbers
-        per partition). Fires the windows the step's end closes.
+        object store (those of the partitions this worker read itself stay in its
+        memory: an :func:`own_marker` in their place); ``wm`` is the watermark state
+        before the step (a few numbers per partition). Fires the windows the step's end closes.
 
         With ``stage`` (an epoch) and a results sink of this worker's own
         (:meth:`open_results`), the fired windows become result rows here and are
@@ -380,7 +401,9 @@ class ShardWorker:
 
         with self.phases("process: fetch + decode"):
             got: list[Breaks] = list(ray.get(breaks))
-            frames = [from_wire(f) for f in ray.get(shards)]
+            fetched = iter(ray.get([s for s in shards if not _is_own(s)]))
+            frames = [self.own.pop((int(s[1]), int(s[2]))) if _is_own(s)
+                      else from_wire(next(fetched)) for s in shards]
         state = WatermarkState.from_json(wm)
         state.last_offset = list(last_offsets)
         prepare(state, got)
@@ -390,6 +413,7 @@ class ShardWorker:
             events = pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
             events = row_watermarks(events, state, got, grid)
         advance(state, got, bound)
+        self.rows_processed += events.height
         with self.phases("process: aggregate + fire"):
             out = op.process(events, state.current())
         fired = out.fired
@@ -447,7 +471,7 @@ class ShardWorker:
         self.spans.pop((q, step - 2), None)
         self.spans[(q, step)] = spans
         got = publish(self.live.p, q, events, bad, spans, workers, unseen, end,
-                      self._grid_op(self.live.p))
+                      self._grid_op(self.live.p), self.table)
         full = getattr(self.live, "position", None)
         if full is not None:  # a followed file's full position (its identity)
             got[0]["position"] = full(q)
@@ -480,11 +504,15 @@ class ShardWorker:
 
     # ---------------------------------------------------------------- windows
 
-    def load(self, pipeline: Pipeline, index: int, state: bytes) -> int:
+    def load(self, pipeline: Pipeline, index: int, state: bytes,
+             table: tuple[int, ...] | None = None) -> int:
         """Become shard ``index`` of ``pipeline`` with ``state`` (whatever this worker
         held before is dropped: a worker process serves one job at a time, and the
         next job of the same driver reuses it). Returns the process id."""
         self.index = index
+        self.table = table
+        self.own = {}
+        self.rows_kept = self.rows_put = self.rows_processed = 0
         self.op = WindowOperator(pipeline, from_ipc(state))
         self.staged = None
         if self.store is not None:
@@ -553,11 +581,35 @@ class ShardWorker:
         profile, :mod:`._phases`)."""
         return self.phases.take()
 
+    def plane_rows(self) -> dict[str, int]:
+        """Rows of the slabs read here since the last call: ``kept`` for this worker's
+        own keys, ``put`` in the object store for the others; ``held``: own rows not
+        yet processed; ``processed``: rows of this worker's keys it processed (for tests
+        and the benchmark)."""
+        out = {"kept": self.rows_kept, "put": self.rows_put, "held": len(self.own),
+               "processed": self.rows_processed}
+        self.rows_kept = self.rows_put = self.rows_processed = 0
+        return out
+
     def cpu_s(self) -> float:
         """CPU seconds this worker process used so far (for the benchmark)."""
         import time
 
         return time.process_time()
+
+
+#: what stands for a worker's own rows of a slab in :meth:`ShardWorker.process_step`
+OWN = "own"
+
+
+def own_marker(q: int, step: int) -> tuple[str, int, int]:
+    """The coordinator's stand-in for the rows of partition ``q`` in ``step`` that its
+    reader keeps for its own keys (a few bytes, in place of an object reference)."""
+    return (OWN, q, step)
+
+
+def _is_own(shard: Any) -> bool:
+    return isinstance(shard, tuple | list) and len(shard) == 3 and shard[0] == OWN
 
 
 def _failed(pipeline: Pipeline, failed: pl.DataFrame, spans: list[Any]) -> pl.DataFrame:

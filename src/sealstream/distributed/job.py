@@ -66,6 +66,7 @@ from sealstream.distributed._cluster import connect
 from sealstream.distributed._kafka_sinks import KafkaWorkersSink
 from sealstream.distributed._plane import advance, prepare
 from sealstream.distributed._records import ROLES as RECORD_ROLES
+from sealstream.distributed._routing import Table, describe, read_shares, weighted
 from sealstream.distributed._shard import (
     ROUTING,
     ShardedOperator,
@@ -161,8 +162,17 @@ class DistributedJob(Job):
         if isinstance(self.operator, ShardedOperator):
             return
         started = time.monotonic()
-        self.operator = ShardedOperator(self.p, self.operator.snapshot(), self._workers())
+        self.operator = ShardedOperator(self.p, self.operator.snapshot(), self._workers(),
+                                        self._routing())
         self.worker_start_s += time.monotonic() - started
+
+    def _routing(self) -> Table | None:
+        """A bounded input read in unequal shares by the workers (3 partitions on 2
+        workers): fewer keys for the workers that read more (:mod:`._routing`). A live
+        source's partitions come and go: plain ``hash mod N`` there."""
+        if self.live or self.workers < 2:
+            return None
+        return weighted(read_shares([path for _, path in self.partitions], self.workers))
 
     def _workers(self) -> list[Any]:
         if not self._actors:
@@ -535,7 +545,8 @@ class DistributedJob(Job):
         rows = op.part_rows if isinstance(op, ShardedOperator) else []
         return {"distributed": {
             "workers": self.workers,
-            "routing": dict(ROUTING),
+            "routing": {**ROUTING, **describe(
+                op.table if isinstance(op, ShardedOperator) else None, self.workers)},
             "parts": [{"worker": i, "state_rows": n} for i, n in enumerate(rows)],
         }}
 

@@ -8,9 +8,11 @@ on in every process of it (``RAY_AUTH_MODE=token``, the default of Ray 2.60).
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -63,3 +65,23 @@ def live_story(kafka: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     from _live_case import make_story
 
     return make_story(kafka.bootstrap, tmp_path_factory.mktemp("live-ref"))
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """``reference(**story)``: the directory of an uninterrupted single-process run of
+    the story (tests/scenarios/_story.py's ``reference_run`` keywords), made once per
+    test process and set of keywords. The tests only read it (assert_same_output)."""
+    from scenarios._story import reference_run
+
+    made: dict[str, Path] = {}
+
+    def get(**story: Any) -> Path:
+        key = json.dumps(story, sort_keys=True)
+        if key not in made:
+            d = tmp_path_factory.mktemp("reference")
+            reference_run(d, **story)
+            made[key] = d
+        return made[key]
+
+    return get

@@ -18,7 +18,6 @@ import pytest
 from test_scale_out import STORY, WINDOWS, _job, _story_spec
 
 from scenarios._story import assert_same_output as assert_same_dirs
-from scenarios._story import reference_run
 
 #: a bound for what must happen (never reached when it does): the machine is shared
 GENEROUS_S = 300
@@ -68,7 +67,7 @@ def test_a_checkpoint_part_does_not_wait_behind_the_queued_steps(
 
 
 def test_a_worker_sigkilled_while_the_parts_are_written(
-        ray_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        ray_cluster: Any, tmp_path: Path, reference: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Worker 1 is SIGKILLed right after the second checkpoint's parts were asked for
     (its part being written on its checkpoint thread, or not yet): no manifest names a
     part that is not there and intact, the run restarts every worker once, and the
@@ -76,7 +75,7 @@ def test_a_worker_sigkilled_while_the_parts_are_written(
     from sealstream.cli import main
     from sealstream.distributed._shard import ShardedOperator, on_ckpt
 
-    reference_run(tmp_path / "ref", window=WINDOWS["tumbling"], **STORY)
+    ref = reference(window=WINDOWS["tumbling"], **STORY)
     d = tmp_path / "dist"
     spec = _story_spec(d, "tumbling")
     original = ShardedOperator.write_parts
@@ -97,7 +96,7 @@ def test_a_worker_sigkilled_while_the_parts_are_written(
     job = _job(spec, 2)
     job.run()
     assert killed and job.restarts == 1
-    assert_same_dirs(d, tmp_path / "ref")
+    assert_same_dirs(d, ref)
     manifests = sorted((d / "ckpt").glob("cp-*/MANIFEST.json"))
     assert manifests
     for manifest in manifests:

@@ -27,7 +27,7 @@ import pytest
 from _ray_nodes import NODE
 
 from scenarios._story import assert_same_output as assert_same_dirs
-from scenarios._story import make_input, reference_run, run, write_spec
+from scenarios._story import make_input, run, write_spec
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 if str(SCENARIOS) not in sys.path:  # _kafka_story imports _story as its neighbour
@@ -139,7 +139,8 @@ def test_worker_nodes_without_credentials_fail_in_one_line(
 
 
 def test_two_workers_stage_their_own_part_objects(
-        s3_ray: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        s3_ray: tuple[Any, Any], tmp_path: Path, reference: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Results, late events and bad records in S3 with 2 workers: every committed
     object is a worker's own (``...w0``/``...w1``; the coordinator staged none) and
     the outputs equal one process's."""
@@ -148,7 +149,7 @@ def test_two_workers_stage_their_own_part_objects(
 
     server, _ = s3_ray
     _env(monkeypatch, server)
-    reference_run(tmp_path / "ref", window=WINDOW, **STORY)
+    ref = reference(window=WINDOW, **STORY)
     d = tmp_path / "dist"
     spec, prefix = _story(d, server)
     DistributedJob(load_spec(spec), workers=2).run()
@@ -160,11 +161,12 @@ def test_two_workers_stage_their_own_part_objects(
         assert all(r[-2:] in ("w0", "w1") for r in runs), (sub, runs)
     assert any(n.endswith("w0.jsonl") for n in os.listdir(d / "got" / "out"))
     assert any(n.endswith("w1.jsonl") for n in os.listdir(d / "got" / "out"))
-    assert_same_dirs(d / "got", tmp_path / "ref")
+    assert_same_dirs(d / "got", ref)
 
 
 def test_coordinator_killed_between_worker_commits(
-        s3_ray: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        s3_ray: tuple[Any, Any], tmp_path: Path, reference: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """``run --workers 2`` SIGKILLs itself after worker 0 published its part object of
     an epoch, before worker 1 did (the manifest naming it is published): worker 1's
     object is still staged. The resume commits it, deletes every other staging
@@ -174,7 +176,7 @@ def test_coordinator_killed_between_worker_commits(
 
     server, cluster = s3_ray
     _env(monkeypatch, server)
-    reference_run(tmp_path / "ref", window=WINDOW, **STORY)
+    ref = reference(window=WINDOW, **STORY)
     d = tmp_path / "dist"
     spec, prefix = _story(d, server)
     env = dict(os.environ, SEALSTREAM_CRASH_AT="after_commit_worker_part:3")
@@ -192,7 +194,7 @@ def test_coordinator_killed_between_worker_commits(
     _download(server, prefix, d / "got")
     final = staged[0][1:-len(".inprogress")]
     assert final in os.listdir(d / "got" / "out")
-    assert_same_dirs(d / "got", tmp_path / "ref")
+    assert_same_dirs(d / "got", ref)
 
 
 def test_kafka_source_two_workers_stage_their_own_part_objects(

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 
 from helpers import Case, Output, assert_same_output, read_jsonl_dir, run_engine, write_case
 from scenarios._story import assert_same_output as assert_same_dirs
-from scenarios._story import make_input, reference_run, write_spec
+from scenarios._story import make_input, write_spec
 from test_properties import cases
 
 EXAMPLES = int(os.environ.get("SEALSTREAM_RAY_EXAMPLES", "2"))
@@ -89,27 +89,27 @@ class KillAt:
 
 @pytest.mark.parametrize("seed", range(max(1, EXAMPLES // 2)))
 def test_sigkill_of_a_worker_restarts_every_worker_from_the_newest_checkpoint(
-        ray_cluster: Any, tmp_path: Path, seed: int) -> None:
+        ray_cluster: Any, tmp_path: Path, reference: Any, seed: int) -> None:
     rng = random.Random(seed)
     kind = rng.choice(sorted(WINDOWS))
-    reference_run(tmp_path / "ref", window=WINDOWS[kind], **STORY)
+    ref = reference(window=WINDOWS[kind], **STORY)
     d = tmp_path / "dist"
     spec = _story_spec(d, kind)
     kill = KillAt(rng, steps=STORY["events"] // STORY["batch_size"])
     job = _job(spec, 2 + seed % 2, progress=kill)
     job.run()
     assert kill.killed and job.restarts == 1
-    assert_same_dirs(d, tmp_path / "ref")
+    assert_same_dirs(d, ref)
 
 
 def test_lost_worker_then_damaged_parts_then_resume_with_other_count(
-        ray_cluster: Any, tmp_path: Path) -> None:
+        ray_cluster: Any, tmp_path: Path, reference: Any) -> None:
     """Run with 2 workers, kill one with no restart left (the run fails), damage one
     worker's part of the newest checkpoint and delete one of the checkpoint before,
     resume with 3 workers: both are rejected, it falls back, and the output is exact."""
     from sealstream.distributed import WorkerLostError
 
-    reference_run(tmp_path / "ref", window=WINDOWS["session"], **STORY)
+    ref = reference(window=WINDOWS["session"], **STORY)
     d = tmp_path / "dist"
     spec = _story_spec(d, "session")
     kill = KillAt(random.Random(5), steps=STORY["events"] // STORY["batch_size"])
@@ -128,7 +128,7 @@ def test_lost_worker_then_damaged_parts_then_resume_with_other_count(
     job.run()
     assert [(r["verdict"], r["reason"]) for r in job.rejected] == [
         ("INCONSISTENT_STATE", "HASH_MISMATCH"), ("PARTIAL_CHECKPOINT_REJECT", "FILE_MISSING")]
-    assert_same_dirs(d, tmp_path / "ref")
+    assert_same_dirs(d, ref)
 
 
 def test_checkpoint_commands_show_the_parts(ray_cluster: Any, tmp_path: Path) -> None:
@@ -187,10 +187,10 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
-def test_a_node_removed_mid_run(ray_cluster: Any, tmp_path: Path) -> None:
+def test_a_node_removed_mid_run(ray_cluster: Any, tmp_path: Path, reference: Any) -> None:
     from _ray_nodes import NODE
 
-    reference_run(tmp_path / "ref", window=WINDOWS["sliding"], **STORY)
+    ref = reference(window=WINDOWS["sliding"], **STORY)
     d = tmp_path / "dist"
     spec = _story_spec(d, "sliding")
     from sealstream.distributed._shard import drain_pool
@@ -216,14 +216,14 @@ def test_a_node_removed_mid_run(ray_cluster: Any, tmp_path: Path) -> None:
     job = _job(spec, 3, progress=remove)
     job.run()
     assert removed and job.restarts == 1
-    assert_same_dirs(d, tmp_path / "ref")
+    assert_same_dirs(d, ref)
 
 
-def test_rescale_1_2_3_1_across_restarts(ray_cluster: Any, tmp_path: Path) -> None:
+def test_rescale_1_2_3_1_across_restarts(ray_cluster: Any, tmp_path: Path, reference: Any) -> None:
     """One job, five runs, each but the last stopping after a checkpoint: 1 process,
     2 workers, 3 workers, 1 process, 1 process to the end. Incremental checkpoints are
     on: a single process resuming from a checkpoint in parts starts a new full base."""
-    reference_run(tmp_path / "ref", window=WINDOWS["tumbling"], **STORY)
+    ref = reference(window=WINDOWS["tumbling"], **STORY)
     d = tmp_path / "dist"
     spec = _story_spec(d, "tumbling")
     text = spec.read_text().replace("[checkpoint]\n", "[checkpoint]\nincremental = true\n")
@@ -233,7 +233,7 @@ def test_rescale_1_2_3_1_across_restarts(ray_cluster: Any, tmp_path: Path) -> No
         job.run()
         assert job.stopped_early
     _job(spec, None).run()
-    assert_same_dirs(d, tmp_path / "ref")
+    assert_same_dirs(d, ref)
 
 
 def test_a_run_without_workers_does_not_import_ray(tmp_path: Path) -> None:
@@ -248,12 +248,12 @@ def test_a_run_without_workers_does_not_import_ray(tmp_path: Path) -> None:
 
 
 def test_sigkill_of_the_coordinator_then_resume_with_other_count(
-        ray_cluster: Any, tmp_path: Path) -> None:
+        ray_cluster: Any, tmp_path: Path, reference: Any) -> None:
     """``sealstream run --workers 2 --ray ADDRESS`` in a subprocess, SIGKILLed once a
     randomly drawn checkpoint is published (never a fixed timer), resumed with 3."""
     import time
 
-    reference_run(tmp_path / "ref", window=WINDOWS["sliding"], **STORY)
+    ref = reference(window=WINDOWS["sliding"], **STORY)
     d = tmp_path / "dist"
     spec = _story_spec(d, "sliding")
     target = random.Random(11).randint(1, 3)
@@ -275,7 +275,7 @@ def test_sigkill_of_the_coordinator_then_resume_with_other_count(
     job = _job(spec, 3)
     job.run()
     assert job.resumed_from is not None
-    assert_same_dirs(d, tmp_path / "ref")
+    assert_same_dirs(d, ref)
 
 
 def test_usage_errors(tmp_path: Path) -> None:
@@ -382,12 +382,12 @@ def _running(pid: int) -> bool:
 
 
 def test_without_ray_address_a_run_starts_its_own_ray_beside_another_one(
-        ray_cluster: Any, tmp_path: Path) -> None:
+        ray_cluster: Any, tmp_path: Path, reference: Any) -> None:
     """``--workers 2`` without ``--ray`` while another Ray runs on the machine (this
     test session's cluster): the run starts a local Ray of its own (it neither joins
     nor trips over the other one, as Ray's default address lookup would), gives the
     single-process output, and leaves none of the processes it started behind."""
-    reference_run(tmp_path / "ref", window=WINDOWS["tumbling"], **STORY)
+    ref = reference(window=WINDOWS["tumbling"], **STORY)
     d = tmp_path / "dist"
     spec = _story_spec(d, "tumbling")
     proc = subprocess.Popen(
@@ -404,7 +404,7 @@ def test_without_ray_address_a_run_starts_its_own_ray_beside_another_one(
             proc.kill()
     assert proc.returncode == 0, err
     assert started, "the run started no process of its own"
-    assert_same_dirs(d, tmp_path / "ref")
+    assert_same_dirs(d, ref)
     deadline = time.monotonic() + 120  # a generous bound for Ray's shutdown to finish
     while any(_running(p) for p in started) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -413,7 +413,7 @@ def test_without_ray_address_a_run_starts_its_own_ray_beside_another_one(
 
 
 def test_kafka_outputs_with_workers_and_a_lost_worker(
-        ray_cluster: Any, kafka: Any, tmp_path: Path) -> None:
+        ray_cluster: Any, kafka: Any, tmp_path: Path, reference: Any) -> None:
     """Results, late events and bad records into Kafka topics (the sinks stay on the
     coordinator) from 2 workers, one of them SIGKILLed after a randomly drawn step:
     the job restarts every worker from the newest checkpoint, the sinks recover from
@@ -425,7 +425,7 @@ def test_kafka_outputs_with_workers_and_a_lost_worker(
         sys.path.append(scenarios)
     from _kafka_story import assert_topics_match, kafka_spec
 
-    reference_run(tmp_path / "ref", window=WINDOWS["tumbling"], errors=True, bad_every=97,
+    ref = reference(window=WINDOWS["tumbling"], errors=True, bad_every=97,
                   **STORY)
     d = tmp_path / "dist"
     names = make_input(d, events=STORY["events"], bad_every=97)
@@ -437,6 +437,6 @@ def test_kafka_outputs_with_workers_and_a_lost_worker(
     job = _job(spec, 2, progress=kill)
     job.run()
     assert kill.killed and job.restarts == 1
-    assert_topics_match(kafka.bootstrap, topics, tmp_path / "ref")
+    assert_topics_match(kafka.bootstrap, topics, ref)
     _job(spec, 3).run()
-    assert_topics_match(kafka.bootstrap, topics, tmp_path / "ref")
+    assert_topics_match(kafka.bootstrap, topics, ref)

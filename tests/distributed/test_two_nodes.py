@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from scenarios._story import assert_same_output, make_input, reference_run, write_spec
+from scenarios._story import assert_same_output, make_input, write_spec
 
 STORY = {"events": 1500, "every_events": 300, "batch_size": 100}
 WINDOW = 'kind = "sliding"\nsize_ms = 3000\nslide_ms = 1000\nallowed_lateness_ms = 0'
@@ -46,14 +46,14 @@ def _pool_on_both(node: Any, workers: int) -> None:
 
 
 def test_two_nodes_postgres_store_and_a_killed_worker(ray_cluster: Any, tmp_path: Path,
-                                                      pg_url: str) -> None:
+                                                      reference: Any, pg_url: str) -> None:
     from _ray_nodes import NODE
 
     from sealstream import load_spec
     from sealstream.distributed import DistributedJob
     from sealstream.distributed._shard import drain_pool
 
-    reference_run(tmp_path / "ref", window=WINDOW, **STORY)
+    ref = reference(window=WINDOW, **STORY)
     d = tmp_path / "dist"
     names = make_input(d, events=STORY["events"])
     spec = write_spec(d, names, window=WINDOW, every_events=STORY["every_events"],
@@ -82,7 +82,7 @@ def test_two_nodes_postgres_store_and_a_killed_worker(ray_cluster: Any, tmp_path
         job = DistributedJob(load_spec(spec), workers=2, progress=kill)
         job.run()
         assert killed and job.restarts == 1
-        assert_same_output(d, tmp_path / "ref")
+        assert_same_output(d, ref)
         assert not (d / "ckpt").exists()  # nothing on the coordinator's file system
         with psycopg.connect(pg_url, autocommit=True) as conn:
             parts = conn.execute(

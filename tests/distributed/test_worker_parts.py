@@ -21,7 +21,6 @@ import pytest
 from test_scale_out import STORY, WINDOWS, _job, _story_spec
 
 from scenarios._story import assert_same_output as assert_same_dirs
-from scenarios._story import reference_run
 
 
 def _no_coordinator_path(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -35,16 +34,16 @@ def _no_coordinator_path(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_parts_written_by_the_workers_verify(
-        ray_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        ray_cluster: Any, tmp_path: Path, reference: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from sealstream.cli import main
 
     _no_coordinator_path(monkeypatch)
-    reference_run(tmp_path / "ref", window=WINDOWS["tumbling"], **STORY)
+    ref = reference(window=WINDOWS["tumbling"], **STORY)
     d = tmp_path / "dist"
     spec = _story_spec(d, "tumbling")
     job = _job(spec, 2)
     job.run()
-    assert_same_dirs(d, tmp_path / "ref")
+    assert_same_dirs(d, ref)
     kept = sorted((d / "ckpt").glob("cp-*"))
     assert kept
     for cp in kept:
@@ -56,12 +55,12 @@ def test_parts_written_by_the_workers_verify(
 
 
 def test_coordinator_killed_between_the_parts_and_the_manifest(
-        ray_cluster: Any, tmp_path: Path) -> None:
+        ray_cluster: Any, tmp_path: Path, reference: Any) -> None:
     """``run --workers 2`` SIGKILLs itself once every worker wrote its part of the
     second checkpoint (crash point ``after_write_parts``), before the manifest: the
     parts are there, no manifest; the next run moves that checkpoint aside as
     NO_MANIFEST, resumes from the first and gives the exact output."""
-    reference_run(tmp_path / "ref", window=WINDOWS["session"], **STORY)
+    ref = reference(window=WINDOWS["session"], **STORY)
     d = tmp_path / "dist"
     spec = _story_spec(d, "session")
     env = dict(os.environ, SEALSTREAM_CRASH_AT="after_write_parts:2")
@@ -80,17 +79,17 @@ def test_coordinator_killed_between_the_parts_and_the_manifest(
     assert [(r["id"], r["reason"]) for r in job.rejected] == [(cid, "NO_MANIFEST")]
     assert job.resumed_from == cid - 1
     assert not partial.exists() and list((d / "ckpt" / "rejected").glob(f"{partial.name}-*"))
-    assert_same_dirs(d, tmp_path / "ref")
+    assert_same_dirs(d, ref)
 
 
 def test_postgres_store_with_workers(
-        ray_cluster: Any, tmp_path: Path, pg_url: str,
+        ray_cluster: Any, tmp_path: Path, reference: Any, pg_url: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Checkpoints in PostgreSQL, parts written by the workers: 2 workers stop after a
     checkpoint, 3 workers resume to the end; the output is exact and every kept
     checkpoint holds one part per worker of the run that wrote it."""
     _no_coordinator_path(monkeypatch)
-    reference_run(tmp_path / "ref", window=WINDOWS["sliding"], **STORY)
+    ref = reference(window=WINDOWS["sliding"], **STORY)
     d = tmp_path / "dist"
     spec = _story_spec(d, "sliding")
     spec.write_text(spec.read_text().replace('path = "ckpt"', f"url = {json.dumps(pg_url)}"))
@@ -100,7 +99,7 @@ def test_postgres_store_with_workers(
     job = _job(spec, 3)
     job.run()
     assert job.resumed_from is not None
-    assert_same_dirs(d, tmp_path / "ref")
+    assert_same_dirs(d, ref)
     with psycopg.connect(pg_url, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT id, count(*) FILTER (WHERE name LIKE '%%/state.part-%%'), "
@@ -114,19 +113,19 @@ def test_postgres_store_with_workers(
 
 
 def test_sqlite_store_parts_go_through_the_coordinator(
-        ray_cluster: Any, tmp_path: Path) -> None:
+        ray_cluster: Any, tmp_path: Path, reference: Any) -> None:
     """An SQLite store has no direct parts (its lock is a kernel lock of the
     coordinator's process on one host's file): the coordinator writes them; the
     output is exact and the checkpoints verify."""
     from sealstream.checkpoint.stores.sqlite import SqliteCheckpointStore
     from sealstream.cli import main
 
-    reference_run(tmp_path / "ref", window=WINDOWS["tumbling"], **STORY)
+    ref = reference(window=WINDOWS["tumbling"], **STORY)
     d = tmp_path / "dist"
     spec = _story_spec(d, "tumbling")
     spec.write_text(spec.read_text().replace('path = "ckpt"', 'url = "sqlite:///ck.db"'))
     _job(spec, 2).run()
-    assert_same_dirs(d, tmp_path / "ref")
+    assert_same_dirs(d, ref)
     store = SqliteCheckpointStore(d / "ck.db", "story", encryption_key=None)
     try:
         newest = store.ids()[-1]

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from scenarios._story import assert_same_output, make_input, reference_run, write_spec
+from scenarios._story import assert_same_output, make_input, write_spec
 from sealstream.testing.specs import files_source, spec_text
 
 WINDOW = 'kind = "tumbling"\nsize_ms = 2000\nallowed_lateness_ms = 500'
@@ -34,17 +34,17 @@ def _files(d: Path, sub: str, pattern: str) -> list[str]:
 
 
 def test_late_events_and_bad_records_staged_per_worker(ray_cluster: Any,
-                                                       tmp_path: Path) -> None:
+                                                       tmp_path: Path, reference: Any) -> None:
     """Two workers: the committed late events and bad records are one process's, in
     files of worker 0 and worker 1; the coordinator staged none, nothing left staged."""
     from sealstream import load_spec
     from sealstream.distributed import DistributedJob
 
-    reference_run(tmp_path / "ref", window=WINDOW, **STORY)
+    ref = reference(window=WINDOW, **STORY)
     d = tmp_path / "dist"
     job = DistributedJob(load_spec(_story(d)), workers=2)
     job.run()
-    assert_same_output(d, tmp_path / "ref")
+    assert_same_output(d, ref)
     for sub in ("late", "errors"):
         assert _files(d, sub, "part-*w0.jsonl") and _files(d, sub, "part-*w1.jsonl"), sub
         assert not _files(d, sub, ".part-*"), f"{sub}: staging left behind"
@@ -118,7 +118,7 @@ def _killed_at(d: Path, point: str, address: str, workers: int) -> None:
 
 
 def test_coordinator_killed_between_record_commits_then_rescaled(
-        ray_cluster: Any, tmp_path: Path) -> None:
+        ray_cluster: Any, tmp_path: Path, reference: Any) -> None:
     """``run --workers 2`` SIGKILLs itself after the first worker commit of late
     events (the manifest naming every worker's part is published, other parts still
     staged); ``run --workers 3`` resumes: every late event and bad record exactly
@@ -126,7 +126,7 @@ def test_coordinator_killed_between_record_commits_then_rescaled(
     from sealstream import load_spec
     from sealstream.distributed import DistributedJob
 
-    reference_run(tmp_path / "ref", window=WINDOW, **STORY)
+    ref = reference(window=WINDOW, **STORY)
     d = tmp_path / "dist"
     _story(d)
     _killed_at(d, "after_commit_worker_records:1", ray_cluster.address, 2)
@@ -138,4 +138,4 @@ def test_coordinator_killed_between_record_commits_then_rescaled(
     for sub in ("late", "errors"):
         assert not _files(d, sub, ".part-*"), sub
     assert _files(d, "late", "part-*w2.jsonl") or _files(d, "errors", "part-*w2.jsonl")
-    assert_same_output(d, tmp_path / "ref")
+    assert_same_output(d, ref)

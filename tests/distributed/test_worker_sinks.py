@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from scenarios._story import assert_same_output as assert_same_dirs
-from scenarios._story import make_input, reference_run, write_spec
+from scenarios._story import make_input, write_spec
 from sealstream.testing.specs import files_source, spec_text
 
 WINDOW = 'kind = "tumbling"\nsize_ms = 2000\nallowed_lateness_ms = 500'
@@ -31,17 +31,17 @@ def _worker_files(d: Path, pattern: str) -> list[str]:
 
 
 def test_each_worker_stages_and_commits_its_own_part_files(
-        ray_cluster: Any, tmp_path: Path) -> None:
+        ray_cluster: Any, tmp_path: Path, reference: Any) -> None:
     """Two workers: the committed results are the single-process ones, in files of
     worker 0 and worker 1 (``part-<epoch>-<run>w<i>.jsonl``), none left staged."""
     from sealstream import load_spec
     from sealstream.distributed import DistributedJob
 
-    reference_run(tmp_path / "ref", window=WINDOW, **STORY)
+    ref = reference(window=WINDOW, **STORY)
     d = tmp_path / "dist"
     job = DistributedJob(load_spec(_story(d)), workers=2)
     job.run()
-    assert_same_dirs(d, tmp_path / "ref")
+    assert_same_dirs(d, ref)
     assert _worker_files(d, "part-*w0.jsonl") and _worker_files(d, "part-*w1.jsonl")
     assert not _worker_files(d, ".part-*"), "staging left behind"
     # the coordinator staged no result itself: no file of its own run token
@@ -99,14 +99,14 @@ def _killed_at(d: Path, point: str, address: str, workers: int) -> str:
 
 
 def test_coordinator_killed_between_worker_commits_then_rescaled(
-        ray_cluster: Any, tmp_path: Path) -> None:
+        ray_cluster: Any, tmp_path: Path, reference: Any) -> None:
     """``run --workers 2`` SIGKILLs itself after worker 0 committed its part of an
     epoch and before worker 1 did (worker 1's file is still staged, the manifest
     naming it is published); ``run --workers 3`` resumes: every result exactly once."""
     from sealstream import load_spec
     from sealstream.distributed import DistributedJob
 
-    reference_run(tmp_path / "ref", window=WINDOW, **STORY)
+    ref = reference(window=WINDOW, **STORY)
     d = tmp_path / "dist"
     _story(d)
     _killed_at(d, "after_commit_worker_part:3", ray_cluster.address, 2)
@@ -118,17 +118,17 @@ def test_coordinator_killed_between_worker_commits_then_rescaled(
     assert not _worker_files(d, ".part-*")
     assert f"{staged[0][1:-len('.inprogress')]}" in _worker_files(d, "part-*.jsonl")
     assert _worker_files(d, "part-*w2.jsonl"), "the third worker staged its own files"
-    assert_same_dirs(d, tmp_path / "ref")
+    assert_same_dirs(d, ref)
 
 
 def test_coordinator_killed_after_the_manifest_before_any_commit_then_rescaled(
-        ray_cluster: Any, tmp_path: Path) -> None:
+        ray_cluster: Any, tmp_path: Path, reference: Any) -> None:
     """Killed once the second manifest is published, before any worker commits: the
     resume (3 workers) commits both workers' prepared parts, exactly once."""
     from sealstream import load_spec
     from sealstream.distributed import DistributedJob
 
-    reference_run(tmp_path / "ref", window=WINDOW, **STORY)
+    ref = reference(window=WINDOW, **STORY)
     d = tmp_path / "dist"
     _story(d)
     _killed_at(d, "after_manifest_publish:2", ray_cluster.address, 2)
@@ -138,7 +138,7 @@ def test_coordinator_killed_after_the_manifest_before_any_commit_then_rescaled(
     job.run()
     assert job.resumed_from is not None
     assert not _worker_files(d, ".part-*")
-    assert_same_dirs(d, tmp_path / "ref")
+    assert_same_dirs(d, ref)
 
 
 def _parquet_rows(d: Path) -> list[tuple[Any, ...]]:

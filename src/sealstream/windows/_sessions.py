@@ -1,13 +1,21 @@
 """Session windows: merge a batch into the open sessions, on columns.
 
-Moved out of :mod:`sealstream.windows.operator` (its ``_sessions`` method calls
-:func:`session_step`). Sessions are merged per key in arrival order with
-Flink's rules. The step computes sessions column-wise and checks, per merged
-group, that the arrival order could not have changed the outcome (every event
-touched the group's earlier span while it was still open). Groups that fail
-the check — rare: late or very out-of-order events around a session that
-fired — are replayed by :func:`_sequential_sessions`, a literal transcription
-of the rules, over that group's rows only.
+:class:`~sealstream.windows.operator.WindowOperator` calls :func:`session_step`.
+Sessions are merged per key in arrival order with Flink's rules, in two paths:
+
+* :func:`_arrival_sessions` (almost every key): one sort of the batch's events
+  and the touched keys' open sessions by (key, arrival), a running max cuts each
+  key's rows into sessions, and a check per row that this equals the rules
+  (every row touched its session's span while it was open, and no earlier one).
+* the keys that fail the check — late events, events before their key's latest
+  session, sessions closed for an event that touches them — go through the
+  general merge (:func:`_replayed_labels`): connected groups of touching
+  intervals, an order check per group, and :func:`_sequential_sessions`, a
+  literal transcription of the rules, over the groups that need it.
+
+Then one group-by of the events by session label (the key text is attached
+afterwards, from one row of each label) and one of the partials with the open
+sessions they merge into.
 """
 
 from __future__ import annotations
@@ -22,10 +30,12 @@ from sealstream.windows.aggregates import (
     WEND,
     WSTART,
     Accumulators,
+    lex_order,
     stable_argsort,
 )
 
 LABEL = "__label"
+RUNS_MAX = 64  # ascending runs of the sequence that a merge-based sort still takes fast
 
 
 def session_step(
@@ -36,19 +46,170 @@ def session_step(
     state and the batch's late events."""
     if not events.height:
         return state, events
+    m = state.height
+    code = _key_codes(pl.concat([state.select(KEY, KEY_IS_INT),
+                                 events.select(KEY, KEY_IS_INT)], how="vertical"))
+    seen = np.zeros(int(code.max()) + 1, bool)
+    seen[code[m:]] = True
+    touched = seen[code[:m]]
+    mask = pl.Series(touched)
+    in_batch, untouched = state.filter(mask), state.filter(~mask)
+    # the touched keys' open sessions, by key and start, then the events
+    st_code = code[:m][touched]
+    st_s = in_batch.get_column(WSTART).to_numpy()
+    st_order = lex_order([st_code, st_s]) if st_s.size else np.zeros(0, np.intp)
+    t = events.get_column(TIME).to_numpy()
+    n_st = st_order.size
+    rows_code = np.concatenate([st_code[st_order], code[m:]])
+    s = np.concatenate([st_s[st_order], t])
+    e = np.concatenate([in_batch.get_column(WEND).to_numpy()[st_order], t + gap])
+    seq = np.concatenate([np.full(n_st, -1, np.int64), events.get_column(SEQ).to_numpy()])
+    wm = np.concatenate([np.zeros(n_st, np.int64), events.get_column(WATERMARK).to_numpy()])
+    labels, replay = _arrival_sessions(rows_code, s, e, seq, wm, n_st, lat)
+    ev_label, st_label = labels[n_st:], np.empty(n_st, np.int64)
+    st_label[st_order] = labels[:n_st]
+    ev_late = np.zeros(events.height, bool)
+    if replay.any():
+        # keys whose outcome may depend on the arrival order: the general merge
+        ev_r, st_r = replay[n_st:], np.zeros(n_st, bool)
+        st_r[st_order] = replay[:n_st]
+        base = int(labels.max()) + 1
+        ev_l, late_l, st_l = _replayed_labels(
+            events.filter(pl.Series(ev_r)), in_batch.filter(pl.Series(st_r)), gap, lat, base
+        )
+        ev_label[ev_r], ev_late[ev_r], st_label[st_r] = ev_l, late_l, st_l
+
+    late = events.filter(pl.Series(ev_late)) if ev_late.any() else events.clear()
+    # group by label without the key text (gathering strings per group costs
+    # more than the rest of the group-by): each label's key is set afterwards
+    # from one of its rows
+    live = events.lazy().select(TIME, SEQ, *acc.input_columns())
+    live = live.with_columns(pl.Series(LABEL, ev_label))
+    if late.height:
+        live = live.filter(pl.Series(~ev_late))
+    if acc.needs_order():
+        live = live.sort([TIME, SEQ])
+    partial = live.group_by(LABEL).agg(
+        pl.col(TIME).min().alias(WSTART),
+        (pl.col(TIME).max() + gap).alias(WEND),
+        *acc.partial(),
+    ).collect()
+    cols = [LABEL, *list(schema)[2:]]  # the schema less the key's two columns
+    types = {c: schema[c] for c in cols[1:]}
+    both = pl.concat(
+        [
+            in_batch.with_columns(pl.Series(LABEL, st_label)).select(cols),
+            partial.select(cols).cast(types),  # type: ignore[arg-type]
+        ],
+        how="vertical",
+    )
+    merged = both.group_by(LABEL).agg(
+        pl.col(WSTART).min(),
+        pl.col(WEND).max(),
+        *acc.combine(),
+    )
+    # a row of each label (state rows, then events; late events have none)
+    row_label = np.concatenate([st_label, ev_label])
+    has = np.flatnonzero(row_label >= 0)
+    some_row = np.zeros(int(row_label.max()) + 1, np.int64)
+    some_row[row_label[has]] = has
+    keys = pl.concat(
+        [in_batch.select(KEY, KEY_IS_INT), events.select(KEY, KEY_IS_INT)], how="vertical"
+    )[some_row[merged.get_column(LABEL).to_numpy()]]
+    state = pl.concat(
+        [untouched, pl.concat([keys, merged], how="horizontal").select(list(schema))],
+        how="vertical",
+    )
+    return state, late
+
+
+def _key_codes(keys: pl.DataFrame) -> np.ndarray:
+    """One small integer per distinct ``(key, is-int)`` of ``keys``."""
+    codes: np.ndarray = keys.select(
+        pl.col(KEY).cast(pl.Categorical).to_physical().cast(pl.Int64) * 2
+        + pl.col(KEY_IS_INT).cast(pl.Int64)
+    ).to_series().to_numpy()
+    return codes
+
+
+def _arrival_sessions(
+    code: np.ndarray, s: np.ndarray, e: np.ndarray, seq: np.ndarray, wm: np.ndarray,
+    n_st: int, lat: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Sessions of each key in arrival order, with one sort, where that is exact.
+
+    Rows are the touched keys' open sessions first (``n_st`` of them, by key
+    and start; sequence -1), then the batch's events (interval ``[s, e)``,
+    sequence, watermark before the event). Sorted by (key, sequence), a key's
+    rows are its sessions in start order, then its events as they arrived. A
+    row that starts after every earlier row of its key ended starts a new
+    *segment*. The segments are the sessions Flink's rules make when every other
+    row touched its segment's span while that span was still open and touches
+    no earlier segment, and no segment's first event is late: then each row
+    merges into exactly its segment's one session. Returns each row's segment
+    (the label) and which rows belong to a key where that does not hold (to be
+    replayed by :func:`_replayed_labels`).
+    """
+    order = _arrival_order(code, seq)
+    c, so, eo, wo = code[order], s[order], e[order], wm[order]
+    is_state = order < n_st
+    key_start = np.ones(c.size, bool)
+    key_start[1:] = c[1:] != c[:-1]
+    # the end of the key's span before each row (meaningless at a key's first row)
+    prev_end = _segmented_running(eo, key_start, "max")
+    new_seg = key_start | (so > prev_end)
+    seg = np.cumsum(new_seg) - 1
+    prev_start = _segmented_running(so, new_seg, "min")
+    # the end of the key's earlier segments, per segment (none at a key's first)
+    firsts = np.flatnonzero(new_seg)
+    earlier = prev_end[firsts]
+    earlier[key_start[firsts]] = np.iinfo(np.int64).min
+    ok = np.where(
+        new_seg,
+        is_state | (eo + lat > wo),
+        ~is_state & (so > earlier[seg]) & (eo >= prev_start) & (wo < prev_end + lat),
+    )
+    labels = np.empty(c.size, np.int64)
+    labels[order] = seg
+    if ok.all():
+        return labels, np.zeros(c.size, bool)
+    bad = np.zeros(int(c.max()) + 1, bool)
+    bad[c[~ok]] = True
+    return labels, bad[code]
+
+
+def _arrival_order(code: np.ndarray, seq: np.ndarray) -> np.ndarray:
+    """The stable permutation sorting by ``(code, seq)``.
+
+    A batch's sequence is one ascending run per partition (state rows, -1,
+    before them): NumPy's stable sort of it (timsort) merges those runs in about
+    linear time, far faster than a general sort; then a stable (radix, when
+    the codes are few) sort by code keeps the arrival order within each key.
+    """
+    runs = int(np.count_nonzero(seq[1:] < seq[:-1])) + 1
+    by_seq = np.argsort(seq, kind="stable") if runs <= RUNS_MAX else stable_argsort(seq)
+    out: np.ndarray = by_seq[lex_order([code[by_seq]])]
+    return out
+
+
+def _replayed_labels(
+    events: pl.DataFrame, state: pl.DataFrame, gap: int, lat: int, base: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The general merge of ``events`` into the open sessions ``state`` (whole
+    keys): connected groups, those whose outcome could depend on the arrival
+    order replayed by :func:`_sequential_sessions`. Returns the events' labels
+    (-1 when late) and late flags, and the state rows' labels, from ``base``."""
     ev = events.with_row_index("__row")
-    keys = ev.select(KEY, KEY_IS_INT).unique()
-    in_batch = state.join(keys, on=[KEY, KEY_IS_INT], how="semi")
-    untouched = state.join(keys, on=[KEY, KEY_IS_INT], how="anti")
-    st = in_batch.with_row_index("__row")
+    st = state.with_row_index("__row")
     rows = _session_groups(ev, st, gap, lat)
-    bad = rows.filter(~pl.col("__gok"))
-    rows = rows.with_columns(pl.col("__g").alias(LABEL), pl.lit(False).alias("__late"))
-    if bad.height:
+    rows = rows.with_columns(
+        (pl.col("__g") + base).alias(LABEL), pl.lit(False).alias("__late")
+    )
+    if not rows.get_column("__gok").all():
         fast = rows.filter(pl.col("__gok"))
         slow = rows.filter(~pl.col("__gok"))
-        base = int(rows.select(pl.col("__g").max()).item() or 0) + 1
-        rows = pl.concat([fast, _sequential_sessions(slow, gap, lat, base)], how="vertical")
+        top = int(rows.select(pl.col(LABEL).max()).item()) + 1
+        rows = pl.concat([fast, _sequential_sessions(slow, gap, lat, top)], how="vertical")
         # put rows back in row-number order (events 0..n-1, then state 0..m-1),
         # where they already are without replayed groups: one gather, no sort
         at = rows["__row"].to_numpy().astype(np.int64) + np.where(
@@ -57,43 +218,10 @@ def session_step(
         back = np.empty(at.size, np.int64)
         back[at] = np.arange(at.size)
         rows = rows[back]
-    rows = rows.drop("__gok")
-
     n_ev = ev.height
-    ev = ev.with_columns(rows[LABEL][:n_ev], rows["__late"][:n_ev])
-    st_labels = rows[LABEL][n_ev:]
-    late = ev.filter(pl.col("__late")).drop("__row", LABEL, "__late")
-    needed = [LABEL, KEY, KEY_IS_INT, TIME, SEQ, *acc.input_columns()]
-    live = ev.lazy().filter(~pl.col("__late")).select(needed)
-    if acc.needs_order():
-        live = live.sort([TIME, SEQ])
-    partial = live.group_by(LABEL).agg(
-        pl.col(KEY).first(),
-        pl.col(KEY_IS_INT).first(),
-        pl.col(TIME).min().alias(WSTART),
-        (pl.col(TIME).max() + gap).alias(WEND),
-        *acc.partial(),
-    ).collect()
-    labelled_state = st.drop("__row").with_columns(st_labels)
-    cols = [LABEL, *schema]
-    both = pl.concat(
-        [
-            labelled_state.select(cols),
-            partial.select(cols).cast(schema),  # type: ignore[arg-type]
-        ],
-        how="vertical",
-    )
-    merged = both.group_by(LABEL).agg(
-        pl.col(KEY).first(),
-        pl.col(KEY_IS_INT).first(),
-        pl.col(WSTART).min(),
-        pl.col(WEND).max(),
-        *acc.combine(),
-    )
-    state = pl.concat(
-        [untouched, merged.select(list(schema))], how="vertical"
-    )
-    return state, late
+    label = rows.get_column(LABEL).to_numpy()
+    late = rows.get_column("__late").to_numpy()
+    return label[:n_ev], late[:n_ev], label[n_ev:]
 
 
 def _segmented_running(values: np.ndarray, starts: np.ndarray, fn: str) -> np.ndarray:

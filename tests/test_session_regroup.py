@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sealstream.windows.operator import _order_by, _regroup_by_arrival
+from sealstream.windows._sessions import _order_by, _regroup_by_arrival
 
 
 def _groups(code: np.ndarray, s: np.ndarray, cuts: np.ndarray) -> tuple[np.ndarray, ...]:

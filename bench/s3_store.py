@@ -4,14 +4,16 @@ with a checkpoint every second, its checkpoints once in a directory and once in 
 
     python -m bench.s3_store [--events N] [--keys N] [--repeat N]
 
-Prints a markdown table (median whole-process time, events/s, the S3 run's share of
-the directory's, checkpoint count, mean checkpoint write time and size, from the
-engine's ``--summary-json``) and writes it to ``bench/results/s3.md``. Against a
-real bucket the write time adds the network's round trips: per checkpoint, on the
-writer thread, the claim, its files (concurrently), the lease renewal and the
-manifest; on the engine's thread only the retention's deletion of the oldest (a
-marker, the manifest, one batch, the claim, the marker). ``python -m bench.s3_profile``
-counts and times every request by thread and caller.
+Prints a markdown table (median whole-process time and CPU seconds (user + sys of
+the process and its children), events/s, the S3 run's share of the directory's,
+checkpoint count, mean checkpoint write time and size, from the engine's
+``--summary-json``) and writes it to ``bench/results/s3.md`` (keep the analysis
+below the table by hand). Against a real bucket the write time adds the network's
+round trips: per checkpoint, on the writer thread, the claim, its files and the lease
+renewal (concurrently), then the manifest; the retention's deletion of the oldest (a
+marker, the manifest, one batch, the claim, the marker) on the store's background
+thread. ``python -m bench.s3_profile`` counts and times every request by thread and
+caller.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -42,15 +45,18 @@ def run_one(name: str, store: str, files: list[Path], env: dict[str, str]) -> di
                               max_delay_ms=2000, sink='kind = "jsonl"\npath = "out"',
                               checkpoint=store, every_ms=1000, keep=3))
     t0 = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     res = subprocess.run([sys.executable, "-m", "sealstream", "run", str(spec), "--quiet",
                           "--summary-json", str(wd / "summary.json")],
                          capture_output=True, text=True, timeout=1800, env={**os.environ, **env})
     wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if res.returncode != 0:
         raise RuntimeError(f"{name}: exit {res.returncode}: {res.stderr.strip()[-500:]}")
     summary = json.loads((wd / "summary.json").read_text())
     ck = summary.get("checkpoints", {})
-    return {"wall": wall, "count": ck.get("count"), "mean_ms": ck.get("mean_ms"),
+    return {"wall": wall, "cpu": cpu, "count": ck.get("count"), "mean_ms": ck.get("mean_ms"),
             "mean_bytes": ck.get("mean_bytes")}
 
 
@@ -79,24 +85,31 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name, got in runs.items():
         wall = statistics.median(r["wall"] for r in got)
+        cpu = statistics.median(r["cpu"] for r in got)
         mean_ms = statistics.median(r["mean_ms"] for r in got if r["mean_ms"] is not None)
-        rows.append((name, wall, args.events / wall, got[-1]["count"], mean_ms,
+        rows.append((name, wall, cpu, args.events / wall, got[-1]["count"], mean_ms,
                      got[-1]["mean_bytes"]))
     base = rows[0][1]
     lines = [
         f"Checkpoints in S3 (SeaweedFS 4.48 on loopback) vs a directory: {args.events:,} "
         f"events, {args.keys:,} keys, 3 JSONL partitions, tumbling 60 s, checkpoint every "
         f"1 s, results to JSONL files; median of {args.repeat} whole processes each, "
-        f"interleaved (load average {os.getloadavg()[0]:.1f}).",
+        f"interleaved (load average {os.getloadavg()[0]:.1f} at the end; "
+        f"{time.strftime('%H:%M UTC', time.gmtime())}).",
         "",
-        "| checkpoints in | time (s) | events/s | vs directory | checkpoints | "
+        "| checkpoints in | time (s) | CPU (s) | events/s | vs directory | checkpoints | "
         "checkpoint write (ms, median of means) | mean size (KiB) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, wall, eps, count, mean_ms, mean_bytes in rows:
-        lines.append(f"| {name} | {wall:.2f} | {eps:,.0f} | {base / wall:.0%} | {count} | "
+    for name, wall, cpu, eps, count, mean_ms, mean_bytes in rows:
+        lines.append(f"| {name} | {wall:.2f} | {cpu:.2f} | {eps:,.0f} | {base / wall:.0%} | "
+                     f"{count} | "
                      f"{mean_ms:.1f} | "
                      f"{mean_bytes if mean_bytes is None else f'{mean_bytes / 1024:.1f}'} |")
+    lines.append("")
+    lines.append("Each run, in order (wall / CPU s): " + "; ".join(
+        f"{name} " + ", ".join(f"{r['wall']:.2f}/{r['cpu']:.2f}" for r in got)
+        for name, got in runs.items()) + ".")
     text = "\n".join(lines) + "\n"
     print(text)
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -77,6 +77,7 @@ def _checkpoint_and_retain(store: ObjectCheckpointStore, cid: int, keep: int) ->
         store.files_of(old)
     for old in ids[:-keep]:
         store.delete(old)
+    store._settle()  # the deletions run behind the caller: count them with this one
     store.plan_steps()
 
 

@@ -36,10 +36,13 @@ class Known:
     """The lease holder's view of its prefix (thread-safe: the engine's thread and
     the checkpoint writer's both use it)."""
 
-    def __init__(self, ids: set[int], plans: set[int]) -> None:
+    def __init__(self, ids: set[int], plans: set[int], max_ever: int = 0) -> None:
+        """``max_ever``: the largest id the listing showed anywhere (rejected copies and
+        deletions under way too): ids are never reused."""
         self._lock = threading.Lock()
         self._ids = set(ids)
         self._plans = set(plans)
+        self._max_ever = max([max_ever, *ids], default=0)
         self._names: dict[int, list[str]] = {}
         self._blobs: OrderedDict[str, bytes] = OrderedDict()
         self._bytes = 0
@@ -52,6 +55,12 @@ class Known:
     def add_id(self, cid: int) -> None:
         with self._lock:
             self._ids.add(cid)
+            self._max_ever = max(self._max_ever, cid)
+
+    def max_ever(self) -> int:
+        """The largest id ever taken on the prefix (a deleted or moved one too)."""
+        with self._lock:
+            return self._max_ever
 
     def plans(self) -> list[int]:
         with self._lock:

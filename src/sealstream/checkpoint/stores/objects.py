@@ -25,10 +25,9 @@ Commit protocol, without rename:
 4. ``cp-N/MANIFEST.json`` is created last, only if absent. A checkpoint without it
    is partial, judged and moved aside as on a directory.
 
-The lease: ``LEASE`` holds the holder (pid, host, start time, a run id), a
-generation and an expiry. A run takes it when absent, released, expired, or held by
-a process of this host that is gone (a SIGKILLed run); it renews it every third of
-its time to live (``SEALSTREAM_S3_LEASE_S``, default 30 s). Moving a checkpoint
+The lease (:mod:`sealstream.checkpoint.stores._lease`): ``LEASE`` holds the
+holder, a generation and an expiry, renewed every third of its time to live and
+before each manifest. Moving a checkpoint
 aside copies its objects under ``rejected/`` and then deletes them, manifest first;
 a deletion writes a ``.deleting/`` marker first, so a crash mid-way never leaves a
 half-deleted checkpoint among the ids. A store that does not refuse a second create
@@ -37,8 +36,12 @@ of one key is refused at :meth:`ensure_root` (:meth:`Objects.probe`).
 While it holds the lease, the store answers its own questions (the ids, a
 checkpoint's names, the step plans, the bytes of what it created and of the manifests
 it read) from what it knows (:mod:`sealstream.checkpoint.stores._known`) rather than
-by listing and reading the prefix again at every checkpoint; a checkpoint's files go
-up concurrently, a few at a time, before its manifest.
+by listing and reading the prefix again at every checkpoint. Off the caller's thread
+(docs/object-storage.md, "What runs concurrently"): the probe, beside the first reads
+of ``STORE`` and ``LEASE`` (nothing is written before it passed); a checkpoint's claim,
+files and lease renewal, concurrently, before its manifest; and, on a background
+thread after the manifest that made them old, the deletions of old checkpoints and
+step plans, which end before the lease is released.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -60,11 +64,16 @@ from sealstream._objects import (
     ObjectExistsError,
     Objects,
     ObjectStoreError,
-    VersionConflictError,
 )
 from sealstream.checkpoint import crypto
 from sealstream.checkpoint.manifest import MANIFEST_NAME
 from sealstream.checkpoint.stores._known import Known
+from sealstream.checkpoint.stores._lease import (
+    LEASE_KEY,
+    LeaseHolder,
+    lease_live,
+    lease_seconds,
+)
 from sealstream.checkpoint.stores.base import (
     _PART_FILE,
     PREFIX,
@@ -75,45 +84,15 @@ from sealstream.checkpoint.stores.base import (
 )
 from sealstream.errors import CheckpointError, LockHeldError
 
+__all__ = ["CLAIM", "DELETING", "LEASE_KEY", "STORE_KEY", "ObjectCheckpointStore",
+           "lease_live", "lease_seconds"]
+
 STORE_KEY = "STORE"
-LEASE_KEY = "LEASE"
 CLAIM = ".claim"
 DELETING = ".deleting/"
 
 
-def lease_seconds() -> float:
-    raw = os.environ.get("SEALSTREAM_S3_LEASE_S", "").strip()
-    try:
-        return max(1.0, float(raw)) if raw else 30.0
-    except ValueError:
-        return 30.0
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def lease_live(doc: dict[str, Any]) -> bool:
-    """Whether the lease ``doc`` is held now by a run that may still write (also the
-    agent row store's lease, :mod:`sealstream.agents._s3store`)."""
-    if doc.get("released") or not isinstance(doc.get("expires_ms"), int):
-        return False
-    if doc["expires_ms"] <= int(time.time() * 1000):
-        return False
-    holder = doc.get("holder")
-    if isinstance(holder, dict) and holder.get("host") == socket.gethostname() \
-            and isinstance(holder.get("pid"), int) and not _pid_alive(holder["pid"]):
-        return False  # its process is gone (killed): nobody renews it
-    return True
-
-
-class ObjectCheckpointStore(CheckpointStore):
+class ObjectCheckpointStore(LeaseHolder, CheckpointStore):
     """Checkpoints as objects; see the module docstring."""
 
     direct_parts = True
@@ -137,15 +116,17 @@ class ObjectCheckpointStore(CheckpointStore):
         self._mutex = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._renewed_at = 0.0
         self._known: Known | None = None  # while the lease is held (see _known)
+        self._trash: dict[str, list[str]] | None = None  # deletions the listing found
         self._pool: ThreadPoolExecutor | None = None  # a checkpoint's files, concurrently
+        # the probe at start, then deletions behind the caller (one thread, in order)
+        self._bg: ThreadPoolExecutor | None = None
+        self._behind: list[Future[None]] = []
+        self._behind_failed: str | None = None
 
-    @property
-    def location(self) -> str:
-        return self.objects.location
-
-    def _fail(self, what: str, exc: Exception) -> CheckpointError:
-        return CheckpointError(f"{what}: {exc}")
+    def _on_fenced(self) -> None:
+        self._known = None
 
     # ------------------------------------------------------------ reading
     def exists(self) -> bool:
@@ -179,6 +160,9 @@ class ObjectCheckpointStore(CheckpointStore):
         return sorted(out)
 
     def max_id_ever(self) -> int:
+        known = self._known
+        if known is not None:  # the listing saw rejected copies and deletions too
+            return known.max_ever()
         ids = self.ids()
         for key in self._keys(f"{REJECTED}/"):
             cid = _parse_id(key[len(REJECTED) + 1:][: len(PREFIX) + 12])
@@ -267,33 +251,42 @@ class ObjectCheckpointStore(CheckpointStore):
         if known is not None and cid is not None:
             known.keep_blob(rel, data)  # stored as sent: the server checked its checksum
 
-    def _create_files(self, d: str, cid: int, files: dict[str, bytes], crash: Any) -> None:
-        """Create a checkpoint's files (not its manifest), several at a time; each
-        ``after_write_<name>`` crash point comes once that file is stored. The first
-        failure is raised once every create has ended (none is left running)."""
-        sealed = [(name, f"{d}/{name}", self._seal(f"{d}/{name}", data))
-                  for name, data in files.items()]
-        if len(sealed) > 1:
+    def _create_files(self, d: str, cid: int, files: dict[str, bytes], crash: Any,
+                      claim: bool = False, renew: bool = False) -> None:
+        """Create a checkpoint's files (not its manifest), several at a time, beside
+        its claim (``claim``) and the lease's renewal (``renew``); each
+        ``after_write_<name>`` crash point comes once that file (and the claim) is
+        stored. The first failure (the renewal's first: a fenced run says so) is
+        raised once every request has ended (none is left running)."""
+        jobs: list[tuple[str | None, Callable[[], None]]] = []
+        if renew:
+            jobs.append((None, partial(self._renew, publishing=cid)))
+        if claim:
+            jobs.append((None, partial(self.claim, cid)))
+        for name, data in files.items():
+            rel = f"{d}/{name}"
+            jobs.append((name, partial(self._create, rel, self._seal(rel, data), cid)))
+        futures: list[Future[None]] = []
+        if len(jobs) > 1:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(4, thread_name_prefix="sealstream-s3put")
-            futures = [self._pool.submit(self._create, rel, raw, cid) for _, rel, raw in sealed]
+                self._pool = ThreadPoolExecutor(6, thread_name_prefix="sealstream-s3put")
+            futures = [self._pool.submit(job) for _, job in jobs]
         else:
-            futures = []
-            for _, rel, raw in sealed:
+            for _, job in jobs:
                 done: Future[None] = Future()
                 try:
-                    self._create(rel, raw, cid)
+                    job()
                     done.set_result(None)
                 except BaseException as exc:  # noqa: BLE001 - raised below, in order
                     done.set_exception(exc)
                 futures.append(done)
-        for (name, _, _), future in zip(sealed, futures, strict=True):
+        for (written, _), future in zip(jobs, futures, strict=True):
             if future.exception() is not None:
                 for other in futures:
                     other.exception()  # wait: nothing of this checkpoint still going up
                 future.result()
-            if crash is not None:
-                crash(f"after_write_{name.split('.')[0]}")
+            if crash is not None and written is not None:
+                crash(f"after_write_{written.split('.')[0]}")
 
     def claim(self, cid: int) -> None:
         self._create(f"{checkpoint_dirname(cid)}/{CLAIM}", self._run.encode(), cid)
@@ -326,19 +319,22 @@ class ObjectCheckpointStore(CheckpointStore):
                          crash: Any = None,
                          in_publish: Callable[[Any], None] | None = None,
                          claimed: bool = False) -> None:
-        """Claim the id, create every file, renew the lease (fenced: LockHeldError),
-        then create the manifest; every create only if absent."""
+        """Claim the id, create every file and renew the lease (fenced:
+        LockHeldError), concurrently; then create the manifest, every create only if
+        absent. The manifest is sent within a third of the lease's term after a
+        renewal was sent (renewed again first if the files took longer): nobody can
+        have taken the lease before it."""
         if in_publish is not None:
             raise TypeError("an object store has no transaction to publish in")
+        self._raise_behind()
         d = checkpoint_dirname(cid)
-        if not claimed:
-            self.claim(cid)
-        self._create_files(d, cid, files, crash)
+        held = self._lease is not None
+        self._create_files(d, cid, files, crash, claim=not claimed, renew=held)
         sealed = self._seal(f"{d}/{MANIFEST_NAME}", manifest)
         if crash is not None:
             crash("before_manifest_publish")
-        if self._lease is not None:
-            self._renew(publishing=cid)
+        if held:
+            self._renew_if_older(lease_seconds() / 3, cid)
         self._create(f"{d}/{MANIFEST_NAME}", sealed, cid)
         known = self._known
         if known is not None and not claimed:  # claimed: workers may have added parts
@@ -390,30 +386,78 @@ class ObjectCheckpointStore(CheckpointStore):
         return f"{self.location}/{dest}"
 
     def delete(self, cid: int) -> None:
+        """Delete checkpoint ``cid``: its ``.deleting/`` marker, its objects, the
+        marker. Under the lease, the ids forget it at once and the requests run behind
+        the caller (:meth:`_later`), after every manifest published so far."""
         d = checkpoint_dirname(cid)
+        what = f"cannot delete checkpoint {cid} in {self.location}"
         try:
             keys = self._keys_of(cid, d)
-            if keys:
-                self.objects.create(f"{DELETING}{d}", b"")
-            if self._known is not None:  # marked: out of the ids (as the listing says)
-                self._known.forget(cid, d)
-            if not keys:
-                return
-            self._remove(keys, d)
-            self.objects.delete(f"{DELETING}{d}")
         except ObjectStoreError as exc:
-            raise CheckpointError(f"cannot delete checkpoint {cid} in {self.location}: "
-                                  f"{exc}") from None
+            raise CheckpointError(f"{what}: {exc}") from None
+        known = self._known
+        if known is None:
+            try:
+                self._delete_now(d, keys)
+            except ObjectStoreError as exc:
+                raise CheckpointError(f"{what}: {exc}") from None
+            return
+        known.forget(cid, d)  # out of the ids now (as the listing says once it is marked)
+        if keys:
+            self._later(what, partial(self._delete_now, d, keys))
+
+    def _delete_now(self, d: str, keys: list[str]) -> None:
+        if not keys:
+            return
+        self.objects.create(f"{DELETING}{d}", b"")
+        self._remove(keys, d)
+        self.objects.delete(f"{DELETING}{d}")
 
     def clear_trash(self) -> None:
         try:
-            for marker in self.objects.keys(DELETING):
-                d = marker[len(DELETING):]
-                self._remove(self.objects.keys(f"{d}/"), d)
-                self.objects.delete(marker)
+            trash, self._trash = self._trash, None
+            if trash is None or self._known is None:  # not from this lease's listing
+                trash = {m[len(DELETING):]: self.objects.keys(f"{m[len(DELETING):]}/")
+                         for m in self.objects.keys(DELETING)}
+            for d, keys in trash.items():
+                self._remove(keys, d)
+                self.objects.delete(f"{DELETING}{d}")
         except ObjectStoreError as exc:
             raise CheckpointError(f"cannot finish a deletion in {self.location}: "
                                   f"{exc}") from None
+
+    # ------------------------------------------------------------ behind the caller
+    def _background(self) -> ThreadPoolExecutor:
+        if self._bg is None:
+            self._bg = ThreadPoolExecutor(1, thread_name_prefix="sealstream-s3bg")
+        return self._bg
+
+    def _later(self, what: str, work: Callable[[], None]) -> None:
+        """Run ``work`` (deletions) on the background thread, in the order asked. It
+        runs only while this run holds the lease (a fenced run deletes nothing more);
+        its failure is raised by the next write or deletion, or at the lease's end."""
+        self._raise_behind()
+
+        def run() -> None:
+            if self._lost is not None or self._behind_failed is not None:
+                return
+            try:
+                work()
+            except (ObjectStoreError, CheckpointError) as exc:
+                self._behind_failed = f"{what}: {exc}"
+
+        self._behind = [f for f in self._behind if not f.done()]
+        self._behind.append(self._background().submit(run))
+
+    def _settle(self) -> None:
+        """Wait for what runs behind the caller."""
+        pending, self._behind = self._behind, []
+        for future in pending:
+            future.exception()
+
+    def _raise_behind(self) -> None:
+        if self._behind_failed is not None:
+            raise CheckpointError(self._behind_failed)
 
     # ------------------------------------------------------------ step plans
     def write_shared(self, rel: str, data: bytes) -> None:
@@ -456,13 +500,20 @@ class ObjectCheckpointStore(CheckpointStore):
     def delete_plans(self, steps: list[int]) -> None:
         from sealstream.checkpoint.plans import plan_name
 
+        what = f"cannot delete plans in {self.location}"
+        known = self._known
+        if known is not None:  # behind the caller, as checkpoints are (see delete)
+            for step in steps:
+                known.drop_plan(step)
+            if steps:
+                self._later(what, partial(self.objects.delete_many,
+                                          [plan_name(s) for s in steps]))
+            return
         try:
             for step in steps:
-                if self._known is not None:
-                    self._known.drop_plan(step)
                 self.objects.delete(plan_name(step))
         except ObjectStoreError as exc:
-            raise self._fail(f"cannot delete plans in {self.location}", exc) from None
+            raise self._fail(what, exc) from None
 
     def move_plan_aside(self, step: int, reason: str) -> None:
         from sealstream.checkpoint.plans import plan_name
@@ -477,99 +528,102 @@ class ObjectCheckpointStore(CheckpointStore):
         except ObjectStoreError as exc:
             raise self._fail(f"cannot move a plan aside in {self.location}", exc) from None
 
-    # ------------------------------------------------------------ the lease
-    def _read_lease(self) -> tuple[dict[str, Any], str] | None:
+    # ------------------------------------------------------------ the start
+    def _start(self) -> None:
+        """What :meth:`ensure_root` and taking the lease do, in fewer round trips: the
+        probe runs beside the reads of ``STORE`` and ``LEASE``; only once it passed is
+        anything written (``STORE`` when absent, beside the lease's compare-and-swap);
+        then the one listing this run trusts (see _known)."""
+        probing = None
+        if self._probe and not self._probed:
+            probing = self._background().submit(self.objects.probe)
+        read: tuple[bool, tuple[dict[str, Any], str] | None] | None = None
+        failed: BaseException | None = None
         try:
-            got = self.objects.read_versioned(LEASE_KEY)
+            there = self.objects.get(STORE_KEY, 0, 1) is not None
+            read = there, self._read_lease()
         except ObjectStoreError as exc:
-            raise self._fail(f"cannot read the lease of {self.location}", exc) from None
-        if got is None:
-            return None
+            failed = CheckpointError(str(exc))
+        except CheckpointError as exc:
+            failed = exc
+        if probing is not None:
+            try:
+                probing.result()
+            except ObjectStoreError as exc:
+                raise CheckpointError(str(exc)) from None
+            self._probed = True
+        if failed is not None or read is None:
+            raise failed or CheckpointError(f"cannot read {self.location}")
+        making = None if read[0] else self._background().submit(self._make_store)
         try:
-            doc = json.loads(got[0])
-        except ValueError:
-            doc = None
-        return (doc if isinstance(doc, dict) else {"released": True}), got[1]
-
-    _live = staticmethod(lease_live)
-
-    def _doc(self, generation: int) -> dict[str, Any]:
-        return {"holder": self._holder, "generation": generation,
-                "expires_ms": int((time.time() + lease_seconds()) * 1000), "released": False}
-
-    def _acquire(self) -> None:
-        for _ in range(20):
-            now = self._read_lease()
-            if now is not None and self._live(now[0]):
-                raise LockHeldError(f"checkpoint store {self.location} is locked by another "
-                                    f"run ({json.dumps(now[0].get('holder'))})")
-            gen = int(now[0].get("generation", 0) or 0) + 1 if now is not None else 1
-            doc = self._doc(gen)
-            try:
-                etag = self.objects.replace(LEASE_KEY, json.dumps(doc).encode(),
-                                            None if now is None else now[1])
-            except VersionConflictError:
-                continue  # another run moved first: look again
-            except ObjectStoreError as exc:
-                raise self._fail(f"cannot take the lease of {self.location}", exc) from None
-            self._lease = (doc, etag)
-            self._lost = None
-            return
-        raise LockHeldError(f"checkpoint store {self.location}: the lease keeps changing "
-                            "hands; another run is starting on the same prefix")
-
-    def _renew(self, publishing: int | None = None) -> None:
-        with self._mutex:
-            if self._lost is not None:
-                raise LockHeldError(self._lost)
-            if self._lease is None:
-                return
-            doc = self._doc(int(self._lease[0]["generation"]))
-            try:
-                etag = self.objects.replace(LEASE_KEY, json.dumps(doc).encode(),
-                                            self._lease[1])
-            except VersionConflictError:
-                taker = self._read_lease()
-                who = json.dumps(taker[0].get("holder")) if taker else "nobody"
-                self._lost = (f"checkpoint store {self.location}: this run was fenced (the "
-                              f"lease was taken by {who})"
-                              + (f"; checkpoint {publishing} was not published"
-                                 if publishing is not None else "") + "; stopping")
-                self._lease = None
-                self._known = None
-                raise LockHeldError(self._lost) from None
-            except ObjectStoreError as exc:
-                raise self._fail(f"cannot renew the lease of {self.location}", exc) from None
-            self._lease = (doc, etag)
-
-    def _heartbeat(self) -> None:
-        period = lease_seconds() / 3
-        while not self._stop.wait(period):
-            try:
-                self._renew()
-            except LockHeldError:
-                return
-            except CheckpointError:
-                continue  # a server fault: the next beat tries again before expiry
-
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        """Hold the lease; LockHeldError naming the holder when a live run holds it."""
-        self.ensure_root()
-        with self._mutex:
-            self._acquire()
-        try:  # the one listing this run trusts for its ids and plans (see _known)
-            self._known = Known(set(self._listed_ids()), set(self._listed_plans()))
+            with self._mutex:
+                self._acquire(read[1], read=False)
+        finally:
+            if making is not None:
+                making.exception()  # ended (it raises nothing: see _make_store)
+        try:
+            self._known = self._survey()
         except BaseException:
             self._release()
             raise
+
+    def _make_store(self) -> None:
+        body = json.dumps({"format": 1, "holds": "sealstream checkpoints",
+                           "pipeline": self.pipeline}).encode()
+        with contextlib.suppress(ObjectStoreError):  # a concurrent creator's (as before)
+            self.objects.create(STORE_KEY, body)
+
+    def _survey(self) -> Known:
+        """The ids, names of published checkpoints, step plans, deletions under way and
+        the largest id ever taken, from one listing of the prefix."""
+        from sealstream.checkpoint.plans import PLANS_DIR, parse_plan_name
+
+        keys = self._keys("")
+        deleting = {k[len(DELETING):] for k in keys if k.startswith(DELETING)}
+        ids: dict[int, list[str]] = {}
+        plans: set[int] = set()
+        most = 0
+        trash: dict[str, list[str]] = {d: [] for d in deleting}
+        for key in keys:
+            head, slash, rest = key.partition("/")
+            if not slash:
+                continue
+            cid = _parse_id(head)
+            if cid is not None:
+                most = max(most, cid)
+                if head in deleting:
+                    trash[head].append(key)
+                else:
+                    ids.setdefault(cid, []).append(key)
+            elif head == REJECTED:
+                most = max(most, _parse_id(rest[: len(PREFIX) + 12]) or 0)
+            elif key.startswith(DELETING):
+                most = max(most, _parse_id(rest) or 0)
+            elif head == PLANS_DIR and (step := parse_plan_name(rest)) is not None:
+                plans.add(step)
+        known = Known(set(ids), plans, most)
+        for cid, names in ids.items():
+            if f"{checkpoint_dirname(cid)}/{MANIFEST_NAME}" in names:  # published
+                known.set_names(cid, [k for k in names
+                                      if not k.rsplit("/", 1)[-1].startswith(".")])
+        self._trash = trash
+        return known
+
+    # ------------------------------------------------------------ the lease
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the lease; LockHeldError naming the holder when a live run holds it."""
+        self._start()
         self._stop.clear()
         self._thread = threading.Thread(target=self._heartbeat, daemon=True,
                                         name="sealstream-lease")
         self._thread.start()
         try:
             yield
+            self._settle()  # the deletions behind end while the lease is held
+            self._raise_behind()
         finally:
+            self._settle()
             self._stop.set()
             self._thread.join()
             self._thread = None
@@ -577,29 +631,14 @@ class ObjectCheckpointStore(CheckpointStore):
 
     def _release(self) -> None:
         self._known = None
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-        with self._mutex:
-            held, self._lease = self._lease, None
-            if held is not None:
-                doc = {**held[0], "released": True}
-                with contextlib.suppress(ObjectStoreError):
-                    self.objects.replace(LEASE_KEY, json.dumps(doc).encode(), held[1])
+        self._trash = None
+        self._behind_failed = None
+        self.close()
+        self._release_lease()
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-
-    def check_lock(self) -> None:
-        with self._mutex:
-            if self._lost is not None:
-                raise LockHeldError(self._lost)
-
-    def is_locked(self) -> str | None:
-        now = self._read_lease()
-        if now is None or not self._live(now[0]):
-            return None
-        holder = now[0].get("holder")
-        return json.dumps(holder if isinstance(holder, dict) else {"pid": None})
+        self._settle()
+        for pool in (self._pool, self._bg):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self._pool = self._bg = None

@@ -7,9 +7,13 @@ The standard workload (3 partitions, Zipf keys, tumbling 60 s) is produced into 
 reads it to its end (``stop = "end"``, a checkpoint every second, results to JSONL)
 three ways, interleaved: without an archive, with ``[archive]`` in a local directory,
 and with ``[archive]`` in S3 (a local SeaweedFS, ``weed mini``). Reported: the median
-whole-process time, events/s, the share of the no-archive rate (the issue's target:
-the archive costs at most 15 %), and the archive's segment count and bytes. Servers
-started here are stopped by their PID. Results: ``bench/results/archive.md``.
+whole-process time, its CPU seconds (user + system of the run's process), events/s,
+the share of the no-archive rate (the issue's target: the archive costs at most 15 %),
+and the archive's segment count and bytes. ``--compare SRC`` adds, interleaved in the
+same rounds, the two archive runs with another source tree (say ``/work/main/src``, the
+code before a change), for a before/after measured side by side. Servers started here
+are stopped by their PID. Results: ``bench/results/archive.md`` (the table is rewritten;
+the text from its ``## Analysis`` heading on is kept).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -30,8 +35,8 @@ WORK = ROOT / "bench" / "work" / "archive"
 RESULTS = ROOT / "bench" / "results"
 
 
-def run_one(name: str, source: str, archive: str | None, env: dict[str, str]
-            ) -> dict[str, Any]:
+def run_one(name: str, source: str, archive: str | None, env: dict[str, str],
+            src: Path = ROOT / "src") -> dict[str, Any]:
     from sealstream.testing.specs import spec_text
 
     wd = WORK / f"{name}-{uuid.uuid4().hex[:6]}"
@@ -41,16 +46,20 @@ def run_one(name: str, source: str, archive: str | None, env: dict[str, str]
     if archive is not None:
         text += f"\n[archive]\nurl = {json.dumps(archive)}\n"
     (wd / "spec.toml").write_text(text)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     res = subprocess.run([sys.executable, "-m", "sealstream", "run", "spec.toml", "--quiet",
                           "--summary-json", "summary.json"], cwd=wd, capture_output=True,
                          text=True, timeout=1800,
-                         env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **env})
+                         env={**os.environ, "PYTHONPATH": str(src), **env})
     wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if res.returncode != 0:
         raise RuntimeError(f"{name}: exit {res.returncode}: {res.stderr.strip()[-500:]}")
     segs = sorted((wd / "archive").glob("seg-*")) if (wd / "archive").is_dir() else []
-    return {"wall": wall, "segments": len(segs), "bytes": sum(p.stat().st_size for p in segs)}
+    return {"wall": wall, "cpu": cpu, "segments": len(segs),
+            "bytes": sum(p.stat().st_size for p in segs)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--keys", type=int, default=10_000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--compare", type=Path, default=None, metavar="SRC",
+                    help="also run the archive with this source tree (before/after)")
     args = ap.parse_args(argv)
 
     from bench.live import produce_files
@@ -80,13 +91,19 @@ def main(argv: list[str] | None = None) -> int:
                   'stop = "end"')
         for _ in range(args.repeat):
             runs["no archive"].append(run_one("none", source, None, {}))
-            runs["archive: directory"].append(run_one("dir", source, "archive", {}))
-            url = f"s3://{s3.bucket}/bench-{uuid.uuid4().hex[:8]}"
-            got = run_one("s3", source, url, s3.env())
-            listed = s3.client().list_objects_v2(Bucket=s3.bucket, Prefix=url.split("/", 3)[3])
-            got["segments"] = len(listed.get("Contents", []))
-            got["bytes"] = sum(o["Size"] for o in listed.get("Contents", []))
-            runs["archive: S3 (SeaweedFS)"].append(got)
+            trees = [("", ROOT / "src")]
+            if args.compare is not None:
+                trees.append((f" [{args.compare}]", args.compare.resolve()))
+            for tag, src in trees:
+                runs.setdefault(f"archive: directory{tag}", []).append(
+                    run_one("dir", source, "archive", {}, src))
+                url = f"s3://{s3.bucket}/bench-{uuid.uuid4().hex[:8]}"
+                got = run_one("s3", source, url, s3.env(), src)
+                listed = s3.client().list_objects_v2(Bucket=s3.bucket,
+                                                     Prefix=url.split("/", 3)[3])
+                got["segments"] = len(listed.get("Contents", []))
+                got["bytes"] = sum(o["Size"] for o in listed.get("Contents", []))
+                runs.setdefault(f"archive: S3 (SeaweedFS){tag}", []).append(got)
     base = statistics.median(r["wall"] for r in runs["no archive"])
     lines = [
         f"The raw-event archive on the Kafka live path: {produced:,} events in a 3-partition "
@@ -96,17 +113,22 @@ def main(argv: list[str] | None = None) -> int:
         f"{os.getloadavg()[0]:.1f}). Segments and bytes: what the archive holds at the end "
         "(after retention with keep = 3).",
         "",
-        "| run | time (s) | events/s | vs no archive | segments kept | archive bytes |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| run | time (s) | CPU (s) | events/s | vs no archive | segments kept | "
+        "archive bytes |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, got in runs.items():
-        wall = statistics.median(r["wall"] for r in got)
-        lines.append(f"| {name} | {wall:.2f} | {produced / wall:,.0f} | {base / wall:.0%} | "
-                     f"{got[-1]['segments']} | {got[-1]['bytes']:,} |")
+    for name, done in runs.items():
+        wall = statistics.median(r["wall"] for r in done)
+        cpu = statistics.median(r["cpu"] for r in done)
+        lines.append(f"| {name} | {wall:.2f} | {cpu:.2f} | {produced / wall:,.0f} | "
+                     f"{base / wall:.0%} | {done[-1]['segments']} | {done[-1]['bytes']:,} |")
     text = "\n".join(lines) + "\n"
     print(text)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "archive.md").write_text(text)
+    out = RESULTS / "archive.md"
+    old = out.read_text() if out.is_file() else ""
+    kept = old[old.index("## Analysis"):] if "## Analysis" in old else ""
+    out.write_text(text + ("\n" + kept if kept else ""))
     return 0
 
 

@@ -425,6 +425,10 @@ class LiveMerger:
                         now_ms=self.clock.wall_ms(), end=end, files=files)
         if self.archive is not None:  # the records are archived before the plan names them
             plan = replace(plan, archive=self.archive.write(plan.step, ranges))
+            batch = self._apply_plan(plan, took)  # (in memory) while the segment is created
+            self.archive.settle()
+            self._record(plan)
+            return batch
         self._record(plan)
         return self._apply_plan(plan, took)
 
@@ -697,6 +701,8 @@ class LiveMerger:
         return list(self._lags)
 
     def close(self) -> None:
+        if self.archive is not None:
+            self.archive.close()
         for c in self.cursors:
             c.part.close()
         self.source.close()

@@ -4,8 +4,10 @@
 
 * :meth:`Archiver.attach` gives a broker partition a tap (its ``raw_tap``): each poll
   hands over its raw messages as one frame, kept until a step takes them;
-* :meth:`Archiver.write` makes the segment of a step being planned (before its plan is
-  recorded) and returns the entry the plan records;
+* :meth:`Archiver.write` encodes the segment of a step being planned and returns the
+  entry the plan records; the segment is created on the archive's writer thread while
+  the step is applied in memory, and :meth:`Archiver.settle` waits for it before the
+  plan is recorded (a recorded plan's segment is always durable);
 * :meth:`Archiver.discard` drops what a replayed step re-read (its segment exists);
 * :meth:`Archiver.recover` opens an :class:`ArchivedPartition` where the broker no
   longer holds a position that recorded steps read;
@@ -14,13 +16,16 @@
 
 from __future__ import annotations
 
+import gc
+import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 import polars as pl
 
-from sealstream._objects import Objects, ObjectStoreError, open_objects
+from sealstream._objects import Objects, ObjectStoreError, is_object_url, open_objects
 from sealstream.archive import ArchiveSettings
 from sealstream.archive._segments import (
     ArchiveDamagedError,
@@ -83,11 +88,25 @@ class Archiver:
                 self.objects.probe()
         except ObjectStoreError as exc:
             raise SourceError(f"[archive] {exc}") from None
+        if is_object_url(self.settings.url):
+            # An S3 client's import leaves ~50,000 long-lived objects (botocore's
+            # service models) that every full garbage collection walked again while the
+            # source allocates a message object per record: twice the collector's time
+            # on the Kafka path. What exists now lives as long as the run: out of its
+            # walks (docs/object-storage.md, "Its cost").
+            gc.freeze()
         self.location = self.objects.location
         self.parser = ValueParser(plan)
         self._buf: dict[str, list[pl.DataFrame]] = {}
         self._cache: OrderedDict[str, pl.DataFrame] = OrderedDict()
         self.written = 0  # segments created by this run (for tests and the summary)
+        self.pruned = 0  # segments deleted by retention
+        #: the writer thread (started with the first segment) and what it was given
+        #: that :meth:`settle` has not yet waited for
+        self._pool: ThreadPoolExecutor | None = None
+        self._creating: Future[None] | None = None
+        self._pruning: Future[None] | None = None
+        self._lock = threading.Lock()
 
     # ------------------------------------------------------------ writing
     def attach(self, part: Any) -> None:
@@ -111,23 +130,58 @@ class Archiver:
             frames.append(rest)
         return rows.filter((pl.col("position") >= lo) & (pl.col("position") < hi))
 
-    def write(self, step: int, ranges: dict[str, tuple[int, int]]) -> dict[str, Any] | None:
-        """Create the segment of step ``step`` (the records of ``ranges``), durably,
-        before its plan is recorded; the entry for the plan (None: the step reads no
-        position, nothing to archive)."""
-        if self.settings.read_only:
-            return None
+    def _rows(self, ranges: dict[str, tuple[int, int]]) -> pl.DataFrame | None:
+        """The tapped rows of ``ranges`` in the segment's order (partitions by name,
+        each in position order as polled); None: no position read."""
         parts = [self._take(n, a, b).with_columns(pl.lit(n, pl.String).alias("partition"))
                  for n, (a, b) in sorted(ranges.items()) if b > a]
-        if not parts:
+        return pl.concat(parts, how="vertical") if parts else None
+
+    def write(self, step: int, ranges: dict[str, tuple[int, int]]) -> dict[str, Any] | None:
+        """The segment of step ``step`` (the records of ``ranges``): encoded now, for the
+        plan to name its size and SHA-256, and created on the writer thread while the
+        caller goes on with the step in memory; :meth:`settle` waits for it, before the
+        plan is recorded. The entry for the plan (None: the step reads no position,
+        nothing to archive)."""
+        if self.settings.read_only:
             return None
-        data, entry = encode_segment(step, pl.concat(parts, how="vertical"))
-        try:
-            self.objects.create(entry.name, data)
-        except ObjectStoreError as exc:
-            raise SourceError(f"[archive] cannot write {entry.name}: {exc}") from None
-        self.written += 1
+        self.settle()
+        rows = self._rows(ranges)
+        if rows is None:
+            return None
+        data, entry = encode_segment(step, rows, ordered=True)
+        self._creating = self._submit(self._create, entry.name, data)
         return entry.to_json()
+
+    def _create(self, name: str, data: bytes) -> None:
+        try:
+            self.objects.create(name, data)
+        except ObjectStoreError as exc:
+            raise SourceError(f"[archive] cannot write {name}: {exc}") from None
+        self.written += 1
+
+    def _submit(self, fn: Callable[..., None], *args: Any) -> Future[None]:
+        with self._lock:
+            if self._pool is None:
+                # one segment being created and one pruning at most (see prune)
+                self._pool = ThreadPoolExecutor(2, thread_name_prefix="sealstream-archive")
+            return self._pool.submit(fn, *args)
+
+    def settle(self) -> None:
+        """Wait until the segment being created is durable (SourceError: it cannot be)."""
+        creating, self._creating = self._creating, None
+        if creating is not None:
+            creating.result()
+
+    def close(self) -> None:
+        """Wait for the writer thread, then stop it. A failure is not raised here: the
+        step that wrote a segment settled it before its plan was recorded, so what is
+        left is a pruning (retried by the next run's retention) or the segment of a
+        step never recorded, and the run's own outcome stands."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     def discard(self, ranges: dict[str, tuple[int, int]]) -> None:
         """A replayed step re-read ``ranges`` (its segment was written when it was
@@ -200,18 +254,27 @@ class Archiver:
         return self._plans
 
     # ------------------------------------------------------------ retention
-    def prune(self, oldest_step: int) -> int:
+    def prune(self, oldest_step: int) -> None:
         """Delete the segments of steps at or before ``oldest_step`` (the step of the
-        oldest retained checkpoint: no recovery reads them); how many went."""
-        gone = 0
+        oldest retained checkpoint: no recovery reads them), on the writer thread, off
+        the run's path; skipped while the previous pruning is still at it (this one's
+        segments go with the next); the previous pruning's failure is raised here."""
         if self.settings.read_only:
-            return gone
+            return
+        if self._pruning is not None:
+            if not self._pruning.done():
+                return  # still at it: the next checkpoint's pruning takes this one's too
+            self._pruning.result()
+        self._pruning = self._submit(self._prune, oldest_step)
+
+    def _prune(self, oldest_step: int) -> None:
+        gone = 0
         for key in self.objects.keys("seg-"):
             step = segment_step(key)
             if step is not None and step <= oldest_step:
                 self.objects.delete(key)
                 gone += 1
-        return gone
+        self.pruned += gone
 
 
 class ArchivedPartition:

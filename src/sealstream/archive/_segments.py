@@ -22,7 +22,7 @@ import hashlib
 import io
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import polars as pl
 
@@ -35,6 +35,9 @@ SEGMENT_SCHEMA: dict[str, pl.DataType] = {
     "timestamp_ms": pl.Int64(),
     "value": pl.Binary(),
 }
+#: the segments' Parquet compression (see docs/object-storage.md: measured against size)
+COMPRESSION: Literal["zstd"] = "zstd"
+COMPRESSION_LEVEL = 1
 _NAME = re.compile(r"seg-(\d{12})-([0-9a-f]{16})\.parquet")
 
 
@@ -79,12 +82,20 @@ def segment_step(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def encode_segment(step: int, rows: pl.DataFrame) -> tuple[bytes, SegmentEntry]:
-    """The Parquet bytes of ``rows`` (in :data:`SEGMENT_SCHEMA`) and their entry."""
-    rows = rows.select(list(SEGMENT_SCHEMA)).cast(pl.Schema(SEGMENT_SCHEMA)).sort(
-        ["partition", "position"])
+def encode_segment(step: int, rows: pl.DataFrame, *, ordered: bool = False
+                   ) -> tuple[bytes, SegmentEntry]:
+    """The Parquet bytes of ``rows`` (in :data:`SEGMENT_SCHEMA`) and their entry.
+    ``ordered``: the rows are already sorted by ``(partition, position)`` (the
+    archiver's are: partitions by name, each as polled), so they are not sorted again.
+    The bytes depend on the rows only (not on how they were chunked), so the same
+    records encode to the same segment (a replayed step re-creates a lost one)."""
+    rows = rows.select(list(SEGMENT_SCHEMA))
+    if rows.schema != pl.Schema(SEGMENT_SCHEMA):
+        rows = rows.cast(pl.Schema(SEGMENT_SCHEMA))
+    rows = rows.rechunk() if ordered else rows.sort(["partition", "position"])
     buf = io.BytesIO()
-    rows.write_parquet(buf, compression="zstd", statistics=False)
+    rows.write_parquet(buf, compression=COMPRESSION, compression_level=COMPRESSION_LEVEL,
+                       statistics=False)
     data = buf.getvalue()
     digest = hashlib.sha256(data).hexdigest()
     return data, SegmentEntry(segment_name(step, digest), len(data), digest)

@@ -156,28 +156,6 @@ def test_checkpoint_commands_show_the_parts(ray_cluster: Any, tmp_path: Path) ->
     assert [p["worker"] for p in doc["distributed"]["parts"]] == [0, 1, 2]
 
 
-def _pool_with_a_worker_on(node: Any, workers: int) -> None:
-    """Leave ``workers`` idle workers in the driver's pool, one at least on ``node``.
-    Ray's SPREAD placement is best effort: on a loaded machine it may put every
-    worker on the head node (seen once in a clean-clone CI run under a CPU burner),
-    and a test of a node removed under its workers must not depend on that."""
-    import ray
-
-    from sealstream.distributed import _shard
-
-    for _ in range(20):
-        actors = _shard.acquire(workers)
-        where = ray.get([a.__ray_call__.remote(
-            lambda _self: ray.get_runtime_context().get_node_id()) for a in actors],
-            timeout=120)
-        if node.node_id in where:
-            _shard.release(actors, healthy=True)
-            return
-        _shard.release(actors, healthy=False)
-        time.sleep(0.5)
-    pytest.fail("Ray placed no worker on the added node in 20 tries")
-
-
 def _alive(pid: int) -> bool:
     """Whether process ``pid`` runs (a zombie nobody reaped yet does not)."""
     try:
@@ -188,7 +166,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_node_removed_mid_run(ray_cluster: Any, tmp_path: Path, reference: Any) -> None:
-    from _ray_nodes import NODE
+    from _ray_nodes import GENEROUS_S, NODE, pool_with_a_worker_on
 
     ref = reference(window=WINDOWS["sliding"], **STORY)
     d = tmp_path / "dist"
@@ -198,7 +176,7 @@ def test_a_node_removed_mid_run(ray_cluster: Any, tmp_path: Path, reference: Any
     node = ray_cluster.add_node(**{**NODE, "num_cpus": 1})
     ray_cluster.wait_for_nodes()
     drain_pool()
-    _pool_with_a_worker_on(node, 3)  # the job takes these workers
+    pool_with_a_worker_on(node, 3)  # the job takes these workers
     removed: list[int] = []
 
     def remove(job: Any) -> None:
@@ -208,7 +186,7 @@ def test_a_node_removed_mid_run(ray_cluster: Any, tmp_path: Path, reference: Any
             removed.append(job.counters.events)
             # the node's worker processes end once its raylet is gone: wait for that
             # event (on a loaded machine it can come after the job's last step)
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + GENEROUS_S
             while all(_alive(p) for p in pids):
                 assert time.monotonic() < deadline, "no worker was on the removed node"
                 time.sleep(0.01)

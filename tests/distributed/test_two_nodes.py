@@ -10,12 +10,10 @@ import json
 import os
 import random
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
 
 from scenarios._story import assert_same_output, make_input, write_spec
 
@@ -23,31 +21,9 @@ STORY = {"events": 1500, "every_events": 300, "batch_size": 100}
 WINDOW = 'kind = "sliding"\nsize_ms = 3000\nslide_ms = 1000\nallowed_lateness_ms = 0'
 
 
-def _node_of(actor: Any) -> str:
-    import ray
-
-    return str(ray.get(actor.__ray_call__.remote(
-        lambda _self: ray.get_runtime_context().get_node_id()), timeout=120))
-
-
-def _pool_on_both(node: Any, workers: int) -> None:
-    """Idle workers in the driver's pool, one at least on ``node`` (SPREAD is best
-    effort on a loaded machine: retried)."""
-    from sealstream.distributed import _shard
-
-    for _ in range(20):
-        actors = _shard.acquire(workers)
-        if node.node_id in [_node_of(a) for a in actors]:
-            _shard.release(actors, healthy=True)
-            return
-        _shard.release(actors, healthy=False)
-        time.sleep(0.5)
-    pytest.fail("Ray placed no worker on the added node in 20 tries")
-
-
 def test_two_nodes_postgres_store_and_a_killed_worker(ray_cluster: Any, tmp_path: Path,
                                                       reference: Any, pg_url: str) -> None:
-    from _ray_nodes import NODE
+    from _ray_nodes import NODE, node_ids, pool_with_a_worker_on
 
     from sealstream import load_spec
     from sealstream.distributed import DistributedJob
@@ -63,7 +39,7 @@ def test_two_nodes_postgres_store_and_a_killed_worker(ray_cluster: Any, tmp_path
     try:
         ray_cluster.wait_for_nodes()
         drain_pool()
-        _pool_on_both(node, 2)
+        pool_with_a_worker_on(node, 2)
         rng = random.Random(5)
         at = rng.randrange(3, STORY["events"] // STORY["batch_size"])
         steps: list[int] = []
@@ -73,8 +49,8 @@ def test_two_nodes_postgres_store_and_a_killed_worker(ray_cluster: Any, tmp_path
             steps.append(1)
             if len(steps) == at and not killed:
                 op = job.operator
-                on_node = [pid for a, pid in zip(op.actors, op.pids, strict=True)
-                           if _node_of(a) == node.node_id]
+                on_node = [pid for n, pid in zip(node_ids(op.actors), op.pids, strict=True)
+                           if n == node.node_id]
                 assert on_node, "no worker on the second node"
                 os.kill(on_node[0], signal.SIGKILL)
                 killed.append(on_node[0])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,44 @@ if (os.environ["RAY_AUTH_MODE"].lower() == "token" and not os.environ.get("RAY_A
 from _ray_nodes import NODE
 
 
+def _descendants() -> set[int]:
+    """The PIDs of this process's descendants (from /proc: no psutil here)."""
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            parent[int(entry)] = int(stat.rpartition(")")[2].split()[1])
+    found, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, ppid in parent.items() if ppid in frontier} - found
+        found |= frontier
+    return found
+
+
+def _start_head(cluster_class: Any) -> Any:
+    """The cluster's head node, started again (up to 3 times) when Ray gives up on it:
+    Ray 2.60 waits a hard-coded 30 s for a node to register ("The current node timed out
+    during startup"), which a loaded machine can exceed. The half-started node's
+    processes are stopped by their PIDs before the next try."""
+    for attempt in range(3):
+        before = _descendants()
+        try:
+            return cluster_class(initialize_head=True, head_node_args=dict(NODE))
+        except Exception as exc:
+            if "timed out during startup" not in str(exc) or attempt == 2:
+                raise
+            for pid in _descendants() - before:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+    raise AssertionError("unreachable")
+
+
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[Any]:
     """A connected Ray cluster (a head node) that tests may add nodes to and remove."""
@@ -47,7 +86,7 @@ def ray_cluster() -> Iterator[Any]:
     # its own that has them)
     saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("AWS_")}
     try:
-        cluster = Cluster(initialize_head=True, head_node_args=dict(NODE))
+        cluster = _start_head(Cluster)
     finally:
         os.environ.update(saved)
     ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)

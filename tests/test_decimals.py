@@ -7,8 +7,6 @@ and resume (full and incremental checkpoints) and a replay."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from decimal import ROUND_HALF_UP, Decimal, localcontext
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scenarios._story import run
+from scenarios._story import in_process, run, run_here
 from sealstream.cli import main
 from sealstream.testing.specs import files_source, spec_text
 
@@ -180,19 +178,18 @@ def test_a_sigkilled_run_resumes_to_byte_identical_decimal_results(
         write_spec(d, names, checkpoint='path = "ckpt"' + (
             "\nincremental = true\nfull_every = 3" if incremental else ""),
             every_events=700, max_delay_ms=2000)
-    assert run(whole / "spec.toml").returncode == 0
+    assert run_here(whole / "spec.toml").returncode == 0
     # killed after a checkpoint with open decimal windows was published, then resumed
     crashed = run(killed / "spec.toml", crash_at="after_manifest_publish:3")
     assert crashed.returncode == -9, crashed.stderr
     assert list((killed / "ckpt").glob("cp-*"))
-    assert run(killed / "spec.toml").returncode == 0
+    assert run_here(killed / "spec.toml").returncode == 0
     expected = results_bytes(whole / "out")
     assert b"e-" not in expected and b'"total":"' in expected
     assert results_bytes(killed / "out") == expected
     # a replay from the start writes the same bytes too
-    res = subprocess.run([sys.executable, "-m", "sealstream", "replay", str(whole / "spec.toml"),
-                          "--from", "start", "--to", str(tmp_path / "replay"), "--quiet"],
-                         capture_output=True, text=True, timeout=120)
+    res = in_process("replay", str(whole / "spec.toml"), "--from", "start", "--to",
+                     str(tmp_path / "replay"), "--quiet")
     assert res.returncode == 0, res.stderr
     assert results_bytes(tmp_path / "replay" / "out") == expected
 

@@ -24,7 +24,7 @@ SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 if str(SCENARIOS) not in sys.path:
     sys.path.insert(0, str(SCENARIOS))
 
-from _story import committed, make_input, run, write_spec  # noqa: E402
+from _story import committed, in_process, make_input, run, write_spec  # noqa: E402
 
 from sealstream.checkpoint import emission_log, log_segments, signing  # noqa: E402
 from sealstream.checkpoint import manifest as mf  # noqa: E402
@@ -74,8 +74,9 @@ def test_a_missing_or_altered_segment_is_named() -> None:
 
 # --------------------------------------------------------------------------- stories
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sealstream", *args], capture_output=True,
-                          text=True, timeout=300, env={**os.environ, **env})
+    """``sealstream ARGS`` in this process: inspection commands need no process of
+    their own (a subprocess costs a Python start and the Polars/Arrow imports)."""
+    return in_process(*args, env=dict(env))
 
 
 def _hmac() -> dict[str, str]:

@@ -17,7 +17,7 @@ SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 if str(SCENARIOS) not in sys.path:
     sys.path.insert(0, str(SCENARIOS))
 
-from _story import committed, make_input, run, write_spec  # noqa: E402
+from _story import committed, in_process, make_input, run, write_spec  # noqa: E402
 
 from sealstream.checkpoint import manifest as mf  # noqa: E402
 from sealstream.checkpoint import signing  # noqa: E402
@@ -35,8 +35,10 @@ def _auditor_env(public: Path | None = None, **more: str) -> dict[str, str]:
 
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sealstream", *args], capture_output=True,
-                          text=True, timeout=180, env=env)
+    """``sealstream ARGS`` in this process (an inspection command needs no process of
+    its own; a subprocess costs a Python start and the Polars/Arrow imports), with
+    exactly ``env`` as its environment: every other variable is unset for the call."""
+    return in_process(*args, env={**dict.fromkeys(os.environ), **env})
 
 
 @pytest.fixture(scope="module")

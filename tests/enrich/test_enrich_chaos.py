@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,8 +24,10 @@ if str(SCENARIOS) not in sys.path:
 from _story import (  # noqa: E402
     assert_same_output,
     committed,
+    in_process,
     make_input,
     run,
+    run_here,
     run_killed_randomly,
     write_spec,
 )
@@ -92,7 +93,7 @@ def test_sigkills_and_a_damaged_checkpoint_leave_the_output_exact(tmp_path: Path
     assert flipped >= 2
     kills = run_killed_randomly(spec, random.Random(34), typical, max_rounds=2)
     assert kills >= 1
-    res = run(spec)
+    res = run_here(spec)
     assert res.returncode == 0, res.stderr
     assert_same_output(d, tmp_path / "ref")
     newest = sorted((d / "ckpt").glob("cp-*/MANIFEST.json"))[-1]
@@ -102,12 +103,10 @@ def test_sigkills_and_a_damaged_checkpoint_leave_the_output_exact(tmp_path: Path
 
 def test_a_finished_enriched_job_run_again_changes_nothing(tmp_path: Path) -> None:
     spec = enriched_job(tmp_path)
-    assert run(spec).returncode == 0
+    assert run_here(spec).returncode == 0
     before = committed(tmp_path, "out")
-    res = run(spec)
+    res = run_here(spec)
     assert res.returncode == 0, res.stderr
     assert committed(tmp_path, "out") == before
-    res = subprocess.run([sys.executable, "-m", "sealstream", "checkpoints", "verify",
-                          str(tmp_path / "ckpt"), "--json"], capture_output=True, text=True,
-                         timeout=120)
+    res = in_process("checkpoints", "verify", str(tmp_path / "ckpt"), "--json")
     assert res.returncode == 0, res.stdout + res.stderr

@@ -125,6 +125,20 @@ def in_process(*args: str, env: dict[str, str | None] | None = None
                                        err.getvalue())
 
 
+def run_here(spec: Path, *extra: str, env: dict[str, str] | None = None
+             ) -> subprocess.CompletedProcess[str]:
+    """:func:`run` in this process (``sealstream run SPEC --quiet`` through
+    :func:`in_process`): for runs that are not killed, e.g. the run that resumes
+    after a SIGKILL, a reference run or a rerun. ``sealstream.cli.main`` restores the
+    signal handlers and a run closes its files, connections and threads before it
+    returns, so only the Python start and the Polars/Arrow imports of a subprocess
+    are saved. No crash or pause point applies (``SEALSTREAM_CRASH_AT`` and
+    ``SEALSTREAM_PAUSE_AT`` are unset for the call)."""
+    values: dict[str, str | None] = {"SEALSTREAM_CRASH_AT": None, "SEALSTREAM_PAUSE_AT": None}
+    values.update(env or {})
+    return in_process("run", str(spec), "--quiet", *extra, env=values)
+
+
 def run_killed_randomly(spec: Path, rng: random.Random, typical_s: float, max_rounds: int = 6,
                         env: dict[str, str] | None = None,
                         reset: Callable[[], None] | None = None) -> int:

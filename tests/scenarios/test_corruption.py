@@ -20,6 +20,7 @@ from _story import (
     in_process,
     make_input,
     run,
+    run_here,
     uninterrupted,
     write_spec,
 )
@@ -99,7 +100,7 @@ def test_damaged_newest_checkpoint(
     verdicts = {c["id"]: c["verdict"] for c in after["checkpoints"]}
     assert verdicts[newest_id] == EXPECT[(how, name)], after
     assert after["resume_from"] == before["checkpoints"][-2]["id"]
-    res = run(d / "spec.toml")
+    res = run_here(d / "spec.toml")
     assert res.returncode == 0, res.stderr
     assert_same_output(d, expected)
     # the rejected checkpoint was moved aside as evidence, not deleted
@@ -112,7 +113,7 @@ def test_two_newest_checkpoints_deleted_falls_back_further(
     d = _copy(crashed, tmp_path / "job")
     for cp in sorted((d / "ckpt").glob("cp-*"))[-2:]:
         shutil.rmtree(cp)
-    assert run(d / "spec.toml").returncode == 0
+    assert run_here(d / "spec.toml").returncode == 0
     assert_same_output(d, expected)
 
 
@@ -124,11 +125,11 @@ def test_every_checkpoint_broken_refuses_to_start_then_start_over(
     for cp in cps:
         (cp / "state.arrow").write_bytes(b"garbage")
     before = sorted(p.relative_to(d) for p in d.rglob("*"))
-    res = run(d / "spec.toml")
+    res = run_here(d / "spec.toml")
     assert res.returncode == 1
     assert "none is ATOMIC_CHECKPOINT" in res.stderr and "Traceback" not in res.stderr
     assert sorted(p.relative_to(d) for p in d.rglob("*")) == before  # nothing deleted
-    res = run(d / "spec.toml", "--start-over")
+    res = run_here(d / "spec.toml", "--start-over")
     assert res.returncode == 0, res.stderr
     assert len(list((d / "ckpt" / "rejected").iterdir())) == len(cps)
     assert_same_output(d, expected)  # committed output is suppressed, not repeated
@@ -139,7 +140,7 @@ def test_watermark_and_positions_never_regress_across_restarts(tmp_path: Path) -
     spec = write_spec(tmp_path, names, keep=50, every_events=60)
     for n in (3, 2, 2):
         assert run(spec, crash_at=f"after_manifest_publish:{n}").returncode == -9
-    assert run(spec).returncode == 0
+    assert run_here(spec).returncode == 0
     docs = [json.loads((cp / "MANIFEST.json").read_text())
             for cp in sorted((tmp_path / "ckpt").glob("cp-*"))]
     assert len(docs) > 5
@@ -175,7 +176,7 @@ def test_signed_checkpoints_catch_tampering(tmp_path: Path) -> None:
     newest.write_bytes(mf.seal(doc, b"k-two"))
     rc, data = verify(tmp_path, env=key)
     assert data["checkpoints"][-1]["reason"] == "SIGNATURE_MISMATCH"
-    res = run(spec, env=key)
+    res = run_here(spec, env=key)
     assert res.returncode == 0, res.stderr
 
 
@@ -204,7 +205,7 @@ def test_a_tampered_parent_does_not_condemn_its_intact_child(
     verdicts = [c["verdict"] for c in data["checkpoints"]]
     assert verdicts[-2] == INCONSISTENT and verdicts[-1] == ATOMIC
     assert data["resume_from"] == data["checkpoints"][-1]["id"]
-    assert run(d / "spec.toml").returncode == 0
+    assert run_here(d / "spec.toml").returncode == 0
     assert_same_output(d, expected)
 
 
@@ -213,7 +214,7 @@ def test_start_over_moves_valid_checkpoints_aside_too(
 ) -> None:
     d = _copy(crashed, tmp_path / "job")
     n = len(list((d / "ckpt").glob("cp-*")))
-    res = run(d / "spec.toml", "--start-over")
+    res = run_here(d / "spec.toml", "--start-over")
     assert res.returncode == 0, res.stderr
     assert len(list((d / "ckpt" / "rejected").glob("*-start-over-*"))) == n
     assert_same_output(d, expected)
@@ -234,7 +235,7 @@ def test_a_file_copied_from_the_parent_is_inconsistent(
     newest = data["checkpoints"][-1]
     assert (newest["verdict"], newest["reason"]) == (INCONSISTENT, "HASH_MISMATCH"), newest
     assert data["resume_from"] == data["checkpoints"][-2]["id"]
-    assert run(d / "spec.toml").returncode == 0
+    assert run_here(d / "spec.toml").returncode == 0
     assert_same_output(d, expected)
 
 
@@ -268,7 +269,7 @@ def test_a_regressed_child_of_a_damaged_parent_is_still_caught(
     newest = data["checkpoints"][-1]
     assert (newest["verdict"], newest["reason"]) == (INCONSISTENT, "POSITION_REGRESSION"), data
     assert data["resume_from"] == grand["id"]
-    assert run(spec, env=key).returncode == 0
+    assert run_here(spec, env=key).returncode == 0
     assert_same_output(d, expected)
 
 
@@ -284,7 +285,7 @@ def test_start_over_with_a_file_where_rejected_goes(
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert sorted(p.relative_to(d) for p in d.rglob("*")) == before  # nothing moved
     (d / "ckpt" / "rejected").unlink()
-    assert run(d / "spec.toml", "--start-over").returncode == 0
+    assert run_here(d / "spec.toml", "--start-over").returncode == 0
     assert_same_output(d, expected)
 
 

@@ -11,6 +11,7 @@ from _story import (
     committed,
     make_input,
     run,
+    run_here,
     uninterrupted,
     write_spec,
 )
@@ -33,7 +34,7 @@ def test_kill_at_each_protocol_step_then_resume(tmp_path: Path, expected: Path, 
     spec = _story(tmp_path)
     crashed = run(spec, crash_at=f"{point}:2")
     assert crashed.returncode == -9, f"{point} was not reached: {crashed.stderr}"
-    resumed = run(spec)
+    resumed = run_here(spec)
     assert resumed.returncode == 0, resumed.stderr
     assert_same_output(tmp_path, expected)
 
@@ -44,10 +45,10 @@ def test_two_crashes_in_a_row_and_a_finished_rerun_changes_nothing(
     spec = _story(tmp_path)
     assert run(spec, crash_at="before_manifest_publish:3").returncode == -9
     assert run(spec, crash_at="after_commit_results:2").returncode == -9
-    assert run(spec).returncode == 0
+    assert run_here(spec).returncode == 0
     assert_same_output(tmp_path, expected)
     before = {p: p.read_bytes() for p in sorted((tmp_path / "out").iterdir())}
-    again = run(spec)
+    again = run_here(spec)
     assert again.returncode == 0, again.stderr
     after = {p: p.read_bytes() for p in sorted((tmp_path / "out").iterdir())}
     assert before == after
@@ -61,9 +62,9 @@ def test_crash_without_checkpoints_leaves_nothing_half_committed(
     assert "[checkpoint]" not in spec.read_text()
     assert run(spec, crash_at="batch:5").returncode == -9
     assert committed(tmp_path, "out") == []
-    assert run(spec).returncode == 0
+    assert run_here(spec).returncode == 0
     assert_same_output(tmp_path, expected)
-    assert run(spec).returncode == 0  # a rerun suppresses what is committed
+    assert run_here(spec).returncode == 0  # a rerun suppresses what is committed
     assert_same_output(tmp_path, expected)
 
 
@@ -77,7 +78,7 @@ def test_kill_while_writing_the_very_first_checkpoint(
     directory away (as evidence) and starts from the beginning."""
     spec = _story(tmp_path)
     assert run(spec, crash_at=f"{point}:1").returncode == -9
-    resumed = run(spec)
+    resumed = run_here(spec)
     assert resumed.returncode == 0, resumed.stderr
     assert_same_output(tmp_path, expected)
     moved = list((tmp_path / "ckpt" / "rejected").glob("cp-000000000001-NO_MANIFEST-*"))

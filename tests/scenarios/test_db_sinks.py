@@ -20,8 +20,10 @@ import pytest
 from _story import (
     assert_same_output,
     committed,
+    in_process,
     make_input,
     run,
+    run_here,
     run_killed_randomly,
     uninterrupted,
     write_spec,
@@ -135,12 +137,12 @@ def test_kill_at_a_step_then_resume(tmp_path: Path, expected: Path, request: pyt
     spec = _spec(tmp_path, sink, store, pg_url)
     crashed = run(spec, crash_at=f"{point}:3")
     assert crashed.returncode == -9, f"{point} was not reached: {crashed.stderr}"
-    resumed = run(spec)
+    resumed = run_here(spec)
     assert resumed.returncode == 0, resumed.stderr
     assert_table_equals(tmp_path, sink, pg_url, expected)
     assert_files_equal(tmp_path, expected)
     if point == "after_retention":
-        again = run(spec)  # a finished job run again changes nothing
+        again = run_here(spec)  # a finished job run again changes nothing
         assert again.returncode == 0, again.stderr
         assert_table_equals(tmp_path, sink, pg_url, expected)
 
@@ -230,7 +232,7 @@ def test_a_table_that_does_not_fit_is_refused(tmp_path: Path) -> None:
     conn.execute("CREATE TABLE story_results (key TEXT, window_start INTEGER)")
     conn.commit()
     conn.close()
-    res = run(spec)
+    res = run_here(spec)
     assert res.returncode != 0
     line = res.stderr.strip().splitlines()[-1]
     assert "story_results" in line and "does not fit" in line and "key_is_int" in line
@@ -243,25 +245,22 @@ def test_replay_of_a_job_with_a_table_and_a_database_store(
     files under its destination: the live table is never written (it used to refuse
     such jobs: 'an output of kind ... has no path')."""
     import subprocess
-    import sys
 
     pg_url = request.getfixturevalue("pg_url") if sink == "postgresql" else None
     spec = _spec(tmp_path, sink, "same", pg_url)
-    assert run(spec).returncode == 0
+    assert run_here(spec).returncode == 0
     rows = table_rows(tmp_path, sink, pg_url)
 
     def replay(origin: str, to: Path) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "sealstream", "replay", str(spec),
-                               "--from", origin, "--to", str(to), "--json"],
-                              capture_output=True, text=True, timeout=120)
+        return in_process("replay", str(spec), "--from", origin, "--to", str(to), "--json")
 
     res = replay("start", tmp_path / "rp")
     assert res.returncode == 0, res.stderr
     assert_same_output(tmp_path / "rp", expected)
-    listed = subprocess.run([sys.executable, "-m", "sealstream", "checkpoints", "list",
-                             *(["--pipeline", "story"] if sink == "postgresql" else []),
-                             "sqlite:///" + str(tmp_path / "results.db") if sink == "sqlite"
-                             else str(pg_url), "--json"], capture_output=True, text=True)
+    listed = in_process("checkpoints", "list",
+                        *(["--pipeline", "story"] if sink == "postgresql" else []),
+                        "sqlite:///" + str(tmp_path / "results.db") if sink == "sqlite"
+                        else str(pg_url), "--json")
     assert listed.returncode == 0, listed.stderr
     cid = json.loads(listed.stdout)["checkpoints"][0]["id"]
     res = replay(str(cid), tmp_path / "rp-id")
@@ -296,15 +295,15 @@ def test_a_results_table_belongs_to_one_pipeline(
     assert crashed.returncode == -9, crashed.stderr
     staged = _staged_count(owner_dir, sink, pg_url)
     assert staged >= 1
-    refused = run(other)
+    refused = run_here(other)
     assert refused.returncode == 1, refused.stderr
     line = refused.stderr.strip().splitlines()[-1]
     assert "table 'story_results' in " in line and f"results of pipeline {first!r}" in line
     assert f"pipeline {second!r} cannot share it" in line and "sink.table" in line, line
     assert _staged_count(owner_dir, sink, pg_url) == staged  # untouched
-    resumed = run(owner)
+    resumed = run_here(owner)
     assert resumed.returncode == 0, resumed.stderr
     assert_table_equals(owner_dir, sink, pg_url, expected)
     assert_files_equal(owner_dir, expected)
-    assert run(other).returncode == 1  # still the owner's
+    assert run_here(other).returncode == 1  # still the owner's
     assert_table_equals(owner_dir, sink, pg_url, expected)

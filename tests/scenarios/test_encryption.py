@@ -10,12 +10,11 @@ import json
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _story import assert_same_output, make_input, run, write_spec
+from _story import assert_same_output, in_process, make_input, run, write_spec
 
 from sealstream.checkpoint import crypto
 from sealstream.checkpoint import manifest as mf
@@ -46,8 +45,10 @@ def _env(extra: dict[str, str] | None) -> dict[str, str]:
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sealstream", *args],
-                          capture_output=True, text=True, env=_env(env), timeout=120)
+    """``sealstream ARGS`` in this process (an inspection command needs no process of
+    its own; a subprocess costs a Python start and the Polars/Arrow imports), with
+    exactly ``_env(env)`` as its environment: every other variable is unset for the call."""
+    return in_process(*args, env={**dict.fromkeys(os.environ), **_env(env)})
 
 
 def verify(d: Path, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:

@@ -18,6 +18,7 @@ from _story import (
     make_input,
     reference_run,
     run,
+    run_here,
     uninterrupted,
     write_spec,
 )
@@ -104,7 +105,7 @@ def test_a_delta_is_small_when_few_keys_change() -> None:
 def test_output_equals_full_snapshots_and_chains_are_verified(tmp_path: Path,
                                                               expected: Path) -> None:
     spec = _spec(tmp_path)
-    res = run(spec)
+    res = run_here(spec)
     assert res.returncode == 0, res.stderr
     assert_same_output(tmp_path, expected)
     listed = json.loads(_cli("list", str(tmp_path / "ckpt"), "--json").stdout)["checkpoints"]
@@ -134,7 +135,7 @@ def test_kill_then_resume_from_a_delta(tmp_path: Path, expected: Path, point: st
     spec = _spec(tmp_path)
     crashed = run(spec, crash_at=f"{point}:{nth}")
     assert crashed.returncode == -9, crashed.stderr
-    resumed = run(spec)
+    resumed = run_here(spec)
     assert resumed.returncode == 0, resumed.stderr
     assert_same_output(tmp_path, expected)
 
@@ -156,7 +157,7 @@ def test_damaged_base_falls_back_to_the_kept_restore_point(tmp_path: Path,
     assert judged[newest] == "INCONSISTENT_STATE"
     fallback = verified["resume_from"]
     assert fallback is not None and fallback < int(str(base.parent.name)[3:])
-    resumed = run(spec)
+    resumed = run_here(spec)
     assert resumed.returncode == 0, resumed.stderr
     assert_same_output(tmp_path, expected)
 
@@ -170,7 +171,7 @@ def test_switching_incremental_on_or_off_between_runs(tmp_path: Path, expected: 
     spec.write_text(text if first else plain)
     assert run(spec, crash_at="after_retention:5").returncode == -9
     spec.write_text(text if then else plain)
-    resumed = run(spec)
+    resumed = run_here(spec)
     assert resumed.returncode == 0, resumed.stderr
     assert_same_output(tmp_path, expected)
     verified = json.loads(_cli("verify", str(tmp_path / "ckpt"), "--json").stdout)

@@ -11,12 +11,19 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _story import assert_same_output, committed, make_input, run, uninterrupted, write_spec
+from _story import (
+    assert_same_output,
+    committed,
+    in_process,
+    make_input,
+    run,
+    uninterrupted,
+    write_spec,
+)
 from test_corruption import EXPECT, _damage
 
 from sealstream.checkpoint import emission_log, signing
@@ -48,8 +55,10 @@ def _auditor_env(public: Path | None = None) -> dict[str, str]:
 
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sealstream", *args], capture_output=True,
-                          text=True, timeout=120, env=env)
+    """``sealstream ARGS`` in this process (an inspection command needs no process of
+    its own; a subprocess costs a Python start and the Polars/Arrow imports), with
+    exactly ``env`` as its environment: every other variable is unset for the call."""
+    return in_process(*args, env={**dict.fromkeys(os.environ), **env})
 
 
 def _verify(d: Path, env: dict[str, str]) -> tuple[int, dict[str, Any]]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import pytest
 from _story import (
     assert_same_output,
     committed,
+    in_process,
     make_input,
     run,
     uninterrupted,
@@ -61,8 +61,9 @@ def _copy(src: Path, dst: Path) -> Path:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sealstream", *args], capture_output=True,
-                          text=True, timeout=60)
+    """``sealstream ARGS`` in this process: an inspection command needs no process of
+    its own (a subprocess costs a Python start and the Polars/Arrow imports)."""
+    return in_process(*args)
 
 
 def _ids(d: Path) -> list[int]:

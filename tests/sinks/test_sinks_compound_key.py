@@ -18,7 +18,7 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from scenarios._story import committed, run
+from scenarios._story import committed, run, run_here
 from sealstream.errors import SinkError
 from sealstream.sinks import CommittedFile, ParquetDirSink
 from sealstream.sinks.database import DatabaseSink
@@ -253,7 +253,8 @@ def test_key_field_names_a_table_cannot_hold_are_refused(tmp_path: Path) -> None
         pg.key_fields = ("x" * 64,)
 
 
-# ------------------------------------------------------------------ jobs (subprocesses)
+# ------------------------------------------------------------------ jobs (killed runs in
+# subprocesses; the runs that are not killed in this process: _story.run_here)
 def make_input(d: Path, events: int = 300) -> list[str]:
     import random
 
@@ -375,7 +376,7 @@ def assert_same_results(got: list[dict[str, Any]], want: list[dict[str, Any]]) -
 def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     """The jsonl sink's results of an uninterrupted run."""
     d = tmp_path_factory.mktemp("ckey_ref")
-    res = run(write_job(d, "jsonl"))
+    res = run_here(write_job(d, "jsonl"))
     assert res.returncode == 0, res.stderr
     rows = committed(d, "out")
     assert {type(r["user"]) for r in rows} == {int, str}
@@ -393,12 +394,12 @@ def test_a_job_equals_the_jsonl_results_and_a_rerun_writes_nothing_new(
         sink: str) -> None:
     pg_url = _pg(request, sink)
     spec = write_job(tmp_path, sink, pg_url)
-    res = run(spec)
+    res = run_here(spec)
     assert res.returncode == 0, res.stderr
     first = results(tmp_path, sink, pg_url)
     assert_same_results(first, reference)
     files = sorted(p.name for p in (tmp_path / "out").glob("*")) if sink == "parquet" else []
-    again = run(spec)
+    again = run_here(spec)
     assert again.returncode == 0, again.stderr
     assert results(tmp_path, sink, pg_url) == first
     if sink == "parquet":
@@ -421,7 +422,7 @@ def test_a_sigkill_at_a_step_then_resume_gives_each_result_once(
     spec = write_job(tmp_path, sink, pg_url, store)
     crashed = run(spec, crash_at=f"{point}:3")
     assert crashed.returncode == -9, f"{point} was not reached: {crashed.stderr}"
-    resumed = run(spec)
+    resumed = run_here(spec)
     assert resumed.returncode == 0, resumed.stderr
     assert_same_results(results(tmp_path, sink, pg_url), reference)
 
@@ -443,7 +444,7 @@ def test_falling_back_to_an_older_checkpoint_suppresses_what_was_committed(
     state.write_bytes(bytes(data))
     before = results(tmp_path, sink, pg_url)
     assert before
-    resumed = run(spec)
+    resumed = run_here(spec)
     assert resumed.returncode == 0, resumed.stderr
     assert list((tmp_path / "ckpt" / "rejected").glob(f"{newest.name}-*"))  # it fell back
     assert_same_results(results(tmp_path, sink, pg_url), reference)
@@ -472,14 +473,14 @@ def test_a_job_into_a_table_of_a_single_key_is_refused_in_one_line(
     if sink == "sqlite":  # the same database file for both jobs
         text = text.replace("sqlite:///results.db", f"sqlite:///{tmp_path / 'results.db'}")
     single.write_text(text.replace('name = "ckey"', 'name = "ckey1"'))
-    assert run(single).returncode == 0
+    assert run_here(single).returncode == 0
     count = query((sink, tmp_path / "results.db" if sink == "sqlite" else str(pg_url)),
                   "SELECT count(*) FROM ck_results")
     spec = write_job(tmp_path / "compound", sink, pg_url)
     spec.write_text(spec.read_text().replace("sqlite:///results.db",
                                              f"sqlite:///{tmp_path / 'results.db'}")
                     .replace('name = "ckey"', 'name = "ckey1"'))
-    res = run(spec)
+    res = run(spec)  # a subprocess: its whole stderr, whatever writes it, is one line
     assert res.returncode != 0
     lines = [x for x in res.stderr.splitlines() if x.strip()]
     assert len(lines) == 1, res.stderr
@@ -497,7 +498,7 @@ def test_spec_refusals_that_remain(tmp_path: Path) -> None:
     spec = write_job(tmp_path, "sqlite")
     text = spec.read_text()
     spec.write_text(text.replace('key = ["tenant", "user"]', 'key = ["tenant", "key_types"]'))
-    res = run(spec)
+    res = run_here(spec)
     assert res.returncode == 2 and "'key_types' names a column of the results table" in res.stderr
     assert not (tmp_path / "results.db").exists()
 
@@ -552,11 +553,11 @@ def test_kafka_results_of_a_compound_key_are_exactly_once_through_a_sigkill(
     spec, topic = _kafka_job(tmp_path, kafka)
     crashed = run(spec, crash_at=f"{point}:3")
     assert crashed.returncode == -9, f"{point} was not reached: {crashed.stderr}"
-    resumed = run(spec)
+    resumed = run_here(spec)
     assert resumed.returncode == 0, resumed.stderr
     first = _kafka_results(kafka, topic)
     assert_same_results(first, reference)
-    again = run(spec)
+    again = run_here(spec)
     assert again.returncode == 0, again.stderr
     assert len(_kafka_results(kafka, topic)) == len(first)
 
@@ -573,7 +574,7 @@ def test_kafka_fallback_to_an_older_checkpoint_suppresses_what_was_committed(
     data[len(data) // 2] ^= 1
     state.write_bytes(bytes(data))
     assert _kafka_results(kafka, topic)
-    resumed = run(spec)
+    resumed = run_here(spec)
     assert resumed.returncode == 0, resumed.stderr
     assert list((tmp_path / "ckpt" / "rejected").glob(f"{newest.name}-*"))  # it fell back
     assert_same_results(_kafka_results(kafka, topic), reference)

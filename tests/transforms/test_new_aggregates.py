@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import statistics
-import subprocess
-import sys
 import time
 from fractions import Fraction
 from pathlib import Path
@@ -19,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from scenarios._story import assert_same_output, run, run_killed_randomly
+from scenarios._story import assert_same_output, in_process, run, run_here, run_killed_randomly
 from sealstream.cli import main
 from sealstream.testing.specs import files_source, spec_text
 from sealstream.windows.sketches import HLL_RELATIVE_ERROR
@@ -214,7 +211,7 @@ def test_random_sigkills_with_transforms_and_new_aggregates(tmp_path: Path, wind
 
 def test_damaged_newest_checkpoint_falls_back(tmp_path: Path) -> None:
     ref = tmp_path / "ref"
-    assert run(make_job(ref, window=SLIDING)).returncode == 0
+    assert run_here(make_job(ref, window=SLIDING)).returncode == 0
     d = tmp_path / "job"
     spec = make_job(d, window=SLIDING)
     assert run(spec, crash_at="after_retention:4").returncode == -9
@@ -223,13 +220,11 @@ def test_damaged_newest_checkpoint_falls_back(tmp_path: Path) -> None:
     data = state.read_bytes()
     state.write_bytes(data[: len(data) // 2] + bytes([data[len(data) // 2] ^ 1])
                       + data[len(data) // 2 + 1:])
-    env = {k: v for k, v in os.environ.items() if k != "SEALSTREAM_CRASH_AT"}
-    verdicts = subprocess.run(
-        [sys.executable, "-m", "sealstream", "checkpoints", "verify", str(d / "ckpt"), "--json"],
-        capture_output=True, text=True, env=env)
+    verdicts = in_process("checkpoints", "verify", str(d / "ckpt"), "--json",
+                          env={"SEALSTREAM_CRASH_AT": None})
     doc = json.loads(verdicts.stdout)
     assert doc["checkpoints"][-1]["verdict"] == "INCONSISTENT_STATE"
-    res = run(spec)
+    res = run_here(spec)
     assert res.returncode == 0, res.stderr
     assert_same_output(d, ref)
     assert list((d / "ckpt" / "rejected").glob(f"{newest.name}-*"))  # kept as evidence

@@ -229,10 +229,13 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
         # long as the run: out of the cyclic collector's full walks, which the sources'
         # per-batch allocations (a message object per Kafka record) trigger every few
         # batches. The archive found them to be a quarter of a Kafka run's time.
+        # Given back at the end: `main(["run", ...])` called in a long-lived process
+        # (tests, notebooks) must not keep its cyclic garbage of before out of reach.
         gc.freeze()
         try:
             summary = job.run()
         finally:
+            gc.unfreeze()
             _GRACEFUL.clear()
             if progress is not None:
                 progress.stop(job)

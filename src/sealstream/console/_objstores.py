@@ -6,19 +6,56 @@ objects and refuses every create, replace, copy, delete and probe: the console n
 takes the lease, never claims an id, never creates ``STORE``. Checkpoints moved aside
 under ``rejected/`` are read through :class:`AsideObjectStore`, which shows one
 under its own id.
+
+Every store opened for one ``s3://`` URL shares one :class:`S3Objects` (and so one
+boto3 client and its connection pool) for the life of the console process: making a
+client costs botocore tens of milliseconds of JSON loading, and a page opens the store
+several times. The shared objects are keyed by the URL, the endpoint and the AWS
+settings in the environment (their SHA-256, not the secret itself), so a changed
+credential or endpoint gets a client of its own. boto3 clients are thread-safe, their
+sessions are not: a client is made under a lock.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import threading
 from typing import TYPE_CHECKING
 
-from sealstream._objects import Objects
+from sealstream._objects import Objects, ObjectStoreError
 from sealstream.checkpoint.stores.base import PREFIX, REJECTED, _parse_id, checkpoint_dirname
 from sealstream.checkpoint.stores.objects import ObjectCheckpointStore
 from sealstream.errors import CheckpointError
 
 if TYPE_CHECKING:
+    from sealstream._objects.s3 import S3Objects
     from sealstream.console._stores import Aside
+
+#: the environment a boto3 client reads its endpoint, region and credentials from
+_CLIENT_ENV = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+               "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_REGION",
+               "AWS_DEFAULT_REGION", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
+
+_shared: dict[tuple[str, str], S3Objects] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_objects(url: str) -> S3Objects:
+    """The one :class:`S3Objects` (its client made) of ``url`` and the current AWS
+    environment, made on first use and kept for the life of the process."""
+    from sealstream._objects.s3 import S3Objects
+
+    settings = "\0".join(f"{n}={os.environ.get(n, '')}" for n in _CLIENT_ENV)
+    key = (url, hashlib.sha256(settings.encode()).hexdigest())
+    with _shared_lock:
+        objects = _shared.get(key)
+        if objects is None:
+            objects = S3Objects.from_url(url)
+            objects.client  # noqa: B018  (made here, under the lock; an error is not kept)
+            _shared[key] = objects
+        return objects
 
 
 class ReadOnlyObjects(Objects):
@@ -56,11 +93,25 @@ class ReadOnlyObjects(Objects):
         raise self._refuse("probe")
 
 
+def s3_agent_store(url: str) -> bool:
+    """:func:`sealstream.agents._s3store.is_agent_prefix` (its ``LEASE`` carries
+    ``seq``) read through the shared client: one GET, nothing written."""
+    from sealstream.agents._s3store import LEASE
+
+    try:
+        got = shared_objects(url).get(LEASE)
+    except ObjectStoreError:
+        return False
+    try:
+        doc = json.loads(got) if got is not None else None
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get("seq"), int)
+
+
 def open_s3(url: str) -> ObjectCheckpointStore:
     """The store at ``url`` (endpoint from ``AWS_ENDPOINT_URL``), read-only, no probe."""
-    from sealstream._objects.s3 import S3Objects
-
-    return ObjectCheckpointStore(ReadOnlyObjects(S3Objects.from_url(url)), probe=False)
+    return ObjectCheckpointStore(ReadOnlyObjects(shared_objects(url)), probe=False)
 
 
 def s3_pipeline(url: str) -> str:
@@ -94,9 +145,7 @@ class AsideObjectStore(ObjectCheckpointStore):
     older checkpoints (an incremental chain's base) are read where they still are."""
 
     def __init__(self, url: str, aside: Aside) -> None:
-        from sealstream._objects.s3 import S3Objects
-
-        super().__init__(ReadOnlyObjects(S3Objects.from_url(url)), probe=False)
+        super().__init__(ReadOnlyObjects(shared_objects(url)), probe=False)
         self.aside = aside
         self._own = f"{checkpoint_dirname(aside.id)}/"
         self._dir = f"{REJECTED}/{aside.handle}/"

@@ -94,7 +94,10 @@ class Source:
         self.error = None
         self.pipelines = []
         try:
-            if is_s3(self.where) and not is_agent_store(self.where):
+            if is_s3(self.where):  # (the agent check through the store's shared client)
+                if _objstores.s3_agent_store(self.where):
+                    self.kind = "agents"
+                    return
                 self.kind = "s3"
                 names = [_objstores.s3_pipeline(self.where)]
             elif is_url(self.where) or Path(self.where).is_file():

@@ -1,5 +1,5 @@
 """The console keeps one S3 client per store (URL and AWS settings) for its process:
-browsing pages of a real SeaweedFS store makes no new boto3 client after the first, a
+browsing pages of a real SeaweedFS store makes no new S3 client after the first, a
 second store gets its own, and threads opening a store at once share one."""
 
 from __future__ import annotations
@@ -18,19 +18,20 @@ from sealstream.console import _objstores
 
 @pytest.fixture
 def made(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The services of every boto3 client made in this process from now on (a spy on
-    the real factory), the console's shared clients forgotten first."""
-    import boto3.session
+    """The services of every S3 client made in this process from now on (a spy on
+    botocore's real factory, which boto3's ``Session.client`` calls too), the console's
+    shared clients forgotten first."""
+    import botocore.session
 
     monkeypatch.setattr(_objstores, "_shared", {}, raising=False)  # (none before)
     out: list[str] = []
-    real = boto3.session.Session.client
+    real = botocore.session.Session.create_client
 
     def counting(self: Any, service: str, *args: Any, **kw: Any) -> Any:
         out.append(service)
         return real(self, service, *args, **kw)
 
-    monkeypatch.setattr(boto3.session.Session, "client", counting)
+    monkeypatch.setattr(botocore.session.Session, "create_client", counting)
     return out
 
 

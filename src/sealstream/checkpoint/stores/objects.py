@@ -613,7 +613,11 @@ class ObjectCheckpointStore(LeaseHolder, CheckpointStore):
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         """Hold the lease; LockHeldError naming the holder when a live run holds it."""
-        self._start()
+        try:
+            self._start()
+        except BaseException:
+            self.close()  # a refused start leaves no thread (its probe's) behind
+            raise
         self._stop.clear()
         self._thread = threading.Thread(target=self._heartbeat, daemon=True,
                                         name="sealstream-lease")

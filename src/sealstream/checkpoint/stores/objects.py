@@ -327,6 +327,7 @@ class ObjectCheckpointStore(LeaseHolder, CheckpointStore):
         if in_publish is not None:
             raise TypeError("an object store has no transaction to publish in")
         self._raise_behind()
+        self.check_lock()  # fenced by the heartbeat (the lease forgotten): publish nothing
         d = checkpoint_dirname(cid)
         held = self._lease is not None
         self._create_files(d, cid, files, crash, claim=not claimed, renew=held)

@@ -274,12 +274,16 @@ class Archiver:
 
     def _prune(self, oldest_step: int) -> None:
         gone = 0
-        for key in self.objects.keys("seg-"):
-            step = segment_step(key)
-            if step is not None and step <= oldest_step:
-                self.objects.delete(key)
-                gone += 1
-        self.pruned += gone
+        try:
+            for key in self.objects.keys("seg-"):
+                step = segment_step(key)
+                if step is not None and step <= oldest_step:
+                    self.objects.delete(key)
+                    gone += 1
+        except ObjectStoreError as exc:  # raised by the next prune(): one clear line
+            raise SourceError(f"[archive] cannot delete old segments: {exc}") from None
+        finally:
+            self.pruned += gone
 
 
 class ArchivedPartition:

@@ -82,6 +82,7 @@ class Archiver:
         self.settings = settings
         self.key = key  # the step plans' signing key (a replay verifies the live ones)
         self._plans: list[_Plan] | None = None
+        self._froze = False  # whether this archive froze the collector's objects
         try:
             self.objects: Objects = open_objects(settings.location(), settings.endpoint_url)
             if not settings.read_only:
@@ -93,8 +94,9 @@ class Archiver:
             # service models) that every full garbage collection walked again while the
             # source allocates a message object per record: twice the collector's time
             # on the Kafka path. What exists now lives as long as the run: out of its
-            # walks (docs/object-storage.md, "Its cost").
+            # walks (docs/object-storage.md, "Its cost"); given back at close().
             gc.freeze()
+            self._froze = True
         self.location = self.objects.location
         self.parser = ValueParser(plan)
         self._buf: dict[str, list[pl.DataFrame]] = {}
@@ -182,6 +184,9 @@ class Archiver:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
+        if self._froze:  # a run in a long-lived process keeps nothing out of reach
+            self._froze = False
+            gc.unfreeze()
 
     def discard(self, ranges: dict[str, tuple[int, int]]) -> None:
         """A replayed step re-read ``ranges`` (its segment was written when it was
@@ -269,12 +274,16 @@ class Archiver:
 
     def _prune(self, oldest_step: int) -> None:
         gone = 0
-        for key in self.objects.keys("seg-"):
-            step = segment_step(key)
-            if step is not None and step <= oldest_step:
-                self.objects.delete(key)
-                gone += 1
-        self.pruned += gone
+        try:
+            for key in self.objects.keys("seg-"):
+                step = segment_step(key)
+                if step is not None and step <= oldest_step:
+                    self.objects.delete(key)
+                    gone += 1
+        except ObjectStoreError as exc:  # raised by the next prune(): one clear line
+            raise SourceError(f"[archive] cannot delete old segments: {exc}") from None
+        finally:
+            self.pruned += gone
 
 
 class ArchivedPartition:

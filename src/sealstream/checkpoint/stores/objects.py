@@ -327,6 +327,7 @@ class ObjectCheckpointStore(LeaseHolder, CheckpointStore):
         if in_publish is not None:
             raise TypeError("an object store has no transaction to publish in")
         self._raise_behind()
+        self.check_lock()  # fenced by the heartbeat (the lease forgotten): publish nothing
         d = checkpoint_dirname(cid)
         held = self._lease is not None
         self._create_files(d, cid, files, crash, claim=not claimed, renew=held)
@@ -613,7 +614,11 @@ class ObjectCheckpointStore(LeaseHolder, CheckpointStore):
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         """Hold the lease; LockHeldError naming the holder when a live run holds it."""
-        self._start()
+        try:
+            self._start()
+        except BaseException:
+            self.close()  # a refused start leaves no thread (its probe's) behind
+            raise
         self._stop.clear()
         self._thread = threading.Thread(target=self._heartbeat, daemon=True,
                                         name="sealstream-lease")

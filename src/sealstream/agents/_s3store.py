@@ -575,13 +575,14 @@ class S3RowStore(RowStore):
             lease.doc = None
 
 
-def is_agent_prefix(url: str) -> bool:
+def is_agent_prefix(url: str, objects: Objects | None = None) -> bool:
     """Whether ``s3://bucket/prefix`` holds an agent store: its ``LEASE`` is an agent
     lease (it carries ``seq``; a stream checkpoint store's lease does not). One GET,
     nothing written, no lease taken; False when it cannot be read (the caller's other
-    path reports why)."""
+    path reports why). ``objects``: the prefix's client, when the caller keeps one
+    (the console)."""
     try:
-        got = open_objects(url).get(LEASE)
+        got = (objects if objects is not None else open_objects(url)).get(LEASE)
     except ObjectStoreError:
         return False
     try:

@@ -19,12 +19,11 @@ sessions are not: a client is made under a lock.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import threading
 from typing import TYPE_CHECKING
 
-from sealstream._objects import Objects, ObjectStoreError
+from sealstream._objects import Objects
 from sealstream.checkpoint.stores.base import PREFIX, REJECTED, _parse_id, checkpoint_dirname
 from sealstream.checkpoint.stores.objects import ObjectCheckpointStore
 from sealstream.errors import CheckpointError
@@ -96,17 +95,9 @@ class ReadOnlyObjects(Objects):
 def s3_agent_store(url: str) -> bool:
     """:func:`sealstream.agents._s3store.is_agent_prefix` (its ``LEASE`` carries
     ``seq``) read through the shared client: one GET, nothing written."""
-    from sealstream.agents._s3store import LEASE
+    from sealstream.agents._s3store import is_agent_prefix
 
-    try:
-        got = shared_objects(url).get(LEASE)
-    except ObjectStoreError:
-        return False
-    try:
-        doc = json.loads(got) if got is not None else None
-    except ValueError:
-        return False
-    return isinstance(doc, dict) and isinstance(doc.get("seq"), int)
+    return is_agent_prefix(url, shared_objects(url))
 
 
 def open_s3(url: str) -> ObjectCheckpointStore:

@@ -730,19 +730,27 @@ def open_live(job: Any, positions: list[SourcePosition],
     else:
         source = (spec.open_live(job.plan) if spec.kind in ("kafka", "nats")
                   else FollowedFiles(spec.kind, spec, job.plan, known=known))
-    return merger(
-        source, job.plan, list(job.names), positions, p.batch_size,
-        store=job.store, key=job.key, wm=job.wm,
-        max_delay_ms=p.watermark.max_delay_ms, idle_ms=p.watermark.idle_ms,
-        stop_end=p.source.stop_mode == "end", poll_ms=p.source.poll_ms,
-        plan_mark=job._plan_mark,
-        fresh=job._plan_mark is None and job.start is None,
-        archive=None if p.archive is None else Archiver(p.archive, job.plan, job.key),
-        # a checkpoint restored: the run's own, or one of `replay --from ID` (a start
-        # point from explicit offsets carries no watermark)
-        resumed=job._plan_mark is not None
-        or (job.start is not None and job.start.watermark is not None),
-    )
+    archive: Archiver | None = None
+    try:  # a refused start closes what it opened (the archive's client, its gc.freeze)
+        archive = None if p.archive is None else Archiver(p.archive, job.plan, job.key)
+        return merger(
+            source, job.plan, list(job.names), positions, p.batch_size,
+            store=job.store, key=job.key, wm=job.wm,
+            max_delay_ms=p.watermark.max_delay_ms, idle_ms=p.watermark.idle_ms,
+            stop_end=p.source.stop_mode == "end", poll_ms=p.source.poll_ms,
+            plan_mark=job._plan_mark,
+            fresh=job._plan_mark is None and job.start is None,
+            archive=archive,
+            # a checkpoint restored: the run's own, or one of `replay --from ID` (a start
+            # point from explicit offsets carries no watermark)
+            resumed=job._plan_mark is not None
+            or (job.start is not None and job.start.watermark is not None),
+        )
+    except BaseException:
+        if archive is not None:
+            archive.close()
+        source.close()
+        raise
 
 
 __all__ = ["LiveMerger", "SystemClock", "open_live"]

@@ -175,8 +175,8 @@ class LeaseHolder:
                 self._renew()
             except LockHeldError:
                 return
-            except CheckpointError:
-                continue  # a server fault: the next beat tries again before expiry
+            except Exception:  # noqa: BLE001 - a server fault, or a raw client error
+                continue  # the next beat tries again before expiry (the thread lives on)
 
     def _release_lease(self) -> None:
         with self._mutex:

@@ -84,3 +84,52 @@ def test_a_raw_error_in_one_renewal_does_not_stop_the_heartbeat(
                 assert store.is_locked() is not None
         finally:
             store.close()
+
+
+def test_a_raw_error_in_the_renewal_before_a_manifest_is_one_line(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The renewal a checkpoint sends beside its files, answered without its ETag: the
+    write refuses with one line (CheckpointError naming the lease) and publishes
+    nothing. Before the fix the raw KeyError reached the caller (a traceback from
+    ``sealstream run``). Fails on the old code (KeyError), passes now."""
+    pytest.importorskip("boto3")
+    from s3_proxy import HeaderDroppingProxy
+    from sealstream._objects.s3 import S3Objects
+    from sealstream.errors import CheckpointError
+    from sealstream.testing.brokers import SeaweedServer
+    from sealstream.testing.store_contract import sample_checkpoint
+
+    state = {"fake": False}
+    with SeaweedServer(anonymous=True) as s3, \
+            HeaderDroppingProxy(s3.endpoint, drop=()) as proxy:
+        base: Any = proxy._server.RequestHandlerClass
+
+        class NoEtag(base):  # type: ignore[misc]
+            def do_PUT(self) -> None:
+                if not (state["fake"] and self.path.split("?", 1)[0].endswith("/LEASE")):
+                    self._forward()
+                    return
+                self._body()  # not stored: answered without the ETag a PUT returns
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        proxy._server.RequestHandlerClass = NoEtag
+        for name, value in s3.env().items():
+            monkeypatch.setenv(name, value)
+        store = ObjectCheckpointStore(S3Objects(s3.bucket, "review-renew", endpoint_url=proxy.url),
+                                      PIPELINE, encryption_key=None)
+        try:
+            with store.locked():
+                files, manifest = sample_checkpoint(1)
+                state["fake"] = True
+                try:
+                    with pytest.raises(CheckpointError) as err:
+                        store.write_checkpoint(1, files, manifest)
+                finally:
+                    state["fake"] = False
+        finally:
+            store.close()
+        message = str(err.value)
+        assert "cannot renew the lease" in message and "\n" not in message, message
+        assert store.ids() == [] or not store.has_manifest(1)

@@ -156,6 +156,9 @@ class LeaseHolder:
                 raise LockHeldError(self._lost) from None
             except ObjectStoreError as exc:
                 raise self._fail(f"cannot renew the lease of {self.location}", exc) from None
+            except Exception as exc:  # noqa: BLE001 - a raw client error: one line too
+                raise CheckpointError(f"cannot renew the lease of {self.location}: "
+                                      f"{type(exc).__name__}: {exc}") from None
             self._lease = (doc, etag)
             self._renewed_at = sent
 

@@ -200,43 +200,48 @@ class LiveMerger:
         self._last_discover = -1e18
         self._lag_at = -1e18
         self._lags: list[int | None] = []
-        now = self.clock.monotonic()
-        listed = source.discover()
-        for n in names:
-            if n not in listed:
-                raise SourceError(f"partition {n!r} of the checkpoint is gone from the source")
-        if store is not None:
-            self._load_replay(store)
-        if fresh and self.replay:
-            # recorded steps replayed from the beginning: the partitions join as the
-            # plan discovered them (below), not all at once
-            names, positions = [], []
-            wm.max_time, wm.exhausted, wm.last_offset = [], [], []
-            wm.idle = []
-        for n, pos in zip(names, positions, strict=True):
-            self._open(n, pos, now)
-        if not self.replay:
-            # partitions not in the checkpoint join now (per the start mode). With
-            # recorded steps to replay, they join where the plan says they were
-            # discovered (``_replay_step``), never earlier: a partition known before
-            # its recorded discovery would hold W back (it has no event yet) during
-            # steps that ran without it, and the replay would not be the plan's run
-            for n in listed:
-                if n not in self.names:
-                    self._open(n, None, now, from_start=resumed)
-        #: stop = "end": the end positions seen at start of the partitions that join
-        #: later (after the replay of the steps before their recorded discovery)
-        self._stop_ends: dict[str, int | None] = {}
-        if stop_end:
+        try:  # a refused start closes the partitions it opened (a followed file's fd)
+            now = self.clock.monotonic()
+            listed = source.discover()
+            for n in names:
+                if n not in listed:
+                    raise SourceError(f"partition {n!r} of the checkpoint is gone from the source")
+            if store is not None:
+                self._load_replay(store)
+            if fresh and self.replay:
+                # recorded steps replayed from the beginning: the partitions join as the
+                # plan discovered them (below), not all at once
+                names, positions = [], []
+                wm.max_time, wm.exhausted, wm.last_offset = [], [], []
+                wm.idle = []
+            for n, pos in zip(names, positions, strict=True):
+                self._open(n, pos, now)
+            if not self.replay:
+                # partitions not in the checkpoint join now (per the start mode). With
+                # recorded steps to replay, they join where the plan says they were
+                # discovered (``_replay_step``), never earlier: a partition known before
+                # its recorded discovery would hold W back (it has no event yet) during
+                # steps that ran without it, and the replay would not be the plan's run
+                for n in listed:
+                    if n not in self.names:
+                        self._open(n, None, now, from_start=resumed)
+            #: stop = "end": the end positions seen at start of the partitions that join
+            #: later (after the replay of the steps before their recorded discovery)
+            self._stop_ends: dict[str, int | None] = {}
+            if stop_end:
+                for c in self.cursors:
+                    c.stop_at = c.part.end()
+                for n in listed:
+                    if n not in self.names:
+                        probe = self.source.open(n, None)
+                        try:
+                            self._stop_ends[n] = probe.end()
+                        finally:
+                            probe.close()
+        except BaseException:
             for c in self.cursors:
-                c.stop_at = c.part.end()
-            for n in listed:
-                if n not in self.names:
-                    probe = self.source.open(n, None)
-                    try:
-                        self._stop_ends[n] = probe.end()
-                    finally:
-                        probe.close()
+                c.part.close()
+            raise
 
     # ------------------------------------------------------------ partitions
     def _open(self, name: str, pos: SourcePosition | None, now: float,
@@ -730,19 +735,27 @@ def open_live(job: Any, positions: list[SourcePosition],
     else:
         source = (spec.open_live(job.plan) if spec.kind in ("kafka", "nats")
                   else FollowedFiles(spec.kind, spec, job.plan, known=known))
-    return merger(
-        source, job.plan, list(job.names), positions, p.batch_size,
-        store=job.store, key=job.key, wm=job.wm,
-        max_delay_ms=p.watermark.max_delay_ms, idle_ms=p.watermark.idle_ms,
-        stop_end=p.source.stop_mode == "end", poll_ms=p.source.poll_ms,
-        plan_mark=job._plan_mark,
-        fresh=job._plan_mark is None and job.start is None,
-        archive=None if p.archive is None else Archiver(p.archive, job.plan, job.key),
-        # a checkpoint restored: the run's own, or one of `replay --from ID` (a start
-        # point from explicit offsets carries no watermark)
-        resumed=job._plan_mark is not None
-        or (job.start is not None and job.start.watermark is not None),
-    )
+    archive: Archiver | None = None
+    try:  # a refused start closes what it opened (the archive's client, its gc.freeze)
+        archive = None if p.archive is None else Archiver(p.archive, job.plan, job.key)
+        return merger(
+            source, job.plan, list(job.names), positions, p.batch_size,
+            store=job.store, key=job.key, wm=job.wm,
+            max_delay_ms=p.watermark.max_delay_ms, idle_ms=p.watermark.idle_ms,
+            stop_end=p.source.stop_mode == "end", poll_ms=p.source.poll_ms,
+            plan_mark=job._plan_mark,
+            fresh=job._plan_mark is None and job.start is None,
+            archive=archive,
+            # a checkpoint restored: the run's own, or one of `replay --from ID` (a start
+            # point from explicit offsets carries no watermark)
+            resumed=job._plan_mark is not None
+            or (job.start is not None and job.start.watermark is not None),
+        )
+    except BaseException:
+        if archive is not None:
+            archive.close()
+        source.close()
+        raise
 
 
 __all__ = ["LiveMerger", "SystemClock", "open_live"]

@@ -156,6 +156,9 @@ class LeaseHolder:
                 raise LockHeldError(self._lost) from None
             except ObjectStoreError as exc:
                 raise self._fail(f"cannot renew the lease of {self.location}", exc) from None
+            except Exception as exc:  # noqa: BLE001 - a raw client error: one line too
+                raise CheckpointError(f"cannot renew the lease of {self.location}: "
+                                      f"{type(exc).__name__}: {exc}") from None
             self._lease = (doc, etag)
             self._renewed_at = sent
 
@@ -175,8 +178,8 @@ class LeaseHolder:
                 self._renew()
             except LockHeldError:
                 return
-            except CheckpointError:
-                continue  # a server fault: the next beat tries again before expiry
+            except Exception:  # noqa: BLE001 - a server fault, or a raw client error
+                continue  # the next beat tries again before expiry (the thread lives on)
 
     def _release_lease(self) -> None:
         with self._mutex:

@@ -446,6 +446,9 @@ class ObjectCheckpointStore(LeaseHolder, CheckpointStore):
                 work()
             except (ObjectStoreError, CheckpointError) as exc:
                 self._behind_failed = f"{what}: {exc}"
+            except Exception as exc:  # noqa: BLE001 - a raw client error: never lost
+                line = " ".join(str(exc).split())
+                self._behind_failed = f"{what}: {type(exc).__name__}: {line}"
 
         self._behind = [f for f in self._behind if not f.done()]
         self._behind.append(self._background().submit(run))

@@ -29,10 +29,12 @@ class LazyGroup(click.Group):
         return sorted(set(super().list_commands(ctx)) | set(self.lazy))
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        target = self.lazy.pop(cmd_name, None)
+        target = self.lazy.get(cmd_name)
         if target is not None:
             module, _, attr = target.partition(":")
             cmd = getattr(import_module(module), attr)
             assert isinstance(cmd, click.Command) and cmd.name == cmd_name, target
             self.add_command(cmd)
+            # dropped only once imported: a failed import fails the same way next time
+            del self.lazy[cmd_name]
         return super().get_command(ctx, cmd_name)

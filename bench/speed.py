@@ -9,7 +9,8 @@ runs alternating in one loop (sealstream with the sources under ``--before`` whe
 given, sealstream with this checkout's, the one-shot Polars query of
 ``bench.runners``), median of ``--repeat``; the tumbling job also with a checkpoint
 every second. The rates are events over whole-process wall time (imports included,
-for every contender). Results: ``bench/results/speed-batch.md`` and ``.json``, with
+for every contender). Results: ``bench/results/speed-batch.md`` (a new section on top of the
+earlier runs) and ``.json``, with
 the date and the load average (the machine is shared: ratios matter).
 
 ``--kafka``: the live path instead. The same events produced into a 3-partition
@@ -233,6 +234,17 @@ def kafka_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def on_top(path: Path, lines: list[str], started: str) -> str:
+    """The results file with this run (``lines``: title, blank, body) as a new
+    section at its top: the earlier runs, and the analysis written beside them, are
+    kept below it instead of overwritten."""
+    new = [lines[0], "", f"## Run of {started}", "", *lines[2:]]
+    old = path.read_text() if path.exists() else ""
+    if old.startswith(lines[0]):
+        old = old[len(lines[0]):].lstrip("\n")
+    return "\n".join(new) + "\n" + ("\n" + old if old else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.speed")
     ap.add_argument("--before", type=Path, help="the old code's src directory")
@@ -265,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
                                lambda k=kind: run_sealstream(spec(k, files, False), after)))
             contenders.append((f"{kind}/polars", lambda k=kind: run_polars(k, files)))
             if kind == "tumbling":
+                if args.before is not None:
+                    contenders.append(("tumbling-ckpt/before", lambda: run_sealstream(
+                        spec("tumbling", files, True), args.before.resolve())))
                 contenders.append(("tumbling-ckpt/after",
                                    lambda: run_sealstream(spec("tumbling", files, True), after)))
             for name, fn in contenders:
@@ -297,8 +312,10 @@ def main(argv: list[str] | None = None) -> int:
             f">= {TARGETS[kind]} ({ok}) | {f'{b / p:.2f}' if b else '-'} |")
     if "tumbling-ckpt/after" in rate:
         r = rate["tumbling-ckpt/after"] / rate["tumbling/after"]
-        lines += ["", f"Checkpointed (every second) / unchecked, tumbling: {r:.0%} "
-                  f"(target >= 95 %: {'met' if r >= 0.95 else 'NOT met'}).", ""]
+        lines += ["", f"Checkpointed (every second) / unchecked, tumbling: {r:.1%} "
+                  f"(target >= 95 %: {'met' if r >= 0.95 else 'NOT met'})"
+                  + (f"; before: {rate['tumbling-ckpt/before'] / rate['tumbling/before']:.1%}"
+                     if "tumbling-ckpt/before" in rate else "") + ".", ""]
     cpu_med = {k: statistics.median(v) for k, v in CPU.items()}
     lines += ["CPU seconds (user + system, median; the CPU ratio is Polars' CPU over "
               "sealstream's, the work each does, less sensitive to the load):", ""]
@@ -313,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     lines += [f"- {k}: {', '.join(f'{x:.2f}/{c:.2f}' for x, c in zip(v, CPU[k], strict=True))}"
               for k, v in times.items()]
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "speed-batch.md").write_text("\n".join(lines) + "\n")
+    (args.out / "speed-batch.md").write_text(on_top(args.out / "speed-batch.md", lines, started))
     (args.out / "speed-batch.json").write_text(json.dumps(
         {"started": started, "events": args.events, "load": [load_before, load_after],
          "seconds": times, "median_s": med, "rate": rate, "cpu_s": CPU}, indent=2) + "\n")

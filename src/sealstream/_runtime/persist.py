@@ -13,6 +13,7 @@ import copy
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -46,6 +47,19 @@ from sealstream.watermark import WatermarkState
 from sealstream.windows.operator import WindowOperator
 
 ROLES = ("results", "late", "errors")
+
+_RECEIPT_POOL: ThreadPoolExecutor | None = None
+_RECEIPT_POOL_LOCK = threading.Lock()
+
+
+def _receipt_pool() -> ThreadPoolExecutor:
+    """The thread that builds epochs' result receipts beside the checkpoint writer
+    (polars and the hashing release the GIL while they work)."""
+    global _RECEIPT_POOL
+    with _RECEIPT_POOL_LOCK:
+        if _RECEIPT_POOL is None:
+            _RECEIPT_POOL = ThreadPoolExecutor(1, thread_name_prefix="sealstream-receipts")
+        return _RECEIPT_POOL
 #: set (to anything) to keep every step plan of live runs instead of pruning them
 #: with their checkpoints: for audits, and to re-run a recorded plan from its start
 KEEP_PLANS_ENV = "SEALSTREAM_KEEP_PLANS"
@@ -128,6 +142,12 @@ class Checkpointing:
             end = int(frame.select(pl.col("window_end").max()).item())
             prev = rec.get("max_window_end")
             rec["max_window_end"] = end if prev is None else max(prev, end)
+            # each result's id text and leaf hash now (results are staged on the output
+            # thread, beside processing): closing the epoch then only sorts and builds
+            # the tree's upper levels
+            leaves = frame.select(self._ids("results")).with_columns(
+                trees.leaf_hashes(pl.col("id")).alias("h"))
+            rec.setdefault("leaves", []).append(leaves)
         else:
             cols = ["_partition", "_offset"]
         rec["ids"].append(frame.select(cols))
@@ -153,6 +173,15 @@ class Checkpointing:
         checkpoint in flight is finished)."""
         epoch, now = self.epoch, self._receipts_now
         self._receipts_now = {}
+        rec = now.get("results")
+        if rec is not None and rec["ids"] and "builder" not in rec and not rec.get("on_workers"):
+            # the results' sorted ids, digest and Merkle root (pure, the bulk of the
+            # receipts' work) start now on their own thread: the writer thread makes
+            # the epoch's output durable (fsyncs) meanwhile and picks them up in
+            # _results_digest; the final checkpoint of a bounded run waits for less
+            ids = list(rec["ids"])
+            leaves = list(rec.get("leaves", []))
+            rec["prebuilt"] = _receipt_pool().submit(self._build_results, ids, leaves)
         return lambda: self._digest_receipts(epoch, now, tokens)
 
     def _digest_receipts(
@@ -196,9 +225,26 @@ class Checkpointing:
         """The digest and Merkle root of an epoch's result ids (``rec`` as
         :meth:`_receipt` gathered it); keeps the sorted ids, the leaves the checkpoint
         writes. A distributed job builds them on a worker instead."""
-        sorted_ids = pl.concat(rec["ids"]).select(self._ids("results")).sort("id")["id"]
+        pre: Future[tuple[pl.Series, str, str]] | None = rec.get("prebuilt")
+        sorted_ids, digest, root = (pre.result() if pre is not None
+                                    else self._build_results(rec["ids"],
+                                                             rec.get("leaves", [])))
         self._receipt_ids = sorted_ids
-        return trees.joined_digest(sorted_ids), trees.root(sorted_ids)
+        return digest, root
+
+    @classmethod
+    def _build_results(cls, ids: list[pl.DataFrame], leaves: list[pl.DataFrame]
+                       ) -> tuple[pl.Series, str, str]:
+        """The sorted result ids of an epoch (identity frames as :meth:`_receipt`
+        gathered them, with their id texts and leaf hashes ``leaves`` when it built
+        them for every frame), their digest and their Merkle root: pure, any thread."""
+        if leaves and len(leaves) == len(ids):
+            both = pl.concat(leaves).sort("id")
+            sorted_ids = both["id"]
+            return (sorted_ids, trees.joined_digest(sorted_ids),
+                    trees.root_of_leaves(both["h"]))
+        sorted_ids = pl.concat(ids).select(cls._ids("results")).sort("id")["id"]
+        return sorted_ids, trees.joined_digest(sorted_ids), trees.root(sorted_ids)
 
     def _log_committed(self, newer_than: int | None) -> None:
         """Append to the emission log the epochs (newer than ``newer_than``) whose

@@ -80,6 +80,23 @@ def root(ids: pl.Series) -> str:
     return str(levels(ids)[-1][0])
 
 
+def leaf_hashes(ids: pl.Expr) -> pl.Expr:
+    """The leaf hash (hex) of each id: a leaf does not depend on the order of the
+    ids, so it can be computed as results are staged, before an epoch is sorted."""
+    return plh.concat_str(pl.lit("0"), ids).chash.sha2_256()
+
+
+def root_of_leaves(leaves: pl.Series) -> str:
+    """The Merkle root (hex) over leaf hashes already in the sorted ids' order (as
+    :func:`leaf_level` gives them): ``root(ids) == root_of_leaves(leaf_level(ids))``."""
+    if leaves.len() == 0:
+        return EMPTY_ROOT
+    level = leaves
+    while level.len() > 1:
+        level = next_level(level)
+    return str(level[0])
+
+
 def path(tree: list[list[str]], index: int) -> list[str]:
     """The sibling hashes (hex) proving leaf ``index``, from the leaf up; ``tree`` is
     :func:`levels` as lists (``[s.to_list() for s in levels(ids)]``)."""

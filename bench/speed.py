@@ -255,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kafka", action="store_true",
                     help="the live path: Kafka -> files against the fetch-only loop")
     args = ap.parse_args(argv)
+    if args.before is not None:  # the old code too, as installed (this checkout's: bench/__init__)
+        import compileall
+
+        compileall.compile_dir(str(args.before.resolve() / "sealstream"), quiet=1)
     if args.kafka:
         return kafka_main(args)
 

@@ -12,8 +12,9 @@ the share of the no-archive rate (the issue's target: the archive costs at most 
 and the archive's segment count and bytes. ``--compare SRC`` adds, interleaved in the
 same rounds, the two archive runs with another source tree (say ``/work/main/src``, the
 code before a change), for a before/after measured side by side. Servers started here
-are stopped by their PID. Results: ``bench/results/archive.md`` (the table is rewritten;
-the text from its ``## Analysis`` heading on is kept).
+are stopped by their PID. Results: ``bench/results/archive.md``: each run adds a
+section of its own at the top (dated, with the load average); what the file held is
+kept below it.
 """
 
 from __future__ import annotations
@@ -105,30 +106,33 @@ def main(argv: list[str] | None = None) -> int:
                 got["bytes"] = sum(o["Size"] for o in listed.get("Contents", []))
                 runs.setdefault(f"archive: S3 (SeaweedFS){tag}", []).append(got)
     base = statistics.median(r["wall"] for r in runs["no archive"])
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     lines = [
+        f"## Run of {stamp} (load average {os.getloadavg()[0]:.1f})",
+        "",
         f"The raw-event archive on the Kafka live path: {produced:,} events in a 3-partition "
         f"topic (noida-db on loopback), {args.keys:,} keys, tumbling 60 s, `stop = \"end\"`, "
         "batch_size 100,000, checkpoint every 1 s, results to JSONL; median of "
-        f"{args.repeat} whole processes each, interleaved (load average "
-        f"{os.getloadavg()[0]:.1f}). Segments and bytes: what the archive holds at the end "
-        "(after retention with keep = 3).",
+        f"{args.repeat} whole processes each, interleaved. Segments and bytes: what the "
+        "archive holds at the end (after retention with keep = 3).",
         "",
-        "| run | time (s) | CPU (s) | events/s | vs no archive | segments kept | "
-        "archive bytes |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| run | time (s) | CPU (s) | events/s | vs no archive | CPU vs no archive | "
+        "segments kept | archive bytes |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    base_cpu = statistics.median(r["cpu"] for r in runs["no archive"])
     for name, done in runs.items():
         wall = statistics.median(r["wall"] for r in done)
         cpu = statistics.median(r["cpu"] for r in done)
         lines.append(f"| {name} | {wall:.2f} | {cpu:.2f} | {produced / wall:,.0f} | "
-                     f"{base / wall:.0%} | {done[-1]['segments']} | {done[-1]['bytes']:,} |")
+                     f"{base / wall:.0%} | {cpu / base_cpu:.0%} | {done[-1]['segments']} | "
+                     f"{done[-1]['bytes']:,} |")
     text = "\n".join(lines) + "\n"
     print(text)
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "archive.md"
     old = out.read_text() if out.is_file() else ""
-    kept = old[old.index("## Analysis"):] if "## Analysis" in old else ""
-    out.write_text(text + ("\n" + kept if kept else ""))
+    out.write_text(text + ("\n" + old if old else ""))
     return 0
 
 

@@ -109,6 +109,10 @@ class Archiver:
         self._creating: Future[None] | None = None
         self._pruning: Future[None] | None = None
         self._lock = threading.Lock()
+        #: retention: whether a pruning listed the archive's segments (once a run, and
+        #: again after a failure), and the segments this run created since, by step
+        self._listed = False
+        self._mine: list[tuple[int, str]] = []
 
     # ------------------------------------------------------------ writing
     def attach(self, part: Any) -> None:
@@ -121,16 +125,37 @@ class Archiver:
         part.raw_tap = self._buf[name].append
 
     def _take(self, name: str, lo: int, hi: int) -> pl.DataFrame:
-        """The tapped rows of ``name`` in ``[lo, hi)``; rows below ``hi`` leave the buffer."""
+        """The tapped rows of ``name`` in ``[lo, hi)``; rows below ``hi`` leave the buffer.
+
+        Per tapped frame (one a poll), never per record: a frame wholly in the range is
+        taken as it is and one wholly above it stays, without a copy; only a frame
+        astride ``lo`` or ``hi`` is filtered (the encoding makes the taken rows
+        contiguous, the one copy of them a step makes)."""
         frames = self._buf.get(name)
         if not frames:
             return _empty_rows()
-        rows = pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
-        frames.clear()
-        rest = rows.filter(pl.col("position") >= hi)
-        if rest.height:
-            frames.append(rest)
-        return rows.filter((pl.col("position") >= lo) & (pl.col("position") < hi))
+        taken: list[pl.DataFrame] = []
+        rest: list[pl.DataFrame] = []
+        for frame in frames:
+            if not frame.height:
+                continue
+            pos = frame["position"]
+            first, last = pos.min(), pos.max()
+            assert isinstance(first, int) and isinstance(last, int)
+            if first >= hi:
+                rest.append(frame)
+            elif last < hi and first >= lo:
+                taken.append(frame)
+            elif last >= lo:  # astride a bound
+                taken.append(frame.filter((pl.col("position") >= lo)
+                                          & (pl.col("position") < hi)))
+                if last >= hi:
+                    rest.append(frame.filter(pl.col("position") >= hi))
+        frames[:] = rest
+        if not taken:
+            return _empty_rows()
+        return pl.concat(taken, how="vertical", rechunk=False) if len(taken) > 1 \
+            else taken[0]
 
     def _rows(self, ranges: dict[str, tuple[int, int]]) -> pl.DataFrame | None:
         """The tapped rows of ``ranges`` in the segment's order (partitions by name,
@@ -160,7 +185,11 @@ class Archiver:
             self.objects.create(name, data)
         except ObjectStoreError as exc:
             raise SourceError(f"[archive] cannot write {name}: {exc}") from None
-        self.written += 1
+        step = segment_step(name)
+        with self._lock:
+            self.written += 1
+            if step is not None:
+                self._mine.append((step, name))
 
     def _submit(self, fn: Callable[..., None], *args: Any) -> Future[None]:
         with self._lock:
@@ -273,17 +302,29 @@ class Archiver:
         self._pruning = self._submit(self._prune, oldest_step)
 
     def _prune(self, oldest_step: int) -> None:
-        gone = 0
+        """Delete the segments of steps at or before ``oldest_step``: the first pruning
+        of a run lists the archive (segments of earlier runs, a failed pruning's); the
+        next ones delete what this run created, without listing again (one listing a
+        checkpoint was most of an S3 archive's retention cost)."""
         try:
-            for key in self.objects.keys("seg-"):
-                step = segment_step(key)
-                if step is not None and step <= oldest_step:
-                    self.objects.delete(key)
-                    gone += 1
+            with self._lock:
+                due = [n for s, n in self._mine if s <= oldest_step]
+                listed = self._listed
+            if not listed:
+                due = sorted(set(due) | {
+                    k for k in self.objects.keys("seg-")
+                    if (s := segment_step(k)) is not None and s <= oldest_step})
+            if due:
+                self.objects.delete_many(due)
         except ObjectStoreError as exc:  # raised by the next prune(): one clear line
+            with self._lock:
+                self._listed = False  # the next pruning lists again
             raise SourceError(f"[archive] cannot delete old segments: {exc}") from None
-        finally:
-            self.pruned += gone
+        gone = set(due)
+        with self._lock:
+            self._listed = True
+            self._mine = [(s, n) for s, n in self._mine if n not in gone]
+            self.pruned += len(gone)
 
 
 class ArchivedPartition:

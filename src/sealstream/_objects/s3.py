@@ -110,18 +110,20 @@ class S3Objects(Objects):
         if self._client is None:
             try:  # botocore's own session: boto3's resources, s3transfer and their
                 # data are not needed (a fifth of the client's start-up, measured)
-                import botocore.session
                 from botocore.config import Config
+
+                from sealstream._objects._boto import s3_client
             except ImportError:
                 raise ObjectStoreError(
                     f"{self.location}: S3 needs boto3 (pip install 'sealstream[s3]')"
                 ) from None
             style = "path" if self.endpoint_url else "auto"
-            self._client = botocore.session.Session().create_client(
-                "s3", endpoint_url=self.endpoint_url,
-                config=Config(s3={"addressing_style": style}, connect_timeout=5,
-                              read_timeout=30, retries={"mode": "standard", "max_attempts": 2},
-                              max_pool_connections=self.pool_connections))
+            # on S3's model trimmed to the operations used, kept between runs (_boto)
+            self._client = s3_client(
+                self.endpoint_url,
+                Config(s3={"addressing_style": style}, connect_timeout=5, read_timeout=30,
+                       retries={"mode": "standard", "max_attempts": 2},
+                       max_pool_connections=self.pool_connections))
         return self._client
 
     def _key(self, key: str) -> str:

@@ -9,11 +9,31 @@ PostgreSQL tests skip with the reason, unless ``SEALSTREAM_REQUIRE_PG=1`` (set b
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
 
 import pytest
+
+_OWN_CACHE: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Tests and the sealstream processes they start keep the S3 client's model cache
+    (``sealstream._objects._boto``) in a directory of their own, not in the user's
+    ``~/.cache``: CI leaves nothing behind, and each run starts from no cache."""
+    if "SEALSTREAM_CACHE_DIR" not in os.environ:
+        _OWN_CACHE.append(tempfile.mkdtemp(prefix="sealstream-test-cache-"))
+        os.environ["SEALSTREAM_CACHE_DIR"] = _OWN_CACHE[-1]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for path in _OWN_CACHE:
+        shutil.rmtree(path, ignore_errors=True)
+        if os.environ.get("SEALSTREAM_CACHE_DIR") == path:
+            del os.environ["SEALSTREAM_CACHE_DIR"]
 
 
 def _admin_url() -> str:

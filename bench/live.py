@@ -106,6 +106,28 @@ def bare_consumer(bootstrap: str, topic: str, partitions: int) -> tuple[int, flo
     return n, dt
 
 
+def _cpu_self() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _cpu_children() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def fetch_only_cpu(bootstrap: str, topic: str, partitions: int) -> tuple[int, float, float]:
+    """:func:`fetch_only` with its CPU seconds (user + system, all of this process's
+    threads, librdkafka's included, over the loop): (events, seconds, CPU s)."""
+    c0 = _cpu_self()
+    n, s = fetch_only(bootstrap, topic, partitions)
+    return n, s, _cpu_self() - c0
+
+
 def fetch_only(bootstrap: str, topic: str, partitions: int) -> tuple[int, float]:
     """The comparator of the Kafka run: a confluent-kafka consumer reading every
     partition to its end, touching each message's value and nothing else (no parse):
@@ -162,26 +184,31 @@ def source_only(bootstrap: str, topic: str) -> tuple[int, float]:
     return n, dt
 
 
-def sealstream_run(wd: Path, source_toml: str, timeout: float) -> dict[str, Any]:
-    """``sealstream run`` of the standard pipeline in ``wd``; its JSON summary."""
+def sealstream_run(wd: Path, source_toml: str, timeout: float,
+                   src: Path | None = None) -> dict[str, Any]:
+    """``sealstream run`` of the standard pipeline in ``wd``; its JSON summary, with
+    ``cpu_s``: the whole process's CPU seconds (user + system, every thread).
+    ``src``: the sealstream sources to run (default: this checkout's)."""
     from sealstream.testing.specs import spec_text
 
     wd.mkdir(parents=True, exist_ok=True)
     for sub in ("out", "ckpt"):
         subprocess.run(["rm", "-rf", str(wd / sub)], check=True)
     (wd / "spec.toml").write_text(spec_text("live_bench", source_toml, every_ms=1000))
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env = {**os.environ, "PYTHONPATH": str(src or ROOT / "src")}
     t0 = time.perf_counter()
+    c0 = _cpu_children()
     proc = subprocess.run(
         [sys.executable, "-m", "sealstream", "run", "spec.toml", "--summary-json",
          "summary.json"],
         cwd=wd, env=env, capture_output=True, text=True, timeout=timeout, check=False,
     )
     wall = time.perf_counter() - t0
+    cpu = _cpu_children() - c0
     if proc.returncode != 0:
         return {"error": (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1],
                 "wall_s": wall}
-    summary: dict[str, Any] = {"wall_s": wall}
+    summary: dict[str, Any] = {"wall_s": wall, "cpu_s": cpu}
     summary.update(json.loads((wd / "summary.json").read_text()))
     return summary
 
@@ -203,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--bootstrap", default=None)
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--before", type=Path, default=None,
+                    help="sealstream sources of the code before a change: its Kafka run "
+                    "alternates with the fetch-only loop and this checkout's")
     args = ap.parse_args(argv)
 
     from sealstream.testing.brokers import KafkaBroker, create_topic
@@ -241,14 +271,31 @@ def main(argv: list[str] | None = None) -> int:
         kafka_toml = (f'kind = "kafka"\nbootstrap = "{bootstrap}"\ntopic = "{topic}"\n'
                       'stop = "end"')
         # the target's pair side by side: fetch-only loop and the run, alternating
-        runs, fetches = [], []
+        # (and the code before a change, when --before names it)
+        runs, fetches, befores, empties = [], [], [], []
+        empty_topic = f"{topic}-empty"
+        create_topic(bootstrap, empty_topic, 3)
+        empty_toml = kafka_toml.replace(f'topic = "{topic}"', f'topic = "{empty_topic}"')
         for _ in range(args.repeat):
-            fetches.append(fetch_only(bootstrap, topic, 3))
+            fetches.append(fetch_only_cpu(bootstrap, topic, 3))
+            if args.before is not None:
+                befores.append(sealstream_run(WORK / "run-kafka-before", kafka_toml, 3600,
+                                              src=args.before))
             runs.append(sealstream_run(WORK / "run-kafka", kafka_toml, 3600))
+            # start-up and exit: the same run on an empty topic (its CPU is left out)
+            empties.append(sealstream_run(WORK / "run-kafka-empty", empty_toml, 3600))
         n, s = fetches[0][0], statistics.median(f[1] for f in fetches)
-        results["fetch"] = {"events": n, "seconds": s, "rate": _rate(n, s)}
+        results["fetch"] = {"events": n, "seconds": s, "rate": _rate(n, s),
+                            "cpu_s": statistics.median(f[2] for f in fetches),
+                            "single": [[f[1], f[2]] for f in fetches]}
         print(f"fetch-only loop: {n:,} events, {_rate(n, s):,.0f}/s", flush=True)
-        results["sealstream_kafka"] = _summarise(runs, produced)
+        idle = statistics.median(float(r.get("cpu_s", 0.0)) for r in empties
+                                 if "error" not in r) if empties else 0.0
+        results["startup_cpu_s"] = idle
+        results["sealstream_kafka"] = _summarise(runs, produced, idle)
+        if befores:
+            results["sealstream_kafka_before"] = _summarise(befores, produced, idle)
+        results["load_after"] = f"{os.getloadavg()[0]:.2f}"
         runs = [sealstream_run(WORK / "run-jsonl", files_source(files), 3600)
                 for _ in range(args.repeat)]
         results["sealstream_jsonl"] = _summarise(runs, produced)
@@ -261,50 +308,85 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _summarise(runs: list[dict[str, Any]], events: int) -> dict[str, Any]:
+def _summarise(runs: list[dict[str, Any]], events: int, idle_cpu: float = 0.0
+               ) -> dict[str, Any]:
+    """Medians of the runs; ``cpu_s``: the process's CPU less ``idle_cpu`` (start-up
+    and exit, measured on an empty topic)."""
     errors = [r["error"] for r in runs if "error" in r]
     if errors:
         return {"skipped": errors[0]}
     secs = statistics.median(float(r.get("seconds", r["wall_s"])) for r in runs)
-    return {"events": events, "seconds": secs, "rate": _rate(events, secs)}
+    out = {"events": events, "seconds": secs, "rate": _rate(events, secs),
+           "single": [[float(r.get("seconds", r["wall_s"])), float(r.get("cpu_s", 0.0))]
+                      for r in runs]}
+    if all("cpu_s" in r for r in runs):
+        out["cpu_s"] = statistics.median(float(r["cpu_s"]) for r in runs) - idle_cpu
+        out["wall_s"] = statistics.median(float(r["wall_s"]) for r in runs)
+    return out
+
+
+TITLE = "# Live benchmark (Kafka-protocol broker)"
 
 
 def write_report(results: dict[str, Any], out: Path) -> None:
+    """``live.json`` (this run), and this run's section at the top of ``live.md``
+    above the earlier ones (kept: their analysis is written by hand)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "live.json").write_text(json.dumps(results, indent=2) + "\n")
-    bare = results.get("fetch", {}).get("rate") or 0.0
+    fetch = results.get("fetch", {})
+    bare = fetch.get("rate") or 0.0
     lines = [
-        "# Live benchmark (Kafka-protocol broker)",
+        f"## {results.get('when', '')}: {results['events']:,} events, load "
+        f"{results.get('load', '-')} -> {results.get('load_after', '-')}",
         "",
         f"{results['events']:,} events of the standard workload, {results['keys']:,} keys, "
         "3 partitions; tumbling 60 s; checkpoint every second; `stop = \"end\"`.",
         "Broker: noida-db (a Kafka-protocol broker) on 127.0.0.1 unless `--bootstrap`. "
-        f"{results.get('when', '')}; load average {results.get('load', '-')}. The fetch-only "
-        "loop and the Kafka run alternate (median of the repeats); the sealstream rate is "
-        "its summary's (events over the engine's time, start-up left out).",
+        "The fetch-only loop and the Kafka runs alternate (median of the repeats); a run's "
+        "rate is its summary's (events over the engine's time, start-up left out). CPU s: "
+        "user + system of every thread (the loop: its own; a run: the whole process less "
+        f"the median of the same run on an empty topic, {results.get('startup_cpu_s', 0):.2f} "
+        "s: start-up and exit).",
         "",
-        "| reader | events/s | vs fetch-only loop |",
-        "|---|---:|---:|",
+        "| reader | events/s | vs fetch-only loop | CPU s | fetch-only CPU / CPU |",
+        "|---|---:|---:|---:|---:|",
     ]
+    fcpu = fetch.get("cpu_s")
     for key, label in (("fetch", "confluent-kafka fetch-only loop (the comparator)"),
                        ("bare", "bare confluent-kafka loop + json.loads"),
                        ("source", "sealstream Kafka source alone (typed columns)"),
+                       ("sealstream_kafka_before", "sealstream run, kind = \"kafka\", "
+                        "the code before (`--before`)"),
                        ("sealstream_kafka", "sealstream run, kind = \"kafka\""),
-                       ("sealstream_jsonl", "sealstream run, the same events in JSONL")):
-        r = results.get(key, {})
+                       ("sealstream_jsonl", "sealstream run, the same events in JSONL (CPU s: "
+                        "the whole process, start-up included)")):
+        r = results.get(key)
+        if r is None and key == "sealstream_kafka_before":
+            continue
+        r = r or {}
         if "rate" in r:
-            ratio = f"{r['rate'] / bare:.0%}" if bare else "-"
-            lines.append(f"| {label} | {r['rate']:,.0f} | {ratio} |")
+            ratio = f"{r['rate'] / bare:.2f}" if bare else "-"
+            cpu = r.get("cpu_s")
+            cpu_s = f"{cpu:.2f}" if cpu is not None else "-"
+            by_cpu = f"{fcpu / cpu:.2f}" if cpu and fcpu else "-"
+            lines.append(f"| {label} | {r['rate']:,.0f} | {ratio} | {cpu_s} | {by_cpu} |")
         else:
-            lines.append(f"| {label} | skipped: {r.get('skipped', 'not run')} | - |")
+            lines.append(f"| {label} | skipped: {r.get('skipped', 'not run')} | - | - | - |")
     k = results.get("sealstream_kafka", {})
     if "rate" in k and bare:
         ok = k["rate"] >= TARGET * bare
         lines += ["", f"Target: sealstream kind = \"kafka\" >= {TARGET:.0%} of the "
-                  f"fetch-only loop: {'met' if ok else 'NOT met'} "
-                  f"({k['rate'] / bare:.2f}x)."]
-    (out / "live.md").write_text("\n".join(lines) + "\n")
-    print((out / "live.md").read_text())
+                  f"fetch-only loop: {'met' if ok else 'NOT met'} by rate "
+                  f"({k['rate'] / bare:.2f}x)"
+                  + (f"; by CPU {fcpu / k['cpu_s']:.2f}x." if fcpu and k.get("cpu_s")
+                     else ".")]
+    old = (out / "live.md").read_text() if (out / "live.md").exists() else ""
+    if old.startswith(TITLE):
+        old = old[len(TITLE):].lstrip("\n")
+    if old and not old.startswith("## "):
+        old = "## Earlier run\n\n" + old
+    (out / "live.md").write_text("\n".join([TITLE, "", *lines, "", old]).rstrip("\n") + "\n")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -266,6 +266,9 @@ class KafkaPartition:
         self._want_ts = parser.time_from_message
         self._link = _Link(settings.bootstrap, settings.fail_after_ms)
         self._consumer = _consumer(settings.consumer_config(), self._link)
+        #: the client of the offset queries (a shared consumer's partition: one that
+        #: fetches nothing, :mod:`._kafka_shared`)
+        self._queries: Any = self._consumer
         self._tp = TopicPartition(self._topic, self._num)
         try:
             low, high = self._watermarks()
@@ -360,23 +363,7 @@ class KafkaPartition:
             errs = list(compress(msgs, map(is_not, errors, repeat(None))))
             msgs = list(compress(msgs, map(is_, errors, repeat(None))))
             for m in errs:
-                code = m.error().code()
-                if code == KafkaError._PARTITION_EOF:
-                    continue
-                if code in (KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET):
-                    self._out_of_range()
-                if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION):
-                    raise SourceError(
-                        f"kafka partition {self.name} no longer exists on "
-                        f"{self._settings.bootstrap} (at offset {self._position}): "
-                        "the topic was deleted or re-created"
-                    )
-                if code in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN):
-                    self._link.lost(str(m.error().str()))
-                    continue
-                raise SourceError(
-                    f"kafka partition {self.name} at offset {self._position}: {m.error().str()}"
-                )
+                self._message_error(m)
         self._link.ok()
         eof = [m.offset() for m in errs if m.error().code() == KafkaError._PARTITION_EOF]
         if not msgs:
@@ -409,6 +396,30 @@ class KafkaPartition:
                 "value": pl.Series(values, dtype=pl.Binary),
             })
         return self._parser.parse(values, offsets, self._position, keys, stamps), raw
+
+    def _message_error(self, m: Any) -> None:
+        """An error message of this partition's: nothing for the end of the partition
+        (the caller takes its offset) or a lost link (retried); else raised, one line
+        naming the partition and the offset."""
+        from confluent_kafka import KafkaError
+
+        code = m.error().code()
+        if code == KafkaError._PARTITION_EOF:
+            return
+        if code in (KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET):
+            self._out_of_range()
+        if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION):
+            raise SourceError(
+                f"kafka partition {self.name} no longer exists on "
+                f"{self._settings.bootstrap} (at offset {self._position}): "
+                "the topic was deleted or re-created"
+            )
+        if code in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN):
+            self._link.lost(str(m.error().str()))
+            return
+        raise SourceError(
+            f"kafka partition {self.name} at offset {self._position}: {m.error().str()}"
+        )
 
     def tell(self) -> int:
         """The offset of the next record to read."""
@@ -487,7 +498,7 @@ class KafkaPartition:
         out = _until(
             self._link,
             f"reading the offsets of {self.name}",
-            lambda t: self._consumer.get_watermark_offsets(self._tp, timeout=t),
+            lambda t: self._queries.get_watermark_offsets(self._tp, timeout=t),
         )
         return int(out[0]), int(out[1])
 
@@ -498,7 +509,7 @@ class KafkaPartition:
             return self._marks_at_open
 
         try:
-            out = self._consumer.get_watermark_offsets(self._tp, timeout=_QUERY_TIMEOUT_S)
+            out = self._queries.get_watermark_offsets(self._tp, timeout=_QUERY_TIMEOUT_S)
         except KafkaException as e:
             self._link.lost(_why(e))
             return None
@@ -532,7 +543,7 @@ class KafkaPartition:
         found = _until(
             self._link,
             f"finding the offset of time {self._settings.start_time_ms} in {self.name}",
-            lambda t: self._consumer.offsets_for_times(want, timeout=t),
+            lambda t: self._queries.offsets_for_times(want, timeout=t),
         )
         off = int(found[0].offset)
         return high if off < 0 else max(off, low)
@@ -580,6 +591,14 @@ class KafkaSource:
         #: chunks each partition reads ahead (0: none, the default; see
         #: :mod:`._kafka_prefetch` and ``SEALSTREAM_KAFKA_PREFETCH``)
         self.prefetch = prefetch_depth()
+        #: the one consumer of the partitions (:mod:`._kafka_shared`), made at the
+        #: first open
+        self._reader: Any = None
+
+    def _shared_ok(self) -> bool:
+        from ._kafka_shared import shared_wanted
+
+        return shared_wanted()
 
     @property
     def connected(self) -> bool:
@@ -645,6 +664,21 @@ class KafkaSource:
         when ``from_start``, or when it appeared after the first :meth:`discover`)."""
         if self._known is None:
             self.discover()
+        if not self.prefetch and self._shared_ok():
+            from ._kafka_shared import SharedPartition, SharedReader
+
+            if self._reader is None or self._reader.consumer is None:
+                self._reader = SharedReader(self.settings, self._parser,
+                                            _Link(self.settings.bootstrap,
+                                                  self.settings.fail_after_ms),
+                                            self._client())
+            _, num = parse_partition_name(name)
+            if not self._reader.has(num):
+                shared = SharedPartition(self._reader, name, position,
+                                         from_start=from_start or name not in self._initial)
+                self._parts.append(shared)
+                return shared
+            # (the partition is open already, e.g. a probe: a consumer of its own)
         part = KafkaPartition(
             # a parser of its own: partitions parse on their read-ahead threads, and a
             # parser learns its JSON reader's types as it goes
@@ -730,6 +764,10 @@ class KafkaSource:
                                       daemon=True, name="kafka-group-close")
             closer.start()
             closer.join(_QUERY_TIMEOUT_S)
+        reader, self._reader = self._reader, None
+        if reader is not None and not reader.views and reader.consumer is not None:
+            reader.consumer.close()  # (a partition still open closes it with itself)
+            reader.consumer = None
         if self._meta is not None:
             self._meta.close()
             self._meta = None

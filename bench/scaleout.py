@@ -254,9 +254,20 @@ def main(argv: list[str] | None = None) -> int:
 
     load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
-    # address="local": a Ray of its own, even beside another one on the machine
-    ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False,
-             _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False)
+    # address="local": a Ray of its own, even beside another one on the machine;
+    # started again (3 tries) when Ray gives up on its node: Ray 2.60 waits a
+    # hard-coded 30 s for it to register, which a loaded machine exceeds
+    for attempt in range(3):
+        try:
+            ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False,
+                     _node_ip_address="127.0.0.1", log_to_driver=False,
+                     configure_logging=False)
+            break
+        except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception then
+            if attempt == 2 or "timed out during startup" not in str(exc):
+                raise
+            print(f"ray: {exc}; starting it again", file=sys.stderr)
+            ray.shutdown()
     ray_start = time.perf_counter() - t0
     try:
         runs: list[dict[str, Any]] = []

@@ -17,6 +17,7 @@ late events (in read order), so that the output does not depend on N.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -228,16 +229,44 @@ class ShardedOperator(WindowOperator):
 _POOL: list[Any] = []
 
 
+#: the size of Polars' thread pool in a worker process (read once, when Polars is
+#: imported there: so Ray starts the process with it, see :func:`thread_share`)
+THREADS_ENV = "POLARS_MAX_THREADS"
+
+
+def thread_share(workers: int) -> int:
+    """Polars threads for each of a job's ``workers`` new worker processes: its
+    node's cores divided among the job's workers on that node (``workers`` spread
+    over the alive nodes), at least 1; as Ray sets ``OMP_NUM_THREADS`` from an
+    actor's CPUs. Each process would otherwise size its pool to every core of the
+    node, and the workers' pools would fight for the same cores (docs/scale-out.md,
+    "Sharing the cores")."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
+    cpus = [int(n.get("Resources", {}).get("CPU", 0)) for n in nodes]
+    cores = min((c for c in cpus if c > 0), default=os.cpu_count() or 1)
+    per_node = -(-workers // max(1, len(nodes)))
+    return max(1, cores // per_node)
+
+
 def acquire(workers: int) -> list[Any]:
-    """``workers`` worker actors: idle ones first, new ones spread over the nodes."""
+    """``workers`` worker actors: idle ones first, new ones spread over the nodes,
+    each with its share of its node's cores for Polars (:func:`thread_share`; an
+    idle worker keeps the pool it was started with; ``POLARS_MAX_THREADS`` set by
+    the user wins)."""
     import ray
 
     taken = [_POOL.pop() for _ in range(min(workers, len(_POOL)))]
+    if len(taken) == workers:
+        return taken
     # (Ray's stubs do not list concurrency_groups, which only the decorator takes)
     actor = ray.remote(num_cpus=0, max_restarts=0,  # type: ignore[call-overload]
                        concurrency_groups={CKPT: 1})(ShardWorker)
-    fresh = [actor.options(scheduling_strategy="SPREAD").remote()
-             for _ in range(workers - len(taken))]
+    options: dict[str, Any] = {"scheduling_strategy": "SPREAD"}
+    if THREADS_ENV not in os.environ:
+        options["runtime_env"] = {"env_vars": {THREADS_ENV: str(thread_share(workers))}}
+    fresh = [actor.options(**options).remote() for _ in range(workers - len(taken))]
     return taken + fresh
 
 

@@ -104,6 +104,26 @@ def from_wire(data: Any) -> pl.DataFrame:
     return out
 
 
+def slim(frame: pl.DataFrame) -> pl.DataFrame:
+    """A bounded slab's rows for another worker without the columns it rebuilds
+    (:func:`unslim`): the partition (the same for every row of a slab) and the
+    sequence number (``offset * partitions + partition``): 12 of about 40 bytes a
+    row of the standard workload. Only when they are the frame's last two columns
+    (as :meth:`ShardWorker.read_step` makes them), so the order comes back as it was."""
+    if frame.columns[-2:] != [PARTITION, SEQ]:
+        return frame
+    return frame.drop(PARTITION, SEQ)
+
+
+def unslim(frame: pl.DataFrame, q: int, n_parts: int) -> pl.DataFrame:
+    """The rows of partition ``q`` as :func:`slim` had them (a step of ``n_parts``
+    partitions); a frame that kept its columns (a live slab's) as it is."""
+    if PARTITION in frame.columns:
+        return frame
+    return frame.with_columns(pl.lit(q, dtype=pl.Int32).alias(PARTITION),
+                              (pl.col(OFFSET) * n_parts + q).alias(SEQ))
+
+
 class ShardWorker:
     """Keys whose hash is ``index`` modulo the worker count (see :mod:`._shard`)."""
 
@@ -341,7 +361,7 @@ class ShardWorker:
                     shards.append(own_marker(q, step))
                     self.rows_kept += part.height
                 else:
-                    shards.append(ray.put(to_wire(part)))
+                    shards.append(ray.put(to_wire(slim(part))))
                     self.rows_put += part.height
         n_bad = (bad.height if bad is not None else 0) + (
             failed_rows.height if failed_rows is not None else 0)
@@ -403,7 +423,8 @@ class ShardWorker:
             got: list[Breaks] = list(ray.get(breaks))
             fetched = iter(ray.get([s for s in shards if not _is_own(s)]))
             frames = [self.own.pop((int(s[1]), int(s[2]))) if _is_own(s)
-                      else from_wire(next(fetched)) for s in shards]
+                      else unslim(from_wire(next(fetched)), q, len(shards))
+                      for q, s in enumerate(shards)]
         state = WatermarkState.from_json(wm)
         state.last_offset = list(last_offsets)
         prepare(state, got)

@@ -78,6 +78,35 @@ def is_agent_store(location: str) -> bool:
     return "agent_rows" in tables and "sealstream_checkpoints" not in tables
 
 
+def _must_be_readable(location: str) -> None:
+    """Raise the one line saying why ``location`` cannot be read (a missing file, a
+    server that does not answer): ``is_agent_store`` answers False for those so that
+    the stream commands report them, but ``agents repair`` has no such fallback."""
+    from sealstream.errors import CheckpointError
+
+    if _is_s3(location):
+        from sealstream._objects import ObjectStoreError, open_objects
+        from sealstream.agents._s3store import LEASE
+
+        try:
+            open_objects(location).get(LEASE)
+        except ObjectStoreError as exc:
+            raise CheckpointError(f"cannot read {_shown(location)}: {exc}") from None
+    elif location.startswith(("postgresql://", "postgres://")):
+        import psycopg
+
+        try:
+            psycopg.connect(location, connect_timeout=10).close()
+        except psycopg.Error as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CheckpointError(f"cannot connect to {_shown(location)}: {first}") from None
+    else:
+        path = Path(location[len("sqlite:///"):] if location.startswith("sqlite:///")
+                    else location)
+        if not path.exists():
+            raise SpecError(f"{_shown(location)}: no such file")
+
+
 def _open(location: str, *, write: bool = False) -> Any:
     """The agent store at ``location``; on S3 read-only (no lease) unless ``write``."""
     from sealstream.agents import AgentCheckpointStore
@@ -192,6 +221,7 @@ def repair_cmd(store: str, execution: str | None, dry_run: bool, as_json: bool) 
     STORE is sqlite:///FILE, a SQLite file path, postgresql://HOST/DB or
     s3://BUCKET/PREFIX (the writer's lease is taken: refused while a saver holds it)."""
     if not is_agent_store(store):
+        _must_be_readable(store)
         what = "no agent LEASE" if _is_s3(store) else "no agent_rows table"
         raise SpecError(f"{_shown(store)}: not an agent store ({what})")
     opened = _open(store, write=True)

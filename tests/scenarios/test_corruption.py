@@ -325,6 +325,21 @@ def _verify_guarded(d: Path, env: dict[str, str] | None) -> dict:
     return json.loads(res.stdout)
 
 
+def _here(args: list[str], env: dict[str, str] | None) -> subprocess.CompletedProcess[str]:
+    """As :func:`_guarded`, in this process, for the forgeries that name nothing a
+    reader could hang on or read without bound (a manifest re-sealed around a bad
+    number or parent, or one too large to be read): the verdicts and output asserted
+    are the same, and a traceback fails the test by raising here."""
+    return in_process(*args, env={mf.KEY_ENV: None, "SEALSTREAM_CRASH_AT": None,
+                                  "SEALSTREAM_PAUSE_AT": None, **(env or {})})
+
+
+def _verify_here(d: Path, env: dict[str, str] | None) -> dict:
+    res = _here(["checkpoints", "verify", str(d / "ckpt"), "--json"], env)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    return json.loads(res.stdout)
+
+
 @pytest.fixture(scope="module")
 def crashed_keyed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """As ``crashed``, with signed checkpoints (SEALSTREAM_CHECKPOINT_KEY set)."""
@@ -437,12 +452,12 @@ def test_an_oversized_manifest_is_rejected_unread(
     newest = sorted((d / "ckpt").glob("cp-*"))[-1]
     with open(newest / "MANIFEST.json", "ab") as f:
         f.write(b" " * (mf.MAX_JSON_BYTES + 1))  # still valid JSON: only its size is wrong
-    data = _verify_guarded(d, None)
+    data = _verify_here(d, None)
     verdict = data["checkpoints"][-1]
     assert (verdict["verdict"], verdict["reason"]) == (PARTIAL, "MANIFEST_UNREADABLE"), verdict
     assert f"larger than {mf.MAX_JSON_BYTES} bytes" in verdict["message"]
     assert data["resume_from"] == data["checkpoints"][-2]["id"]
-    assert _guarded(["run", str(d / "spec.toml"), "--quiet"], None).returncode == 0
+    assert _here(["run", str(d / "spec.toml"), "--quiet"], None).returncode == 0
     assert_same_output(d, expected)
 
 
@@ -533,19 +548,19 @@ def test_a_resealed_manifest_with_a_non_finite_number_is_rejected(
     if "e" in number:  # 1e999 parses to the same inf, so the digest still verifies
         manifest.write_text(manifest.read_text().replace("Infinity", "1e999"))
     assert number in manifest.read_text()
-    data = _verify_guarded(d, None)
+    data = _verify_here(d, None)
     verdict = data["checkpoints"][-1]
     assert (verdict["verdict"], verdict["reason"]) == (PARTIAL, "MANIFEST_UNREADABLE"), verdict
     assert "manifest is not JSON" in verdict["message"], verdict
     assert data["resume_from"] == data["checkpoints"][-2]["id"]
-    listed = _guarded(["checkpoints", "list", str(d / "ckpt"), "--json"], None)
+    listed = _here(["checkpoints", "list", str(d / "ckpt"), "--json"], None)
     assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
     cps = _strict_json(listed.stdout)["checkpoints"]
     assert cps[-1]["id"] == verdict["id"] and cps[-1]["complete"] is False, cps[-1]
-    shown = _guarded(["checkpoints", "inspect", str(d / "ckpt"), str(verdict["id"]),
-                      "--json"], None)
+    shown = _here(["checkpoints", "inspect", str(d / "ckpt"), str(verdict["id"]),
+                   "--json"], None)
     assert "Traceback" not in shown.stderr, shown.stderr
-    res = _guarded(["run", str(d / "spec.toml"), "--quiet"], None)
+    res = _here(["run", str(d / "spec.toml"), "--quiet"], None)
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
     assert_same_output(d, expected)
 
@@ -565,12 +580,12 @@ def test_a_checkpoint_naming_no_parent_is_still_held_to_its_predecessor(
         doc["positions"][0]["next_offset"] = 1
         doc["positions"][0]["resume"]["offset"] = 0
     _reseal(newest / "MANIFEST.json", regress)
-    data = _verify_guarded(d, None)
+    data = _verify_here(d, None)
     verdict = data["checkpoints"][-1]
     assert (verdict["verdict"], verdict["reason"]) == (INCONSISTENT, "POSITION_REGRESSION"), \
         verdict
     assert data["resume_from"] == data["checkpoints"][-2]["id"]
-    res = _guarded(["run", str(d / "spec.toml"), "--quiet"], None)
+    res = _here(["run", str(d / "spec.toml"), "--quiet"], None)
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
     assert_same_output(d, expected)
 
@@ -594,12 +609,12 @@ def test_a_parent_that_cannot_be_an_older_checkpoint_is_malformed(
         doc["positions"][0]["next_offset"] = 1
         doc["positions"][0]["resume"]["offset"] = 0
     _reseal(newest / "MANIFEST.json", regress)
-    data = _verify_guarded(d, None)
+    data = _verify_here(d, None)
     verdict = data["checkpoints"][-1]
     assert (verdict["verdict"], verdict["reason"]) == (INCONSISTENT, "MANIFEST_MALFORMED"), \
         verdict
     assert "parent" in verdict["message"], verdict
     assert data["resume_from"] == data["checkpoints"][-2]["id"]
-    res = _guarded(["run", str(d / "spec.toml"), "--quiet"], None)
+    res = _here(["run", str(d / "spec.toml"), "--quiet"], None)
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
     assert_same_output(d, expected)

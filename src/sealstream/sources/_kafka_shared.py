@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections import deque
 from itertools import compress, repeat
 from operator import is_, is_not
@@ -89,6 +90,10 @@ class SharedReader:
         self.consumer: Any = _consumer(settings.consumer_config(), link)
         self.views: dict[int, SharedPartition] = {}
         self.paused: set[int] = set()
+        #: held by every partition's poll, seek and close: a scale-out worker polls
+        #: its partitions ahead on threads of its own (distributed/_live_read.py), and
+        #: two fills at once would queue one partition's records out of order
+        self.lock = threading.RLock()
 
     def has(self, num: int) -> bool:
         return num in self.views
@@ -302,9 +307,14 @@ class SharedPartition(KafkaPartition):
         self.raw_tap = None
         self._queue: deque[_Queued] = deque()
         self._queued = 0
-        reader.assign(self, position)
+        with reader.lock:
+            reader.assign(self, position)
 
     def poll(self, max_records: int, timeout_ms: int) -> Chunk | None:
+        with self._reader.lock:
+            return self._poll(max_records, timeout_ms)
+
+    def _poll(self, max_records: int, timeout_ms: int) -> Chunk | None:
         self._marks_at_open = None
         if not self._queue:
             self._reader.fill(self, max_records, timeout_ms)
@@ -337,16 +347,18 @@ class SharedPartition(KafkaPartition):
         low = self.earliest()
         if low is not None and position < low:
             raise self._expired(position, low)
-        self._queue.clear()
-        self._queued = 0
-        self._reader.reassign(self, position)
-        self._position = self._handed = position
+        with self._reader.lock:
+            self._queue.clear()
+            self._queued = 0
+            self._reader.reassign(self, position)
+            self._position = self._handed = position
 
     def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self._queue.clear()
-            self._reader.release(self)
+        with self._reader.lock:
+            if not self.closed:
+                self.closed = True
+                self._queue.clear()
+                self._reader.release(self)
 
 
 def _cut(piece: _Queued, n: int) -> tuple[_Queued, _Queued]:

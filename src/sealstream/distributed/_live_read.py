@@ -1,6 +1,7 @@
 """A worker's side of a live source on the data plane: its own partitions, read by
-its own client (a Kafka consumer per partition, assigned, never group-managed; a
-NATS connection), positioned where the coordinator's recorded plan says.
+its own client (one Kafka consumer for the worker's partitions, assigned, never
+group-managed, see sources/_kafka_shared.py; a NATS connection), positioned where the
+coordinator's recorded plan says.
 
 The coordinator plans each step as a range ``[from, to)`` of positions per
 partition (:mod:`.live`) from a few numbers per partition the owners report
@@ -48,8 +49,9 @@ from sealstream.sources._live import LivePartition, LiveSource
 #: it holds (None: none)
 Report = tuple[int, int | None, int | None]
 
-#: source kinds whose partitions are read ahead: a Kafka partition has a client of
-#: its own (a NATS connection is shared by the worker's subjects)
+#: source kinds whose partitions are read ahead: Kafka (the worker's partitions share
+#: one consumer, whose polls take turns under its lock; a poll of one partition fills
+#: the others' queues too); a NATS connection is shared by the worker's subjects
 READ_AHEAD_KINDS = ("kafka",)
 #: threads of a worker's read-ahead (its partitions' polls run side by side)
 READ_AHEAD_THREADS = 4

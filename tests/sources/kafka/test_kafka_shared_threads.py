@@ -10,36 +10,13 @@ import time
 from typing import Any
 
 import pytest
+from test_kafka_shared import PLAN, _bad, _good, _produce  # (this directory's helpers)
 
-from sealstream.sources import FieldPlan
 from sealstream.sources._base import Chunk
 from sealstream.sources.kafka import KafkaPartition, KafkaSettings, KafkaSource
 
-ck = pytest.importorskip("confluent_kafka")
-PLAN = FieldPlan(key="user", time="ts", fields={"amount": "numeric"})
+pytest.importorskip("confluent_kafka")
 N = 3000
-
-
-def _value(p: int, i: int) -> bytes:
-    if p == 1 and i % 17 == 5:
-        return b"not json"
-    return b'{"user": "u%d", "ts": %d, "amount": %d}' % (i % 4, 1_000 * i, 1000 * p + i)
-
-
-def _produce(bootstrap: str, topic: str, parts: int, n: int) -> None:
-    prod = ck.Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
-    for i in range(n):  # interleaved, so that fetches bring the partitions together
-        for p in range(parts):
-            prod.produce(topic, _value(p, i), partition=p)
-    assert prod.flush(30) == 0
-
-
-def _good(chunks: list[Chunk]) -> list[int]:
-    return [o for c in chunks for o in c.events["__off"].to_list()]
-
-
-def _bad(chunks: list[Chunk]) -> list[int]:
-    return [o for c in chunks for o in c.bad["_offset"].to_list()]
 
 
 def _drain(part: KafkaPartition, out: list[Chunk], errors: list[BaseException]) -> None:

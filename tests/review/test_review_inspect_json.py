@@ -23,40 +23,14 @@ import pytest
 
 from sealstream.checkpoint.manifest import KEY_ENV
 from sealstream.cli import main
+from sealstream.testing.specs import files_source, spec_text, tumbling
 
 T0 = 1_700_000_000_000
 
-SPEC = """
-[pipeline]
-name = "inspect-json"
-batch_size = 40
-
-[source]
-kind = "jsonl"
-paths = ["in/p0.jsonl", "in/p1.jsonl"]
-key = "k"
-time = "ts"
-
-[watermark]
-max_delay_ms = 200
-
-[window]
-kind = "tumbling"
-size_ms = 1000
-
-[aggregates]
-n = "count"
-total = "sum(amount)"
-
-[sink]
-kind = "jsonl"
-path = "out"
-
-[checkpoint]
-path = "ckpt"
-every_events = 80
-keep = 10
-"""
+SPEC = spec_text(
+    "inspect-json", files_source(["in/p0.jsonl", "in/p1.jsonl"]), key="k", batch_size=40,
+    max_delay_ms=200, window=tumbling(1000),
+    aggregates={"n": "count", "total": "sum(amount)"}, every_events=80, keep=10)
 
 
 @pytest.fixture(scope="module")

@@ -126,3 +126,48 @@ def test_a_signal_stops_the_run_with_one_line_and_the_next_run_resumes(
     summary = json.loads(capsys.readouterr().out)
     assert summary["resumed_from"] == resume
     assert _results(d) == want  # every window once, with the uninterrupted values
+
+
+# A SIGINT while Polars runs a query (here: a step of the query sends it to its own
+# process). Polars' import puts a SIGINT handler of its own in front of Python's,
+# which aborts the query with a KeyboardInterrupt; the first signal to a live run
+# must instead only ask the run to finish its step (the CI once saw a never-ending
+# NATS run end "aborted", exit 1, this way). `_reclaim_signals` is what `run` calls
+# once Polars is imported.
+_SIGNAL_IN_A_QUERY = """
+import os, signal, sys
+import sealstream.cli as cli
+
+class Live:
+    stop_requested = None
+
+cli._catch_signals()
+cli._GRACEFUL[:] = [Live]
+import polars as pl
+
+cli._reclaim_signals()
+
+sent = []
+
+def step(s):
+    if not sent:  # once: a second signal stops the run at once, by design
+        sent.append(os.kill(os.getpid(), signal.SIGINT))
+    return s
+
+df = pl.DataFrame({"a": range(50_000), "g": [i % 7 for i in range(50_000)]})
+for _ in range(3):
+    out = (df.lazy().with_columns(pl.col("a").map_batches(step, return_dtype=pl.Int64))
+           .group_by("g").agg(pl.col("a").sum()).collect())
+print(Live.stop_requested, out["a"].sum())
+"""
+
+
+def test_a_sigint_inside_a_polars_query_reaches_the_run_and_not_polars() -> None:
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    done = subprocess.run([sys.executable, "-c", _SIGNAL_IN_A_QUERY], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    # the run was asked to stop, and the query the signal came in, and the next ones,
+    # finished
+    assert done.stdout.split() == [str(int(signal.SIGINT)), str(sum(range(50_000)))]
+    assert "sealstream: SIGINT: finishing the step" in done.stderr

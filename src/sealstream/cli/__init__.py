@@ -225,6 +225,7 @@ def run(spec: Path, start_over: bool, summary_json: Path | None, batch_size: int
         hooks.extend(h for h in (metrics, progress) if h is not None)
         if job.live:
             _GRACEFUL[:] = [job]
+        _reclaim_signals()
         # What start-up built (modules, the spec, the pipeline; ~60,000 objects) lives as
         # long as the run: out of the cyclic collector's full walks, which the sources'
         # per-batch allocations (a message object per Kafka record) trigger every few
@@ -813,7 +814,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except click.exceptions.Exit as e:
         return int(e.exit_code)
-    except click.Abort:
+    except click.Abort as e:
+        if isinstance(e.__context__, KeyboardInterrupt):  # a library's own SIGINT handler
+            click.echo("sealstream: interrupted by SIGINT", err=True)
+            return 130
         click.echo("sealstream: aborted", err=True)
         return 1
     except SealstreamError as err:
@@ -837,6 +841,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
     return 0
+
+
+def _reclaim_signals() -> None:
+    """Put this process's SIGINT/SIGTERM handlers back in front of Polars' (main thread).
+
+    Importing Polars installs a low-level SIGINT handler of its own (Rust's
+    signal-hook) in front of Python's: a SIGINT that arrives while any thread runs a
+    Polars query aborts that query with a KeyboardInterrupt. The first signal to a
+    live run must let the step finish and the final checkpoint be written, so after
+    Polars is imported the run installs its Python handlers again, which replaces
+    Polars' at the operating system (Python's ``signal.signal`` calls ``sigaction``
+    every time). Ctrl-C then reaches :func:`_on_signal` only.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    import polars  # noqa: F401 - its import is what installs the handler taken out here
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(sig)
+        if handler is not None:  # None: installed outside Python, left alone
+            signal.signal(sig, handler)
 
 
 def _catch_signals() -> dict[int, Any]:

@@ -843,7 +843,7 @@ class Job(Checkpointing):
             ).alias(RAW)
         )
         names = pl.Series("__pname", [json.dumps(n) for n in self.names], dtype=pl.String)
-        pname = pl.lit(names).get(pl.col(PARTITION))
+        pname = pl.lit(names).gather(pl.col(PARTITION))
         raw = pl.col(RAW).str.strip_chars()
         body = raw.str.strip_suffix("}").str.strip_chars_end()
         sep = pl.when(body.str.ends_with("{")).then(pl.lit("")).otherwise(pl.lit(","))
@@ -852,7 +852,7 @@ class Job(Checkpointing):
              pl.col(OFFSET).cast(pl.String), pl.lit("}")]
         )
         return late.select(
-            pl.lit(pl.Series(self.names, dtype=pl.String)).get(pl.col(PARTITION)).alias(
+            pl.lit(pl.Series(self.names, dtype=pl.String)).gather(pl.col(PARTITION)).alias(
                 "_partition"
             ),
             pl.col(OFFSET).alias("_offset"),
@@ -874,7 +874,7 @@ class Job(Checkpointing):
             )
         self.counters.bad_records += bad.height
         frame = bad.select(
-            pl.lit(pl.Series(self.names, dtype=pl.String)).get(pl.col("_p")).alias("_partition"),
+            pl.lit(pl.Series(self.names, dtype=pl.String)).gather(pl.col("_p")).alias("_partition"),
             pl.col("_offset"),
             pl.col("_line"),
             pl.col("_reason"),

@@ -45,7 +45,7 @@ def bad_frame(names: list[str], bad: pl.DataFrame) -> pl.DataFrame:
     """Bad records (with their partition ``_p``) as the ``[errors]`` output's rows, as
     the single-process engine makes them."""
     frame = bad.select(
-        pl.lit(pl.Series(names, dtype=pl.String)).get(pl.col("_p")).alias("_partition"),
+        pl.lit(pl.Series(names, dtype=pl.String)).gather(pl.col("_p")).alias("_partition"),
         pl.col("_offset"), pl.col("_line"), pl.col("_reason"), pl.col("_raw"),
     )
     return frame.with_columns(

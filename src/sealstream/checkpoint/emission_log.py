@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
+import threading
 from typing import Any
 
 #: the manifest field that signs the log: ``{"size": N, "root": HEX}``
@@ -203,10 +205,86 @@ def leaf_hashes(entries: Any) -> list[bytes]:
     return out
 
 
+# ------------------------------------------------------------- the log as it grows
+class Frontier:
+    """The roots of the perfect subtrees an RFC 6962 tree of ``size`` leaves is made of,
+    left to right (their sizes: the binary digits of ``size``, largest first). A leaf is
+    added in O(log n) hashes and the root read in O(log n), so a log that only grows is
+    never hashed whole again: the tree of ``n = 2^a + r`` leaves (``0 < r < 2^a``) is
+    ``node(perfect tree of the first 2^a, tree of the last r)``, hence the root is the
+    perfect roots folded from the right."""
+
+    __slots__ = ("size", "peaks")
+
+    def __init__(self, size: int = 0, peaks: tuple[tuple[int, bytes], ...] = ()) -> None:
+        self.size = size
+        self.peaks = peaks  # (leaf count, root) of each perfect subtree, left to right
+
+    def extended(self, hashes: list[bytes]) -> Frontier:
+        """This frontier with the leaf hashes ``hashes`` added at the right."""
+        peaks, sha = list(self.peaks), hashlib.sha256
+        for h in hashes:
+            n = 1
+            while peaks and peaks[-1][0] == n:
+                left = peaks.pop()[1]
+                h = sha(b"\x01" + left + h).digest()
+                n *= 2
+            peaks.append((n, h))
+        return Frontier(self.size + len(hashes), tuple(peaks))
+
+    def root(self) -> bytes:
+        if not self.peaks:
+            return EMPTY
+        acc = self.peaks[-1][1]
+        for _, h in reversed(self.peaks[:-1]):
+            acc = hash_node(h, acc)
+        return acc
+
+
+# Logs whose frontier is known: every check of a checkpoint reads its whole log (the
+# writer's head, the guard's read-back of the same checkpoint, the next checkpoint's
+# "extends its parent"), and the log of the next checkpoint is that one with a few
+# leaves more. A new log reuses a known one as far as its entries are the very same
+# objects (``is``, not ``==``: 1.0 or True equal 1 but are not leaves): the parsed
+# segments of the store are shared by every read (log_segments), and the writer's list
+# only grows. An entry read again from bytes is a new object and is hashed again, so
+# what a store holds is always what is checked; at most the tail and the newest
+# segment are hashed per check.
+_known: list[tuple[list[Any], Frontier]] = []
+_known_lock = threading.Lock()
+_KNOWN = 4
+
+
+def _frontier(entries: Any, size: int | None = None) -> Frontier:
+    """The frontier of the first ``size`` (all) entries of the log ``entries``
+    (ValueError when one of them is malformed)."""
+    if not isinstance(entries, list):
+        raise ValueError("the emission log is not a list")
+    n = len(entries) if size is None else size
+    same: list[Any] = []
+    f = Frontier()
+    with _known_lock:
+        known = sorted(_known, key=lambda k: len(k[0]), reverse=True)
+    for cand, cf in known:  # the longest known prefix; its last entry first (cheap)
+        m = len(cand)
+        if 0 < m <= n and cand[-1] is entries[m - 1] and all(map(operator.is_, entries,
+                                                                  cand)):
+            same, f = cand, cf
+            break
+    if f.size == n:
+        return f
+    fresh = entries[f.size:n]
+    f = f.extended(leaf_hashes(fresh))
+    with _known_lock:
+        _known.append((same + fresh, f))
+        del _known[:-_KNOWN]
+    return f
+
+
 def head(entries: Any) -> dict[str, Any]:
     """The manifest's :data:`LOG_FIELD` for the log ``entries``."""
-    hashes = leaf_hashes(entries)
-    return {"size": len(hashes), "root": root_of(hashes).hex()}
+    f = _frontier(entries)
+    return {"size": f.size, "root": f.root().hex()}
 
 
 def problem(entries: Any, signed: Any, epoch_entry: Any) -> str | None:
@@ -236,12 +314,15 @@ def extends(entries: Any, parent_log: Any) -> str | None:
     does): the parent's size and root must be those of a prefix of it."""
     if not isinstance(parent_log, dict):
         return None  # a parent written before the log: nothing to extend
+    if not isinstance(entries, list):
+        return None  # judged by problem()
     try:
         size = int(parent_log["size"])
-        hashes = leaf_hashes(entries)
+        n = len(entries)
+        root = _frontier(entries, size).root().hex() if 0 <= size <= n else None
     except (KeyError, TypeError, ValueError):
         return None  # a malformed parent is judged on its own
-    if size > len(hashes) or root_of(hashes[:size]).hex() != parent_log.get("root"):
-        return (f"its emission log ({len(hashes)} epochs) does not extend its parent's "
+    if root is None or root != parent_log.get("root"):
+        return (f"its emission log ({n} epochs) does not extend its parent's "
                 f"({size} epochs): an emitted epoch was removed or rewritten")
     return None

@@ -196,6 +196,22 @@ class S3Objects(Objects):
         return code in ("NoSuchKey", "404", "NotFound") or (status == 404 and
                                                             code != "NoSuchBucket")
 
+    def _fetch(self, **kw: Any) -> tuple[bytes, Any]:
+        """``GetObject`` and its body, read whole: a connection cut in the middle of the
+        body (botocore's ResponseStreamingError, IncompleteReadError, ReadTimeoutError)
+        is a server fault that :meth:`_call` retries like a refused connection."""
+        resp = self.client.get_object(**kw)
+        body: bytes = resp["Body"].read()
+        return body, resp.get("ETag")
+
+    def _etag(self, etag: Any, what: str) -> str:
+        """The ETag of an answer; one line when the server left it out (an answer no
+        S3-compatible server gives to a write it applied, nor to a read)."""
+        if not etag:
+            raise ObjectStoreError(f"cannot {what} in {self._where()}: the server's "
+                                   "answer has no ETag (not an S3-compatible answer)")
+        return str(etag)
+
     # ------------------------------------------------------------ operations
     def create(self, key: str, data: bytes) -> bool:
         from botocore.exceptions import ClientError
@@ -209,8 +225,9 @@ class S3Objects(Objects):
                            IfNoneMatch="*")
         except ClientError as exc:
             if not self._is_precondition(exc):
+                code, status = self._code(exc)
                 raise ObjectStoreError(f"cannot create {key} in {self._where()}: "
-                                       f"{self._code(exc)}") from None
+                                       f"{code or status}") from None
             if self.get(key) == data:
                 return False
             raise ObjectExistsError(f"{self.location}/{key} exists with other bytes") from None
@@ -226,7 +243,8 @@ class S3Objects(Objects):
             body = bytes(view[(n - 1) * size:n * size])
             r = self._call(f"upload part {n} of {full}", c.upload_part, Key=full,
                            UploadId=upload, PartNumber=n, Body=body)
-            return {"PartNumber": n, "ETag": r["ETag"]}
+            return {"PartNumber": n, "ETag": self._etag(r.get("ETag"), f"upload part {n} "
+                                                        f"of {full}")}
 
         try:
             count = -(-len(data) // size)
@@ -251,8 +269,7 @@ class S3Objects(Objects):
                 return b"" if self.get(key, 0, 1) is not None else None
             kw["Range"] = f"bytes={start}-" + ("" if length is None else str(start + length - 1))
         try:
-            resp = self._call(f"read {key}", self.client.get_object, **kw)
-            body: bytes = resp["Body"].read()
+            body: bytes = self._call(f"read {key}", self._fetch, **kw)[0]
             return body
         except ClientError as exc:
             if self._is_absent(exc):
@@ -273,7 +290,7 @@ class S3Objects(Objects):
                 return None
             raise ObjectStoreError(f"cannot read {key} in {self._where()}: "
                                    f"{self._code(exc)[0] or self._code(exc)[1]}") from None
-        return int(resp["ContentLength"]), str(resp["ETag"])
+        return int(resp.get("ContentLength") or 0), self._etag(resp.get("ETag"), f"read {key}")
 
     def keys(self, prefix: str = "") -> list[str]:
         base = f"{self.prefix}/" if self.prefix else ""
@@ -318,13 +335,13 @@ class S3Objects(Objects):
         from botocore.exceptions import ClientError
 
         try:
-            resp = self._call(f"read {key}", self.client.get_object, Key=self._key(key))
+            body, etag = self._call(f"read {key}", self._fetch, Key=self._key(key))
         except ClientError as exc:
             if self._is_absent(exc):
                 return None
             raise ObjectStoreError(f"cannot read {key} in {self._where()}: "
                                    f"{self._code(exc)[0]}") from None
-        return resp["Body"].read(), str(resp["ETag"])
+        return body, self._etag(etag, f"read {key}")
 
     def replace(self, key: str, data: bytes, version: str | None) -> str:
         from botocore.exceptions import ClientError
@@ -342,7 +359,7 @@ class S3Objects(Objects):
                     f"{self.location}/{key} was replaced by another writer") from None
             raise ObjectStoreError(f"cannot replace {key} in {self._where()}: "
                                    f"{self._code(exc)[0]}") from None
-        return str(resp["ETag"])
+        return self._etag(resp.get("ETag"), f"replace {key}")
 
     #: a probe takes a few round trips; one older than this (by the server's clock)
     #: was left by a run killed during its probe, never by a probe still running

@@ -667,8 +667,12 @@ class Job(Checkpointing):
             # a live run checkpoints on its interval while no input arrives too (as
             # Flink does): the checkpoint's time and the group's offsets stay fresh
             if due and (dirty or (self.live and timed and not batch.finished)):
+                # every_ms counts from the start of the previous checkpoint, as Flink's
+                # interval does: the time a checkpoint takes does not stretch the cycle
+                # (at least one step always runs between two checkpoints)
+                began = time.monotonic()
                 self._checkpoint(checkpoint)
-                since_events, last_ck, dirty = 0, time.monotonic(), False
+                since_events, last_ck, dirty = 0, began, False
                 if (
                     not batch.finished
                     and self.stop_when is not None

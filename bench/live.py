@@ -45,6 +45,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sealstream.sources._kafka_log import RECEIVE_MAX_BYTES
+
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench" / "work" / "live"
 RESULTS = ROOT / "bench" / "results"
@@ -84,6 +86,7 @@ def bare_consumer(bootstrap: str, topic: str, partitions: int) -> tuple[int, flo
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-bare",
+                  "receive.message.max.bytes": RECEIVE_MAX_BYTES,
                   "enable.auto.commit": False, "enable.partition.eof": True,
                   "isolation.level": "read_committed"})
     tps = [TopicPartition(topic, p, 0) for p in range(partitions)]
@@ -135,6 +138,7 @@ def fetch_only(bootstrap: str, topic: str, partitions: int) -> tuple[int, float]
     from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-fetch",
+                  "receive.message.max.bytes": RECEIVE_MAX_BYTES,
                   "enable.auto.commit": False, "enable.partition.eof": True,
                   "isolation.level": "read_committed"})
     tps = [TopicPartition(topic, p, 0) for p in range(partitions)]

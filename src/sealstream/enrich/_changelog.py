@@ -37,13 +37,13 @@ def load_changelog(e: Enrich, pinned: dict[str, Any] | None = None) -> Table:
     """Read ``e``'s topic up to its end (or up to ``pinned``: partition -> offset)."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    from sealstream.sources._kafka_log import CLIENT_LOG
+    from sealstream.sources._kafka_log import CLIENT_LOG, RECEIVE_MAX_BYTES
 
     assert e.topic is not None and e.bootstrap is not None
     consumer = Consumer({"bootstrap.servers": e.bootstrap, "group.id": f"sealstream-{e.name}",
                          "enable.auto.commit": False, "auto.offset.reset": "earliest",
                          "isolation.level": "read_committed", "enable.partition.eof": False,
-                         "logger": CLIENT_LOG})
+                         "receive.message.max.bytes": RECEIVE_MAX_BYTES, "logger": CLIENT_LOG})
     deadline = time.monotonic() + e.fail_after_ms / 1000
     try:
         while True:

@@ -107,7 +107,12 @@ from sealstream.sinks._files import (
     os_reason,
     write_new,
 )
-from sealstream.sources._kafka_log import CLIENT_LOG, is_unanswered, note_trouble
+from sealstream.sources._kafka_log import (
+    CLIENT_LOG,
+    RECEIVE_MAX_BYTES,
+    is_unanswered,
+    note_trouble,
+)
 
 __all__ = ["ID_HEADER", "TOKEN_HEADER", "KafkaSink", "parse_location"]
 
@@ -305,6 +310,7 @@ class KafkaSink(Sink):
         conf: dict[str, Any] = {
             **self._base_conf(),
             "group.id": f"sealstream-readback-{uuid.uuid4().hex}",
+            "receive.message.max.bytes": RECEIVE_MAX_BYTES,
             "isolation.level": isolation,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,

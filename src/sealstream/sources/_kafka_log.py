@@ -25,6 +25,14 @@ import re
 import sys
 import threading
 
+#: librdkafka's ``receive.message.max.bytes`` for every consumer that reads records:
+#: its largest value. A broker that does not bound a fetch's answer by
+#: ``fetch.max.bytes`` (noida-db answers a backlog of 2,000,000 events in one response
+#: of ~118 MB) is otherwise refused by the 100 MB default on every try, and the read
+#: never moves (a source failed with "Bad message format"). Kafka bounds the answer, so
+#: there this changes nothing; a spec's ``client`` table can still set another value.
+RECEIVE_MAX_BYTES = 2_147_483_647
+
 CLIENT_LOG = logging.getLogger("sealstream.kafka.client")
 CLIENT_LOG.addHandler(logging.NullHandler())
 CLIENT_LOG.propagate = False  # an application's root handler would flood again

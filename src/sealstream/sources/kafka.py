@@ -65,7 +65,7 @@ import polars as pl
 
 from ..errors import SourceError, SourceExpiredError, SourceUnavailableError, SpecError
 from ._base import Chunk, FieldPlan
-from ._kafka_log import CLIENT_LOG, note_trouble
+from ._kafka_log import CLIENT_LOG, RECEIVE_MAX_BYTES, note_trouble
 from ._kafka_prefetch import Prefetcher, prefetch_depth
 from ._live import MESSAGE_KEY, MESSAGE_TIMESTAMP, ValueParser, empty_chunk
 
@@ -137,6 +137,7 @@ class KafkaSettings:
 
     def consumer_config(self, group: str | None = None) -> dict[str, Any]:
         conf: dict[str, Any] = {
+            "receive.message.max.bytes": RECEIVE_MAX_BYTES,  # _kafka_log: why
             **dict(self.client),
             "bootstrap.servers": self.bootstrap,
             "enable.auto.commit": False,

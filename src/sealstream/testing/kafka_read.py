@@ -8,6 +8,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from sealstream.sources._kafka_log import RECEIVE_MAX_BYTES
+
 __all__ = ["Message", "read_committed"]
 
 
@@ -27,7 +29,8 @@ def read_committed(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[
 
     c: Any = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4().hex}",
                   "isolation.level": "read_committed", "enable.auto.commit": False,
-                  "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+                  "enable.partition.eof": True, "auto.offset.reset": "earliest",
+                  "receive.message.max.bytes": RECEIVE_MAX_BYTES})
     out: list[Message] = []
     try:
         md = c.list_topics(topic, timeout=timeout_s)

@@ -290,7 +290,11 @@ class S3Objects(Objects):
                 return None
             raise ObjectStoreError(f"cannot read {key} in {self._where()}: "
                                    f"{self._code(exc)[0] or self._code(exc)[1]}") from None
-        return int(resp.get("ContentLength") or 0), self._etag(resp.get("ETag"), f"read {key}")
+        size = resp.get("ContentLength")
+        if size is None:  # never guessed: 0 would read as an empty object
+            raise ObjectStoreError(f"cannot read {key} in {self._where()}: the server's "
+                                   "answer has no Content-Length")
+        return int(size), self._etag(resp.get("ETag"), f"read {key}")
 
     def keys(self, prefix: str = "") -> list[str]:
         base = f"{self.prefix}/" if self.prefix else ""

@@ -9,15 +9,24 @@ PostgreSQL tests skip with the reason, unless ``SEALSTREAM_REQUIRE_PG=1`` (set b
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 _OWN_CACHE: list[str] = []
+
+
+#: where each xdist worker writes what it was doing and Python's fault dump, so that a
+#: worker that dies ("worker 'gw0' crashed while running ...", and nothing else) is
+#: reported with its last words: set by the controller, inherited by its workers
+_FAULTS_ENV = "SEALSTREAM_TEST_FAULTS_DIR"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -27,13 +36,107 @@ def pytest_configure(config: pytest.Config) -> None:
     if "SEALSTREAM_CACHE_DIR" not in os.environ:
         _OWN_CACHE.append(tempfile.mkdtemp(prefix="sealstream-test-cache-"))
         os.environ["SEALSTREAM_CACHE_DIR"] = _OWN_CACHE[-1]
+    if getattr(config, "workerinput", None) is None:
+        if _FAULTS_ENV not in os.environ:
+            _OWN_CACHE.append(tempfile.mkdtemp(prefix="sealstream-test-faults-"))
+            os.environ[_FAULTS_ENV] = _OWN_CACHE[-1]
+
+
+_FAULT_LOG: list[Any] = []
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # here, not in pytest_configure: after pytest's faulthandler plugin has pointed the
+    # fault dump at stderr, which is lost with the worker
+    worker = getattr(session.config, "workerinput", None)
+    if worker is not None and os.environ.get(_FAULTS_ENV):
+        _start_fault_log(Path(os.environ[_FAULTS_ENV]) / f"{worker['workerid']}.log")
+
+
+def _start_fault_log(path: Path) -> None:
+    """This worker's PID, each test it starts, and (on SIGSEGV, SIGABRT, SIGBUS, SIGFPE,
+    SIGILL) every thread's Python stack, in ``path``."""
+    import faulthandler
+
+    f = open(path, "a", buffering=1)  # noqa: SIM115 - open for the worker's life
+    f.write(f"pid {os.getpid()}\n")
+    faulthandler.enable(file=f, all_threads=True)
+    _FAULT_LOG.append(f)
+
+
+def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
+    if _FAULT_LOG:
+        _FAULT_LOG[0].write(f"{time.strftime('%H:%M:%S')} {nodeid}\n")
+
+
+_PLUMBING = r"/site-packages/(pluggy|_pytest|execnet|xdist)/|^Extension modules"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem: str, report: Any, sched: Any) -> None:
+    """Add the crashed worker's last words to its report: the tail of its fault log
+    and of the Ray driver log its PID wrote (Ray ends a driver whose raylet or GCS is
+    gone with a line there, not on the worker's captured stderr)."""
+    d = os.environ.get(_FAULTS_ENV)
+    node = getattr(report, "node", None)
+    if not d or node is None:
+        return
+    log = Path(d) / f"{node.gateway.id}.log"
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    fatal = [i for i, ln in enumerate(lines) if ln.startswith("Fatal Python error")]
+    # the dump's own frames, without pytest's and xdist's (they are the same every time)
+    dump = [ln for ln in lines[fatal[-1]:] if not re.search(_PLUMBING, ln)] if fatal else []
+    started = [ln for ln in lines if re.match(r"\d\d:\d\d:\d\d ", ln)]
+    extra = [f"{log} (the last tests it started, then its fault dump if any):",
+             *started[-3:], *dump[:80]]
+    pids = [ln.split()[1] for ln in lines if ln.startswith("pid ")]
+    if pids:
+        import glob
+
+        for ray_log in sorted(glob.glob(f"/tmp/ray/session_*/logs/python-core-driver-*_"
+                                        f"{pids[-1]}.log"))[-2:]:
+            tail = Path(ray_log).read_text(errors="replace").splitlines()[-25:]
+            extra += [f"{ray_log}:", *tail]
+    report.longrepr = f"{report.longrepr}\n" + "\n".join(extra)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    for f in _FAULT_LOG:
+        f.close()
+    if getattr(config, "workerinput", None) is not None:
+        return  # the controller removes the directories
     for path in _OWN_CACHE:
         shutil.rmtree(path, ignore_errors=True)
-        if os.environ.get("SEALSTREAM_CACHE_DIR") == path:
-            del os.environ["SEALSTREAM_CACHE_DIR"]
+        for k in ("SEALSTREAM_CACHE_DIR", _FAULTS_ENV):
+            if os.environ.get(k) == path:
+                del os.environ[k]
+
+
+#: the settings a test must not leave behind: sealstream's own and S3 credentials. The
+#: runs a later test starts inherit this process's environment, so a leaked
+#: ``SEALSTREAM_PG_RETRY_S=3`` (``sealstream console`` set it in-process) failed an
+#: unrelated test that expects the default 30 s, in CI, on whichever worker ran both.
+_GUARDED = ("SEALSTREAM_", "AWS_")
+
+
+def _guarded_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith(_GUARDED)}
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_settings() -> Iterator[None]:
+    """Fail the test that changes a guarded variable without putting it back (and put
+    it back, so the tests after it run in the environment they expect)."""
+    before = _guarded_env()
+    yield
+    after = _guarded_env()
+    if after != before:
+        for k in set(after) - set(before):
+            del os.environ[k]
+        os.environ.update(before)
+        changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+        pytest.fail(f"the test left the environment changed: {', '.join(changed)}",
+                    pytrace=False)
 
 
 def _admin_url() -> str:

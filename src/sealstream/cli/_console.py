@@ -29,6 +29,13 @@ def console_cmd(stores: tuple[str, ...], host: str, port: int, job: str | None,
     threads, a running job. Needs the console extra: pip install 'sealstream[console]'."""
     from sealstream.console._serve import serve
 
+    before = os.environ.get("AWS_ENDPOINT_URL")
     if endpoint_url:
         os.environ["AWS_ENDPOINT_URL"] = endpoint_url  # what every S3 store here reads
-    serve(list(stores), host=host, port=port, job=job)
+    try:
+        serve(list(stores), host=host, port=port, job=job)
+    finally:  # as it was, for a caller that goes on in this process
+        if before is None:
+            os.environ.pop("AWS_ENDPOINT_URL", None)
+        else:
+            os.environ["AWS_ENDPOINT_URL"] = before

@@ -57,13 +57,27 @@ def serve(stores: list[str], *, host: str = "127.0.0.1", port: int = 8080,
     try:
         import jinja2  # noqa: F401
         import starlette  # noqa: F401
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError:
         raise SpecError("the console needs its extra: pip install 'sealstream[console]'"
                         ) from None
     # a page waits for a store: an unreachable PostgreSQL is retried for 3 s, not 30
-    os.environ.setdefault("SEALSTREAM_PG_RETRY_S", str(PG_RETRY_S))
-    os.environ.setdefault("SEALSTREAM_S3_RETRY_S", str(S3_RETRY_S))
+    # (the user's own setting wins). Only while serving: a caller that goes on in this
+    # process (a test, a notebook) gets its environment back as it was.
+    shorter = {k: v for k, v in (("SEALSTREAM_PG_RETRY_S", str(PG_RETRY_S)),
+                                 ("SEALSTREAM_S3_RETRY_S", str(S3_RETRY_S)))
+               if k not in os.environ}
+    os.environ.update(shorter)
+    try:
+        return _serve(stores, host=host, port=port, job=job)
+    finally:
+        for k in shorter:
+            os.environ.pop(k, None)
+
+
+def _serve(stores: list[str], *, host: str, port: int, job: str | None) -> int:
+    import uvicorn
+
     token = None if is_loopback(host) else secrets.token_urlsafe(24)
     # on loopback, only loopback names: a page elsewhere cannot reach it by DNS rebinding
     hosts = None if token is not None else ["127.0.0.1", "localhost", "[::1]", "::1",

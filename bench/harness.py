@@ -890,3 +890,14 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if any(
         r.status == "failed" or (r.check.startswith("MISMATCH") and r.group != "peer") for r in bad
     ) else 0
+
+
+def on_top(path: Path, lines: list[str], started: str) -> str:
+    """The results file at ``path`` with this run (``lines``: title, blank, body) as a
+    new section at its top: the earlier runs, and the analysis written beside them, are
+    kept below it instead of overwritten."""
+    new = [lines[0], "", f"## Run of {started}", "", *lines[2:]]
+    old = path.read_text() if path.exists() else ""
+    if old.startswith(lines[0]):
+        old = old[len(lines[0]):].lstrip("\n")
+    return "\n".join(new) + "\n" + ("\n" + old if old else "")

@@ -30,6 +30,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench.harness import on_top
+
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench" / "work" / "s3"
 RESULTS = ROOT / "bench" / "results"
@@ -61,6 +63,7 @@ def run_one(name: str, store: str, files: list[Path], env: dict[str, str]) -> di
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     ap = argparse.ArgumentParser(prog="python -m bench.s3_store",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--events", type=int, default=2_000_000)
@@ -91,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
                      got[-1]["mean_bytes"]))
     base = rows[0][1]
     lines = [
+        "# S3 checkpoints against a directory store (side by side)",
+        "",
         f"Checkpoints in S3 (SeaweedFS 4.48 on loopback) vs a directory: {args.events:,} "
         f"events, {args.keys:,} keys, 3 JSONL partitions, tumbling 60 s, checkpoint every "
         f"1 s, results to JSONL files; median of {args.repeat} whole processes each, "
@@ -113,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(lines) + "\n"
     print(text)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "s3.md").write_text(text)
+    (RESULTS / "s3.md").write_text(on_top(RESULTS / "s3.md", lines, started))
     return 0
 
 

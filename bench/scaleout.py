@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.harness import on_top
+
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench" / "work" / "scaleout"
 RESULTS = ROOT / "bench" / "results"
@@ -232,6 +234,7 @@ PROFILE_NOTE = ("Where the time of the runs with workers went, per phase of a st
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     from bench.harness import STANDARD, Workload, prepare_data
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -331,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
             *section,
         ]
-        text = "\n".join(lines)
+        text = on_top(out, lines, started)
     RESULTS.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     print(text)

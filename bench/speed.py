@@ -37,7 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.harness import Workload, measure, prepare_data
+from bench.harness import Workload, measure, on_top, prepare_data
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench" / "work" / "speed"
@@ -225,24 +225,14 @@ def kafka_main(args: argparse.Namespace) -> int:
               f"Target: Kafka -> Kafka >= 85 % of Kafka -> files (same code, same run): "
               f"{'met' if k2k >= 0.85 else 'NOT met'} ({k2k:.0%})."]
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "speed-kafka.md").write_text("\n".join(lines) + "\n")
+    (args.out / "speed-kafka.md").write_text(on_top(args.out / "speed-kafka.md", lines,
+                                                     started))
     (args.out / "speed-kafka.json").write_text(json.dumps(
         {"started": started, "events": produced, "load": [load_before, load_after],
          "rates": rates, "median": med, "cpu_s": cpus, "idle_cpu_s": idle_cpu},
         indent=2) + "\n")
     print("\n".join(lines))
     return 0
-
-
-def on_top(path: Path, lines: list[str], started: str) -> str:
-    """The results file with this run (``lines``: title, blank, body) as a new
-    section at its top: the earlier runs, and the analysis written beside them, are
-    kept below it instead of overwritten."""
-    new = [lines[0], "", f"## Run of {started}", "", *lines[2:]]
-    old = path.read_text() if path.exists() else ""
-    if old.startswith(lines[0]):
-        old = old[len(lines[0]):].lstrip("\n")
-    return "\n".join(new) + "\n" + ("\n" + old if old else "")
 
 
 def main(argv: list[str] | None = None) -> int:

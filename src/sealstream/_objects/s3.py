@@ -223,6 +223,10 @@ class S3Objects(Objects):
         server faults (no answer, a cut body, 5xx, throttling) retried for
         :func:`retry_seconds`; a refused precondition, a missing key and a range past
         the end raised as :class:`_Answer` for the caller; other refusals one line."""
+        # obstore itself first: its Rust module puts obstore.exceptions in sys.modules
+        # before filling it, so a thread importing that while another thread imports
+        # obstore could find it half made; ``import obstore`` waits for the whole
+        import obstore  # noqa: F401
         from obstore.exceptions import (
             AlreadyExistsError,
             BaseError,

@@ -1,4 +1,13 @@
-"""Objects in S3-compatible storage, through boto3 (see :mod:`sealstream._objects`).
+"""Objects in S3-compatible storage, through obstore or boto3 (see
+:mod:`sealstream._objects`).
+
+The requests go through obstore (Rust's ``object_store``: conditional puts first
+class, requests that release the GIL, a cheap import) when it is installed and the
+credentials are in the environment, else through botocore; the parts of an object
+larger than :attr:`S3Objects.multipart_bytes` always go up by botocore (object_store
+cannot complete a multipart upload with ``If-None-Match: *``). Both paths send the same
+requests and classify the answers alike; ``SEALSTREAM_S3_CLIENT`` picks one (see
+:mod:`sealstream._objects._obstore`).
 
 Why boto3: it is the AWS SDK, kept by AWS, and its ``put_object`` and
 ``complete_multipart_upload`` take ``IfNoneMatch="*"`` and ``IfMatch=ETAG`` as first

@@ -117,12 +117,15 @@ def choose(endpoint_url: str | None) -> str:
     return "botocore"
 
 
-def make_store(bucket: str, endpoint_url: str | None, pool: int, retry_s: float) -> Any:
+def make_store(bucket: str, endpoint_url: str | None, pool: int, retry_s: float,
+               bulk_delete: bool = False) -> Any:
     """An obstore ``S3Store`` of ``bucket`` with every setting given (see the module):
     the credentials and the region of the environment, path-style addressing (and
     plain http allowed) for an endpoint, botocore's timeouts (connect 5 s, 30 s without
     a byte), and no retries of its own: :class:`S3Objects` retries server faults for
-    its retry budget, as on botocore."""
+    its retry budget, as on botocore. obstore deletes even one key with
+    ``DeleteObjects``; unless ``bulk_delete``, the store sends ``DeleteObject`` (one
+    ``DELETE`` per key) instead, as botocore's ``delete_object``."""
     from obstore.store import S3Store
 
     env = os.environ
@@ -134,6 +137,7 @@ def make_store(bucket: str, endpoint_url: str | None, pool: int, retry_s: float)
         "conditional_put": "etag",
         "unsigned_payload": False,
         "disable_tagging": True,
+        "disable_bulk_delete": not bulk_delete,
     }
     if env.get("AWS_SESSION_TOKEN"):
         config["session_token"] = env["AWS_SESSION_TOKEN"]

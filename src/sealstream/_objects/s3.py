@@ -119,6 +119,7 @@ class S3Objects(Objects):
         except ValueError as exc:
             raise ObjectStoreError(f"{self.location}: {exc}") from None
         self._obstore: Any = None
+        self._obstore_bulk: Any = None
 
     @classmethod
     def from_url(cls, url: str, endpoint_url: str | None = None) -> S3Objects:
@@ -136,21 +137,34 @@ class S3Objects(Objects):
     @property
     def store(self) -> Any:
         """The obstore ``S3Store`` (on the obstore path), made once for every thread."""
-        if self._obstore is None:
-            with self._client_lock:
-                if self._obstore is None:
-                    try:
-                        self._obstore = make_store(self.bucket, self.endpoint_url,
-                                                   self.pool_connections, retry_seconds())
-                    except ImportError:
-                        raise ObjectStoreError(
-                            f"{self.location}: S3 needs obstore or boto3 "
-                            "(pip install 'sealstream[s3]')") from None
-                    except Exception as exc:  # noqa: BLE001 - a setting obstore refused
-                        raise ObjectStoreError(
-                            f"{self.location}: cannot set up the S3 client "
-                            f"({type(exc).__name__})") from None
-        return self._obstore
+        return self._obstore or self._make_store(False)
+
+    @property
+    def bulk_store(self) -> Any:
+        """The obstore ``S3Store`` that deletes with ``DeleteObjects`` (made on the
+        first :meth:`delete_many`)."""
+        return self._obstore_bulk or self._make_store(True)
+
+    def _make_store(self, bulk: bool) -> Any:
+        with self._client_lock:
+            made = self._obstore_bulk if bulk else self._obstore
+            if made is None:
+                try:
+                    made = make_store(self.bucket, self.endpoint_url, self.pool_connections,
+                                      retry_seconds(), bulk_delete=bulk)
+                except ImportError:
+                    raise ObjectStoreError(
+                        f"{self.location}: S3 needs obstore or boto3 "
+                        "(pip install 'sealstream[s3]')") from None
+                except Exception as exc:  # noqa: BLE001 - a setting obstore refused
+                    raise ObjectStoreError(
+                        f"{self.location}: cannot set up the S3 client "
+                        f"({type(exc).__name__})") from None
+                if bulk:
+                    self._obstore_bulk = made
+                else:
+                    self._obstore = made
+            return made
 
     @property
     def client(self) -> Any:
@@ -441,8 +455,10 @@ class S3Objects(Objects):
 
             try:
                 self._ob_call(f"delete {key}", obstore.delete, self.store, self._key(key))
-            except _Answer:  # absent (a 404 some servers give): nothing to do
-                pass
+            except _Answer as ans:
+                if ans.kind != "absent":  # absent (a 404 some servers give): nothing to do
+                    raise ObjectStoreError(f"cannot delete {key} in {self._where()}: "
+                                           f"{ans.code or ans.status}") from None
             return
         self._call(f"delete {key}", self.client.delete_object, Key=self._key(key))
 
@@ -685,7 +701,7 @@ class S3Objects(Objects):
         import obstore
 
         try:
-            self._ob_call(f"delete {len(batch)} objects", obstore.delete, self.store,
+            self._ob_call(f"delete {len(batch)} objects", obstore.delete, self.bulk_store,
                           [self._key(k) for k in batch])
         except (_Answer, ObjectStoreError):
             for key in batch:

@@ -177,7 +177,6 @@ def missing_header(exc: BaseException) -> str | None:
     """The header object_store found missing from an answer (``ETag``,
     ``Content-Length``...), None when the error is something else."""
     text = str(exc)
-    m = re.search(r"([A-Za-z-]{2,40}) [Hh]eader missing", text) \
-        or re.search(r"[Mm]issing ([A-Za-z-]{2,40}) header", text) \
-        or re.search(r"[Mm]issing ([A-Za-z-]{2,40})\b", text)
+    m = re.search(r"\b([A-Za-z-]{2,40}) [Hh]eader missing", text) \
+        or re.search(r"[Mm]issing ([A-Za-z-]{2,40}) [Hh]eader", text)
     return m.group(1) if m else None

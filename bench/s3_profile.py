@@ -6,9 +6,12 @@ function that asked for it.
     python -m bench.s3_profile [--events N] [--keys N]
 
 The run is in this process (``sealstream.cli.main``), with botocore's
-``_make_api_call`` wrapped; nothing else changes. What the processing thread spends
-in S3 is what stands between the engine and the directory store's speed: the
-checkpoint writer's requests overlap the next epoch.
+``_make_api_call`` wrapped; nothing else changes. The requests are counted on
+botocore, so the run sends them through botocore (``SEALSTREAM_S3_CLIENT=botocore``,
+set for the run and put back after): with the credentials in the environment they
+would otherwise go through obstore, which this profile does not see. What the
+processing thread spends in S3 is what stands between the engine and the directory
+store's speed: the checkpoint writer's requests overlap the next epoch.
 """
 
 from __future__ import annotations
@@ -89,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
 
     with SeaweedServer() as server:
         os.environ.update(server.env())
+        before = os.environ.get("SEALSTREAM_S3_CLIENT")
+        os.environ["SEALSTREAM_S3_CLIENT"] = "botocore"  # the client counted here
         wd = WORK / uuid.uuid4().hex[:6]
         wd.mkdir(parents=True)
         url = f"s3://{server.bucket}/profile-{uuid.uuid4().hex[:8]}"
@@ -105,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             botocore.client.BaseClient._make_api_call = original
             S3Objects._make_client = make_client
+            if before is None:
+                os.environ.pop("SEALSTREAM_S3_CLIENT", None)
+            else:
+                os.environ["SEALSTREAM_S3_CLIENT"] = before
         wall = time.perf_counter() - t0
     summary = json.loads((wd / "summary.json").read_text())
     count = summary.get("checkpoints", {}).get("count") or 0

@@ -42,18 +42,31 @@ class _ObjectContract(StoreContract):
         return [objects.get(k) or b"" for k in keys]
 
 
+#: the clients S3Objects sends its requests with (SEALSTREAM_S3_CLIENT): every S3
+#: test here runs on both; "obstore" fails rather than falls back when it cannot be used
+CLIENTS = ["botocore", "obstore"]
+
+
+@pytest.fixture(params=CLIENTS)
+def client(request: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("SEALSTREAM_S3_CLIENT", request.param)
+    return str(request.param)
+
+
 class TestS3Store(_ObjectContract):
     @pytest.fixture(autouse=True)
-    def _server(self, s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    def _server(self, s3_server: Any, monkeypatch: pytest.MonkeyPatch, client: str) -> None:
         for name, value in s3_server.env().items():
             monkeypatch.setenv(name, value)
         self.server = s3_server
+        self.client = client
 
     def make_store(self, where: Path, pipeline: str = PIPELINE,
                    key: bytes | None = None) -> CheckpointStore:
         prefix = "t/" + hashlib.sha256(str(where).encode()).hexdigest()[:16]
-        return ObjectCheckpointStore(S3Objects(self.server.bucket, prefix), pipeline,
-                                     encryption_key=key)
+        objects = S3Objects(self.server.bucket, prefix)
+        assert objects.backend == self.client
+        return ObjectCheckpointStore(objects, pipeline, encryption_key=key)
 
 
 class TestLocalObjectsStore(_ObjectContract):
@@ -65,7 +78,7 @@ class TestLocalObjectsStore(_ObjectContract):
 
 # ---------------------------------------------------------------- S3 only
 @pytest.fixture
-def s3_env(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+def s3_env(s3_server: Any, monkeypatch: pytest.MonkeyPatch, client: str) -> Any:
     for name, value in s3_server.env().items():
         monkeypatch.setenv(name, value)
     return s3_server
@@ -112,11 +125,12 @@ def test_the_probe_leaves_nothing_and_sweeps_what_killed_probes_left(
 
 
 def test_large_state_goes_up_in_parts_and_is_never_overwritten(s3_env: Any, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch
-                                                              ) -> None:
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              client: str) -> None:
     monkeypatch.setattr(S3Objects, "multipart_bytes", 5 * 1024 * 1024)
     objects = S3Objects.from_url(_url(s3_env, tmp_path))
     big = bytes(range(256)) * (11 * 4096)  # 11 MiB: three parts
+    assert objects.backend == client
     assert objects.create("big", big) is True
     assert objects.get("big") == big
     assert objects.create("big", big) is False
@@ -188,7 +202,8 @@ def test_a_killed_holder_of_this_host_does_not_block_the_next_run(s3_env: Any,
 
 
 def test_a_server_that_ignores_if_none_match_is_refused(tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       client: str) -> None:
     from s3_proxy import HeaderDroppingProxy
     from sealstream.testing.brokers import SeaweedServer
 
@@ -212,7 +227,7 @@ def test_a_server_that_ignores_if_none_match_is_refused(tmp_path: Path,
 
 
 def test_a_server_that_is_down_longer_than_the_budget_gives_one_line(
-        own_s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        own_s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, client: str) -> None:
     for name, value in own_s3.env().items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("SEALSTREAM_S3_RETRY_S", "2")
@@ -250,7 +265,7 @@ def test_local_objects_are_published_whole_and_create_if_absent(tmp_path: Path) 
 
 
 def test_a_multipart_upload_cut_by_a_server_crash_is_never_visible(
-        own_s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        own_s3: Any, monkeypatch: pytest.MonkeyPatch, client: str) -> None:
     """The server is SIGKILLed after the first part of a large object went up: the
     create fails in one line, the object never appears (not even partly) once the
     server is back, and a second attempt stores it whole."""
@@ -271,6 +286,7 @@ def test_a_multipart_upload_cut_by_a_server_crash_is_never_visible(
             return super()._call(what, fn, **kw)
 
     objects = KilledAfterOnePart(own_s3.bucket, "mp")
+    assert objects.backend == client  # the parts go up by botocore on both
     with pytest.raises(ObjectStoreError, match="did not answer for 2 s"):
         objects.create("state.arrow", big)
     own_s3.start()

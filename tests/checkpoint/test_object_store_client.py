@@ -26,6 +26,9 @@ def s3_env(s3_server: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> A
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("SEALSTREAM_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("AWS_DATA_PATH", raising=False)
+    # every operation on the botocore client (with the environment's credentials the
+    # obstore client would send all but the multipart ones)
+    monkeypatch.setenv("SEALSTREAM_S3_CLIENT", "botocore")
     return s3_server
 
 

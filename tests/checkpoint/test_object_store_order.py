@@ -35,6 +35,9 @@ from sealstream.testing.store_contract import PIPELINE, sample_checkpoint
 def s3_env(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     for name, value in s3_server.env().items():
         monkeypatch.setenv(name, value)
+    # the requests are recorded from botocore's event hooks: the botocore client
+    # (SEALSTREAM_S3_CLIENT), which sends the same requests as obstore for each call
+    monkeypatch.setenv("SEALSTREAM_S3_CLIENT", "botocore")
     return s3_server
 
 

@@ -16,22 +16,35 @@ from test_console_s3 import _listing, _pages, _story
 from sealstream.console import _objstores
 
 
-@pytest.fixture
-def made(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The services of every S3 client made in this process from now on (a spy on
-    botocore's real factory, which boto3's ``Session.client`` calls too), the console's
-    shared clients forgotten first."""
+@pytest.fixture(params=["botocore", "obstore"])
+def made(monkeypatch: pytest.MonkeyPatch, request: Any) -> list[str]:
+    """The services of every S3 client made in this process from now on, the
+    console's shared clients forgotten first, on each client (SEALSTREAM_S3_CLIENT):
+    a spy on botocore's real factory (which boto3's ``Session.client`` calls too), or
+    on the real factory of the obstore ``S3Store`` of :class:`S3Objects`."""
     import botocore.session
 
+    from sealstream._objects import s3
+
     monkeypatch.setattr(_objstores, "_shared", {}, raising=False)  # (none before)
+    monkeypatch.setenv("SEALSTREAM_S3_CLIENT", request.param)
     out: list[str] = []
-    real = botocore.session.Session.create_client
+    if request.param == "botocore":
+        real = botocore.session.Session.create_client
 
-    def counting(self: Any, service: str, *args: Any, **kw: Any) -> Any:
-        out.append(service)
-        return real(self, service, *args, **kw)
+        def counting(self: Any, service: str, *args: Any, **kw: Any) -> Any:
+            out.append(service)
+            return real(self, service, *args, **kw)
 
-    monkeypatch.setattr(botocore.session.Session, "create_client", counting)
+        monkeypatch.setattr(botocore.session.Session, "create_client", counting)
+    else:
+        real_store = s3.make_store
+
+        def counting_store(*args: Any, **kw: Any) -> Any:
+            out.append("s3")
+            return real_store(*args, **kw)
+
+        monkeypatch.setattr(s3, "make_store", counting_store)
     return out
 
 

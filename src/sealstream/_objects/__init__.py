@@ -23,7 +23,7 @@ keys (``a/b/c``: slashes are only part of names) under one root:
 :class:`LocalObjects` keeps them as files (created ``O_EXCL`` and published by a
 hard link of a fully written, fsynced temporary file); :class:`S3Objects` in a
 bucket, with ``If-None-Match: *`` and ``If-Match`` conditional writes
-(:mod:`sealstream._objects.s3`, which needs boto3).
+(:mod:`sealstream._objects.s3`, which needs obstore or boto3).
 
 Errors: :class:`ObjectExistsError`, :class:`VersionConflictError`, and
 :class:`ObjectStoreError` for everything else (a server that did not answer for the

@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 #: the environment a boto3 client reads its endpoint, region and credentials from
 _CLIENT_ENV = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_REGION",
-               "AWS_DEFAULT_REGION", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
+               "AWS_DEFAULT_REGION", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE",
+               "SEALSTREAM_S3_CLIENT")
 
 _shared: dict[tuple[str, str], S3Objects] = {}
 _shared_lock = threading.Lock()
@@ -52,7 +53,7 @@ def shared_objects(url: str) -> S3Objects:
         objects = _shared.get(key)
         if objects is None:
             objects = S3Objects.from_url(url)
-            objects.client  # noqa: B018  (made here, under the lock; an error is not kept)
+            objects.connect()  # made here, under the lock (an error is not kept)
             _shared[key] = objects
         return objects
 

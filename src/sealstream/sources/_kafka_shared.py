@@ -45,7 +45,7 @@ from ._live import ValueParser, empty_chunk
 if TYPE_CHECKING:
     from .kafka import KafkaSettings, _Link
 
-from .kafka import KafkaPartition, _consumer, parse_partition_name
+from .kafka import KafkaPartition, _consumer, message_times, parse_partition_name
 
 #: a partition's queued records at which it is paused in the client
 PAUSE_AT = 262_144
@@ -196,8 +196,7 @@ class SharedReader:
         taps = any(v.raw_tap is not None for v in self.views.values())
         stamps = None
         if p.time_from_message or taps:
-            stamps = np.fromiter((t[1] for t in map(Message.timestamp, msgs)), np.int64,
-                                 count=n)
+            stamps = message_times(msgs)
         rows = np.arange(n, dtype=np.int64)
         # one parse of all partitions' values: positions are the rows; OFFSET/_offset
         # are mapped back to each partition's offsets below
@@ -213,6 +212,11 @@ class SharedReader:
             bad = bad.with_columns(at, at.alias("_line"),
                                    pl.Series("_q", parts[bad_rows], dtype=pl.Int64))
         span = whole.raw
+        tapped: tuple[pl.Series, pl.Series] | None = None
+        if taps:  # the archive's raw columns, built once for every partition (in Rust)
+            tapped = (pl.Series("key", keys if keys is not None
+                                else list(map(Message.key, msgs)), dtype=pl.Binary),
+                      pl.Series("value", values, dtype=pl.Binary))
         nums = np.unique(parts).tolist()
         for num in nums:
             view = self.views[num]
@@ -234,14 +238,11 @@ class SharedReader:
                           raw=raw_span)
             raw = None
             if view.raw_tap is not None:
-                assert stamps is not None
-                raw = pl.DataFrame({
-                    "position": offs,
-                    "key": pl.Series(list(map(Message.key, (msgs[i] for i in sel.tolist()))),
-                                     dtype=pl.Binary),
-                    "timestamp_ms": stamps[sel],
-                    "value": pl.Series([values[i] for i in sel.tolist()], dtype=pl.Binary),
-                })
+                assert stamps is not None and tapped is not None
+                key_col, value_col = tapped if one else (tapped[0].gather(sel),
+                                                         tapped[1].gather(sel))
+                raw = pl.DataFrame({"position": offs, "key": key_col,
+                                    "timestamp_ms": stamps[sel], "value": value_col})
             view._queue.append(_Queued(chunk, offs, raw))
             view._queued += len(offs)
 

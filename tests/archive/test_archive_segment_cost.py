@@ -104,9 +104,9 @@ def test_retention_lists_once_then_deletes_what_the_run_created(tmp_path: Path) 
         names = []
         for step in range(2, 7):
             part.raw_tap(frame(step * 10, step * 10 + 10))
-            doc = archiver.write(step, {"t/0": (step * 10, step * 10 + 10)})
-            assert doc is not None
-            archiver.settle()
+            archiver.write(step, {"t/0": (step * 10, step * 10 + 10)})
+            doc = archiver.settle()  # the entry, once the segment is durable
+            assert doc is not None and (root / doc["name"]).is_file()
             names.append(doc["name"])
         assert all((root / n).is_file() for n in names)
         archiver.prune(3)  # the first pruning lists: the earlier run's segment goes too

@@ -429,9 +429,9 @@ class LiveMerger:
                         ranges=ranges, idle=tuple(idle), advance_ms=advance,
                         now_ms=self.clock.wall_ms(), end=end, files=files)
         if self.archive is not None:  # the records are archived before the plan names them
-            plan = replace(plan, archive=self.archive.write(plan.step, ranges))
-            batch = self._apply_plan(plan, took)  # (in memory) while the segment is created
-            self.archive.settle()
+            self.archive.write(plan.step, ranges)  # encoded and created on its thread...
+            batch = self._apply_plan(plan, took)  # ...while the step is applied in memory
+            plan = replace(plan, archive=self.archive.settle())  # (only .step is in batch)
             self._record(plan)
             return batch
         self._record(plan)

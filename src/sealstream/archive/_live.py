@@ -4,10 +4,10 @@
 
 * :meth:`Archiver.attach` gives a broker partition a tap (its ``raw_tap``): each poll
   hands over its raw messages as one frame, kept until a step takes them;
-* :meth:`Archiver.write` encodes the segment of a step being planned and returns the
-  entry the plan records; the segment is created on the archive's writer thread while
-  the step is applied in memory, and :meth:`Archiver.settle` waits for it before the
-  plan is recorded (a recorded plan's segment is always durable);
+* :meth:`Archiver.write` takes the records of a step being planned; its segment is
+  encoded and created on the archive's writer thread while the step is applied in
+  memory, and :meth:`Archiver.settle` waits for it and gives the entry the plan
+  records, before the plan is recorded (a recorded plan's segment is always durable);
 * :meth:`Archiver.discard` drops what a replayed step re-read (its segment exists);
 * :meth:`Archiver.recover` opens an :class:`ArchivedPartition` where the broker no
   longer holds a position that recorded steps read;
@@ -106,7 +106,7 @@ class Archiver:
         #: the writer thread (started with the first segment) and what it was given
         #: that :meth:`settle` has not yet waited for
         self._pool: ThreadPoolExecutor | None = None
-        self._creating: Future[None] | None = None
+        self._creating: Future[dict[str, Any]] | None = None
         self._pruning: Future[None] | None = None
         self._lock = threading.Lock()
         #: retention: whether a pruning listed the archive's segments (once a run, and
@@ -164,20 +164,22 @@ class Archiver:
                  for n, (a, b) in sorted(ranges.items()) if b > a]
         return pl.concat(parts, how="vertical") if parts else None
 
-    def write(self, step: int, ranges: dict[str, tuple[int, int]]) -> dict[str, Any] | None:
-        """The segment of step ``step`` (the records of ``ranges``): encoded now, for the
-        plan to name its size and SHA-256, and created on the writer thread while the
-        caller goes on with the step in memory; :meth:`settle` waits for it, before the
-        plan is recorded. The entry for the plan (None: the step reads no position,
-        nothing to archive)."""
+    def write(self, step: int, ranges: dict[str, tuple[int, int]]) -> None:
+        """Start the segment of step ``step``: the records of ``ranges`` are taken now,
+        then encoded (Parquet, SHA-256) and created on the writer thread while the
+        caller applies the step in memory; :meth:`settle` waits for it and gives the
+        entry the plan records, before the plan is recorded."""
         if self.settings.read_only:
-            return None
+            return
         self.settle()
         rows = self._rows(ranges)
         if rows is None:
-            return None
+            return
+        self._creating = self._submit(self._encode_create, step, rows)
+
+    def _encode_create(self, step: int, rows: pl.DataFrame) -> dict[str, Any]:
         data, entry = encode_segment(step, rows, ordered=True)
-        self._creating = self._submit(self._create, entry.name, data)
+        self._create(entry.name, data)
         return entry.to_json()
 
     def _create(self, name: str, data: bytes) -> None:
@@ -191,18 +193,19 @@ class Archiver:
             if step is not None:
                 self._mine.append((step, name))
 
-    def _submit(self, fn: Callable[..., None], *args: Any) -> Future[None]:
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         with self._lock:
             if self._pool is None:
                 # one segment being created and one pruning at most (see prune)
                 self._pool = ThreadPoolExecutor(2, thread_name_prefix="sealstream-archive")
             return self._pool.submit(fn, *args)
 
-    def settle(self) -> None:
-        """Wait until the segment being created is durable (SourceError: it cannot be)."""
+    def settle(self) -> dict[str, Any] | None:
+        """Wait until the segment being created is durable (SourceError: it cannot be);
+        the entry for its step's plan (None: the step reads no position, nothing to
+        archive)."""
         creating, self._creating = self._creating, None
-        if creating is not None:
-            creating.result()
+        return None if creating is None else creating.result()
 
     def close(self) -> None:
         """Wait for the writer thread, then stop it. A failure is not raised here: the

@@ -20,36 +20,9 @@ import pytest
 import sealstream
 from sealstream._objects import ObjectExistsError, ObjectStoreError, VersionConflictError
 from sealstream._objects.s3 import S3Objects
+from sealstream.testing.specs import files_source, spec_text, tumbling
 
 SRC = Path(sealstream.__file__).resolve().parents[1]
-
-SPEC = """[pipeline]
-name = "obstore-light"
-
-[source]
-kind = "jsonl"
-paths = ["in.jsonl"]
-key = "user"
-time = "ts"
-
-[watermark]
-max_delay_ms = 0
-
-[window]
-kind = "tumbling"
-size_ms = 1000
-
-[aggregates]
-n = "count"
-total = "sum(amount)"
-
-[sink]
-kind = "jsonl"
-path = "out"
-
-[checkpoint]
-url = "{url}"
-"""
 
 #: runs the job in this process, then writes one object larger than multipart_bytes,
 #: saying after each whether botocore was imported
@@ -60,6 +33,7 @@ code = cli.main(["run", "spec.toml", "--quiet"], prog_name="sealstream",
                 standalone_mode=False)
 print("RUN", code or 0, "botocore" in sys.modules, "obstore" in sys.modules, flush=True)
 from sealstream._objects.s3 import S3Objects
+from sealstream.testing.specs import files_source, spec_text, tumbling
 objects = S3Objects.from_url(sys.argv[1] + "-big")
 print("BACKEND", objects.backend, flush=True)
 objects.multipart_bytes = 5 * 1024 * 1024
@@ -88,7 +62,9 @@ def test_a_run_with_env_credentials_never_imports_botocore(s3_env: Any,
     url = _url(s3_env)
     rows = [{"user": f"u{i % 3}", "ts": 1_000 * (i // 4), "amount": i} for i in range(40)]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "spec.toml").write_text(SPEC.format(url=url))
+    (tmp_path / "spec.toml").write_text(spec_text(
+        "obstore-light", files_source(["in.jsonl"]), max_delay_ms=0,
+        window=tumbling(1000), checkpoint=f"url = {json.dumps(url)}"))
     env = {k: v for k, v in os.environ.items() if k != "SEALSTREAM_S3_CLIENT"}
     proc = subprocess.run([sys.executable, "-c", _SCRIPT, url], cwd=tmp_path,
                           env={**env, "PYTHONPATH": str(SRC)}, capture_output=True,

@@ -427,11 +427,15 @@ class S3Objects(Objects):
                 return None
             raise ObjectStoreError(f"cannot read {key} in {self._where()}: "
                                    f"{self._code(exc)[0] or self._code(exc)[1]}") from None
-        size = resp.get("ContentLength")
-        if size is None:  # never guessed: 0 would read as an empty object
+        return self._sized(key, resp.get("ContentLength"), resp.get("ETag"))
+
+    def _sized(self, key: str, size: Any, etag: Any) -> tuple[int, str]:
+        """A HEAD's answer: its size (never guessed: 0 would read as an empty object)
+        and its ETag, each one line naming the store when missing."""
+        if size is None:
             raise ObjectStoreError(f"cannot read {key} in {self._where()}: the server's "
                                    "answer has no Content-Length")
-        return int(size), self._etag(resp.get("ETag"), f"read {key}")
+        return int(size), self._etag(etag, f"read {key}")
 
     def keys(self, prefix: str = "") -> list[str]:
         if self.backend == "obstore":
@@ -663,11 +667,7 @@ class S3Objects(Objects):
                 return None
             raise ObjectStoreError(f"cannot read {key} in {self._where()}: "
                                    f"{ans.code or ans.status}") from None
-        size = meta.get("size")
-        if size is None:  # never guessed: 0 would read as an empty object
-            raise ObjectStoreError(f"cannot read {key} in {self._where()}: the server's "
-                                   "answer has no Content-Length")
-        return int(size), self._etag(meta.get("e_tag"), f"read {key}")
+        return self._sized(key, meta.get("size"), meta.get("e_tag"))
 
     def _ob_keys(self, prefix: str) -> list[str]:
         """``ListObjectsV2`` by obstore, whose prefixes are whole path segments: the

@@ -523,14 +523,19 @@ class S3Objects(Objects):
                               Body=data, **cond)
         except ClientError as exc:
             if self._is_precondition(exc):
-                now = self.read_versioned(key)
-                if now is not None and now[0] == data:
-                    return now[1]  # our own write, whose answer was lost
-                raise VersionConflictError(
-                    f"{self.location}/{key} was replaced by another writer") from None
+                return self._refused_replace(key, data)
             raise ObjectStoreError(f"cannot replace {key} in {self._where()}: "
                                    f"{self._code(exc)[0]}") from None
         return self._etag(resp.get("ETag"), f"replace {key}")
+
+    def _refused_replace(self, key: str, data: bytes) -> str:
+        """A replace refused by its condition: our own earlier write whose answer was
+        lost (the same bytes are there: their version), else VersionConflictError."""
+        now = self.read_versioned(key)
+        if now is not None and now[0] == data:
+            return now[1]
+        raise VersionConflictError(f"{self.location}/{key} was replaced by another writer"
+                                   ) from None  # (called while a refusal is handled)
 
     #: a probe takes a few round trips; one older than this (by the server's clock)
     #: was left by a run killed during its probe, never by a probe still running
@@ -716,11 +721,7 @@ class S3Objects(Objects):
                                  data, mode=mode, use_multipart=False)
         except _Answer as ans:
             if ans.kind == "precondition":
-                now = self.read_versioned(key)
-                if now is not None and now[0] == data:
-                    return now[1]  # our own write, whose answer was lost
-                raise VersionConflictError(
-                    f"{self.location}/{key} was replaced by another writer") from None
+                return self._refused_replace(key, data)
             raise ObjectStoreError(f"cannot replace {key} in {self._where()}: "
                                    f"{ans.code or ans.status}") from None
         return self._etag(resp.get("e_tag"), f"replace {key}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,100 @@ def test_read_ahead_is_one_poll_and_hands_out_exactly_the_ranges(
             events, bad, _ = reader.take(0, name, frm, to, BATCH, 100)
             got = events[OFFSET].to_list() + bad["_offset"].to_list()
             assert sorted(got) == list(range(frm, to)), (frm, to)
+    finally:
+        reader.close()
+    assert reader.held == {} and reader._pool is None
+
+
+def test_a_read_ahead_waits_for_records_that_come_later(kafka: Any, tmp_path: Path) -> None:
+    """A partition opened before it has records starts its read-ahead at once, and
+    that read-ahead waits for the client's fetch instead of handing back an empty
+    poll: the records produced later are held ahead without any report, and the
+    first report is served by them (not by a poll on the actor's thread). A
+    read-ahead still waiting holds nothing, and gives up as soon as a poll is
+    wanted."""
+    from confluent_kafka import Producer
+
+    from sealstream import load_spec
+    from sealstream.distributed._live_read import LiveReader
+    from sealstream.testing.brokers import create_topic
+
+    names = make_input(tmp_path, partitions=1, events=300)
+    topic = f"later-{uuid.uuid4().hex[:12]}"
+    create_topic(kafka.bootstrap, topic, 1)
+    spec = write_spec(tmp_path, names, batch_size=BATCH)
+    kafka_source_spec(spec, kafka.bootstrap, topic)
+    reader = LiveReader(load_spec(spec))
+    name = f"{topic}/0"
+    try:
+        assert reader.open(0, name, None, True) == 0
+        assert _settled(reader, 0) == (0, 0)  # waiting, holding nothing
+        # nothing there: a report wanted now is answered at once, empty
+        started = time.monotonic()
+        assert reader.poll(0, BATCH, 0) == (0, None, None)
+        assert time.monotonic() - started < WAIT_S / 4
+        lines = [x for x in (tmp_path / names[0]).read_text().splitlines() if x]
+        prod = Producer({"bootstrap.servers": kafka.bootstrap})
+        for line in lines:
+            prod.produce(topic, line.encode(), partition=0)
+        assert prod.flush(60) == 0
+        deadline = time.monotonic() + WAIT_S
+        while not reader.held_records()[0][1]:  # the read-ahead alone takes them
+            assert time.monotonic() < deadline, "the read-ahead gave up waiting"
+            time.sleep(0.01)  # polling for a state, not a timer
+        ahead = reader.held_records()[0][1]
+        assert ahead is not None and 0 < ahead <= BATCH
+        after, first, last = reader.poll(0, BATCH, 0)
+        assert first == 0 and last is not None and after == last + 1
+        assert after >= ahead  # served by the read-ahead (topped up with what came since)
+    finally:
+        reader.close()
+    assert reader.held == {} and reader._pool is None
+
+
+def test_idle_partitions_do_not_hold_back_the_others(kafka: Any, tmp_path: Path) -> None:
+    """More partitions than read-ahead threads, all idle but the last: the idle ones'
+    read-aheads wait for records (each at most READ_AHEAD_WAIT_S), and a report of a
+    partition whose read-ahead has not started yet polls at once instead of waiting
+    behind them; every report is answered and the last partition's records are
+    handed out exactly."""
+    from confluent_kafka import Producer
+
+    from sealstream import load_spec
+    from sealstream.distributed._live_read import READ_AHEAD_THREADS, LiveReader
+    from sealstream.sources._base import OFFSET
+    from sealstream.testing.brokers import create_topic
+
+    parts = READ_AHEAD_THREADS + 2
+    names = make_input(tmp_path, partitions=1, events=200)
+    topic = f"idle-{uuid.uuid4().hex[:12]}"
+    create_topic(kafka.bootstrap, topic, parts)
+    prod = Producer({"bootstrap.servers": kafka.bootstrap})
+    lines = [x for x in (tmp_path / names[0]).read_text().splitlines() if x]
+    for line in lines:
+        prod.produce(topic, line.encode(), partition=parts - 1)
+    assert prod.flush(60) == 0
+    spec = write_spec(tmp_path, names, batch_size=BATCH)
+    kafka_source_spec(spec, kafka.bootstrap, topic)
+    reader = LiveReader(load_spec(spec))
+    last = parts - 1
+    try:
+        for q in range(parts):
+            assert reader.open(q, f"{topic}/{q}", None, True) == 0
+        taken: list[int] = []
+        deadline = time.monotonic() + WAIT_S
+        while len(taken) < len(lines):
+            assert time.monotonic() < deadline, taken[-1:]
+            # the last partition first: its read-ahead is queued behind the idle ones'
+            reports = [reader.poll(q, BATCH, 0) for q in reversed(range(parts))][::-1]
+            assert all(r == (0, None, None) for r in reports[:last]), reports
+            after, first, _ = reports[last]
+            if first is None:
+                reader.poll(last, BATCH, 200)  # nothing at hand yet: wait, as the planner does
+                continue
+            events, bad, _ = reader.take(last, f"{topic}/{last}", len(taken), after, BATCH, 100)
+            taken += events[OFFSET].to_list() + bad["_offset"].to_list()
+        assert sorted(taken) == list(range(len(lines)))
     finally:
         reader.close()
     assert reader.held == {} and reader._pool is None

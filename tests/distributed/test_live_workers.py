@@ -39,21 +39,35 @@ from _live_case import (  # noqa: E402
 
 
 def test_kafka_with_two_workers_equals_one_process(
-        ray_cluster: Any, kafka: Any, live_story: LiveStory, tmp_path: Path) -> None:
+        ray_cluster: Any, kafka: Any, live_story: LiveStory, tmp_path: Path,
+        capsys: Any) -> None:
     """2 workers, each reading its partitions of the topic through its own consumer:
     results, late events and bad records equal one process's, exactly once; the
-    coordinator planned and recorded the steps but read no record."""
+    coordinator planned and recorded the steps but read no record. Worker 0 reads two
+    of the three partitions, so the key routing, decided once the partitions were
+    opened, gives it fewer keys: 11 of 128 hash buckets (the checkpoints record it)."""
+    import ray
+
+    from sealstream.cli import main
     from sealstream.distributed.live import LivePlanner
 
     spec = live_spec(tmp_path, kafka.bootstrap, live_story)
     job = live_job(spec, 2)
     job.run()
     assert isinstance(job.merger, LivePlanner)
+    assert len(job.names) == 3
     assert job.counters.events > 0 and job.counters.late_events > 0
     assert job.counters.bad_records > 0
     assert list((tmp_path / "ckpt" / "plans").glob("step-*.json")) or \
         job.merger.step > 0
     assert_same_output(tmp_path, live_story.dir)
+    done = [r["processed"] for r in ray.get([a.plane_rows.remote() for a in job.merger.actors])]
+    # 11 of 128 buckets (of this story's few keys, 27% of the rows against 73%)
+    assert 0 < done[0] < done[1], done
+    capsys.readouterr()
+    assert main(["checkpoints", "inspect", str(tmp_path / "ckpt"), "--json"]) == 0
+    routing = json.loads(capsys.readouterr().out)["distributed"]["routing"]
+    assert routing["buckets_per_worker"] == [11, 117], routing
 
 
 def test_a_lost_worker_restarts_every_worker_from_the_newest_checkpoint(

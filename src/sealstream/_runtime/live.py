@@ -230,7 +230,7 @@ class LiveMerger:
             self._stop_ends: dict[str, int | None] = {}
             if stop_end:
                 for c in self.cursors:
-                    c.stop_at = c.part.end()
+                    self._stop_at(c, c.part.end())
                 for n in listed:
                     if n not in self.names:
                         probe = self.source.open(n, None)
@@ -244,6 +244,15 @@ class LiveMerger:
             raise
 
     # ------------------------------------------------------------ partitions
+    @staticmethod
+    def _stop_at(c: _Cursor, at: int | None) -> None:
+        """``stop = "end"``: the run reads ``c``'s partition up to ``at`` (its end at
+        start); a source that can stop fetching it there is told (Kafka pauses it)."""
+        c.stop_at = at
+        tell = getattr(c.part, "stop_at", None)
+        if at is not None and tell is not None:
+            tell(at)
+
     def _open(self, name: str, pos: SourcePosition | None, now: float,
               from_start: bool = False, file: tuple[int, int] | None = None) -> None:
         """Open partition ``name`` at ``pos``; None: at its beginning when
@@ -306,7 +315,7 @@ class LiveMerger:
                     continue
                 self._open(n, None, now, from_start=True)  # growth: from its beginning
                 if self.stop_end:  # listed at start (its replay was pending): its end then
-                    self.cursors[-1].stop_at = self._stop_ends.get(n)
+                    self._stop_at(self.cursors[-1], self._stop_ends.get(n))
 
     # ------------------------------------------------------------ plans
     def _load_replay(self, store: CheckpointStore) -> None:
@@ -551,7 +560,7 @@ class LiveMerger:
                            file=plan.files.get(n))
                 self._seek_to_recorded(len(self.names) - 1, [plan, *self.replay])
                 if self.stop_end:
-                    self.cursors[-1].stop_at = self._stop_ends.get(n)
+                    self._stop_at(self.cursors[-1], self._stop_ends.get(n))
         if tuple(self.names[:len(plan.partitions)]) != plan.partitions:
             raise CheckpointError(
                 f"the recorded plan of step {plan.step} knows the partitions "

@@ -29,6 +29,7 @@ recovery re-reads from the checkpoint's positions.
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
@@ -55,6 +56,14 @@ Report = tuple[int, int | None, int | None]
 READ_AHEAD_KINDS = ("kafka",)
 #: threads of a worker's read-ahead (its partitions' polls run side by side)
 READ_AHEAD_THREADS = 4
+#: how often a read-ahead that found nothing looks again (seconds): it waits for the
+#: client's next fetch instead of handing back an empty poll, outside the client's
+#: lock, until its partition's next report, read, seek or close asks for it
+READ_AHEAD_RETRY_S = 0.02
+#: for at most this long (seconds): a partition without records (an idle topic) does
+#: not hold one of the read-ahead's threads, nor look again 50 times a second, for
+#: ever; the next report polls it afresh and reads ahead again
+READ_AHEAD_WAIT_S = 1.0
 
 
 @dataclass
@@ -68,6 +77,11 @@ class _Held:
     pending: list[Chunk] = field(default_factory=list)
     #: the next poll, read ahead on the reader's threads (at most one)
     ahead: Future[Chunk | None] | None = None
+    #: set when the partition's next poll is wanted: a read-ahead still waiting for
+    #: records hands back what it has (nothing) instead of waiting on
+    wanted: threading.Event = field(default_factory=threading.Event)
+    #: set while the read-ahead waits for records, holding none
+    waiting: threading.Event = field(default_factory=threading.Event)
 
 
 def _records(chunk: Chunk) -> tuple[int | None, int | None]:
@@ -87,6 +101,12 @@ def _below(chunk: Chunk, first: int) -> Chunk:
         return Chunk(chunk.events.clear(), chunk.bad.clear(), None, chunk.position, False,
                      chunk.raw)
     return Chunk(rest.events, rest.bad, rest.last_offset, chunk.position, False, chunk.raw)
+
+
+def _stale(chunk: Chunk, after: int) -> bool:
+    """Whether a poll of a partition whose records end before ``after`` delivered
+    nothing: no record, the position not moved."""
+    return chunk.position.offset == after and chunk.last_offset is None
 
 
 def count(chunk: Chunk | None) -> int:
@@ -129,7 +149,8 @@ class LiveReader:
                 f"position still retained ({earliest}): records {position}..{earliest - 1} "
                 "were deleted before they were read; nothing was skipped")
         at = part.tell() if position is None else position
-        self.held[q] = _Held(part, at, at)
+        self.held[q] = h = _Held(part, at, at)
+        self._start_ahead(h)  # its first fetch and parse, while the others open
         return at
 
     def drop(self, q: int) -> None:
@@ -145,6 +166,12 @@ class LiveReader:
         h.next = h.after = position
         h.pending = []
 
+    def stop_at(self, q: int, position: int) -> None:
+        """The run reads partition ``q`` up to ``position`` (``stop = "end"``)."""
+        tell = getattr(self.held[q].part, "stop_at", None)
+        if tell is not None:
+            tell(position)
+
     def end(self, q: int) -> int | None:
         h = self.held[q]
         self._settle(h)
@@ -158,19 +185,58 @@ class LiveReader:
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(READ_AHEAD_THREADS, "sealstream-read-ahead")
-        h.ahead = self._pool.submit(h.part.poll, self._max_records, 0)
+        h.wanted, h.waiting = threading.Event(), threading.Event()
+        h.ahead = self._pool.submit(self._poll_ahead, h.part, h.after, h.wanted,
+                                    h.waiting, self._max_records)
+
+    @staticmethod
+    def _poll_ahead(part: LivePartition, after: int, wanted: threading.Event,
+                    waiting: threading.Event, max_records: int) -> Chunk | None:
+        """The read-ahead: polls (without waiting in the client, so the client's lock
+        is free between its tries) until the partition delivers records or moves, or
+        until its next poll is wanted (then what it has: nothing, which that poll
+        takes as stale and polls again). Waiting here is what lets the next step's
+        fetch and parse run while the current step is processed: a read-ahead that
+        gave up at once, the client's next fetch not yet in, left the next report to
+        fetch and parse on the actor's thread while the other workers waited. It
+        waits at most :data:`READ_AHEAD_WAIT_S`."""
+        deadline = time.monotonic() + READ_AHEAD_WAIT_S
+        while True:
+            waiting.clear()
+            got = part.poll(max_records, 0)
+            if got is None or not _stale(got, after):
+                return got
+            waiting.set()
+            if wanted.wait(READ_AHEAD_RETRY_S) or time.monotonic() > deadline:
+                return got
+
+    @staticmethod
+    def _want(h: _Held) -> Future[Chunk | None] | None:
+        """``h``'s read-ahead poll, now wanted (a wait for records ends), or None when
+        there is none or it had not started yet (then it never will: the caller
+        polls itself instead of waiting behind other partitions' read-aheads)."""
+        fut = h.ahead
+        if fut is None:
+            return None
+        h.wanted.set()
+        if fut.cancel():
+            h.ahead = None
+            return None
+        return fut
 
     @staticmethod
     def _settle(h: _Held) -> None:
         """Wait for ``h``'s read-ahead poll (its result kept): the client is then
         this thread's alone."""
-        if h.ahead is not None:
-            wait_for([h.ahead])
+        fut = LiveReader._want(h)
+        if fut is not None:
+            wait_for([fut])
 
     @staticmethod
     def _drop_ahead(h: _Held) -> None:
         """Forget ``h``'s read-ahead poll (a seek, a close): its records were in no step."""
-        fut, h.ahead = h.ahead, None
+        fut = LiveReader._want(h)
+        h.ahead = None
         if fut is not None:
             wait_for([fut])
             fut.exception()  # (retrieved: it was never this partition's next poll)
@@ -180,24 +246,25 @@ class LiveReader:
         """The partition's next poll: the one read ahead when it delivered records
         (or moved the position), else a poll now (an empty one read ahead is stale);
         and whether it was read ahead."""
-        fut, h.ahead = h.ahead, None
+        fut = self._want(h)
+        h.ahead = None
         if fut is not None:
             got = fut.result()  # its error is this poll's error
-            if got is not None and not (got.position.offset == h.after
-                                        and got.last_offset is None):
+            if got is not None and not _stale(got, h.after):
                 return got, True
         return h.part.poll(max(1, max_records), timeout_ms), False
 
     def held_records(self) -> dict[int, tuple[int, int | None]]:
         """Per partition: the records it holds for the next step (reported or not)
-        and those of its read-ahead poll (None: still in flight)."""
+        and those of its read-ahead poll (None: still in flight; 0 while it waits
+        for records, holding none)."""
         out: dict[int, tuple[int, int | None]] = {}
         for q, h in self.held.items():
             ahead = h.ahead
             done = ahead is not None and ahead.done() and ahead.exception() is None
             out[q] = (sum(count(c) for c in h.pending),
                       count(ahead.result()) if done and ahead is not None
-                      else (0 if ahead is None else None))
+                      else (0 if ahead is None or h.waiting.is_set() else None))
         return out
 
     def poll(self, q: int, max_records: int, timeout_ms: int) -> Report:

@@ -18,6 +18,12 @@ workers load the state (every restore re-splits the whole state, so a restarted 
 rescaled run may route differently). When every share rounds to ``B / N`` buckets the
 routing is plain ``hash mod N`` (``B`` is a multiple of ``N``), so balanced inputs
 route exactly as before.
+
+A live source's partitions count as equal shares (:func:`partition_shares`): those
+listed in the checkpoint a run resumes from, or, on a fresh start (no state yet),
+those the run opens at start, the routing then given to the still empty workers
+before the first step. Partitions that appear later are read by ``q mod N`` and do
+not change the routing.
 """
 
 from __future__ import annotations
@@ -67,6 +73,16 @@ def read_shares(paths: list[Path], workers: int) -> list[float]:
     shares = [0.0] * workers
     for q, size in enumerate(sizes):
         shares[q % workers] += size
+    return shares
+
+
+def partition_shares(partitions: int, workers: int) -> list[float]:
+    """The partitions each worker reads when partition ``q`` is read by worker
+    ``q mod workers``: a live source's partitions (Kafka, NATS, followed files),
+    whose sizes are not known at start, taken as equal."""
+    shares = [0.0] * workers
+    for q in range(partitions):
+        shares[q % workers] += 1.0
     return shares
 
 

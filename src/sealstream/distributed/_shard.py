@@ -139,6 +139,12 @@ class ShardedOperator(WindowOperator):
     def _get(self, refs: list[Any], what: str) -> list[Any]:
         return gather(refs, what)
 
+    def route(self, table: Table | None) -> None:
+        """Route keys by ``table`` from now on; only before the first step of a fresh
+        run (every worker's state still empty: no key has a worker yet)."""
+        self._get([a.route.remote(table) for a in self.actors], "routing")
+        self.table = table
+
     def process(self, events: pl.DataFrame, w_end: int) -> Output:
         import ray
 

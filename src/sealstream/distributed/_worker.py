@@ -476,6 +476,10 @@ class ShardWorker:
         assert self.live is not None
         return self.live.end(q)
 
+    def live_stop_at(self, q: int, position: int) -> None:
+        assert self.live is not None
+        self.live.stop_at(q, position)
+
     def live_seek(self, q: int, position: int) -> None:
         assert self.live is not None
         self.live.seek(q, position)
@@ -539,7 +543,15 @@ class ShardWorker:
         if self.store is not None:
             self.store.close()
         self.pipeline, self.store = pipeline, None
+        _warm(pipeline)
         return os.getpid()
+
+    def route(self, table: tuple[int, ...] | None) -> None:
+        """The job's key routing, decided after :meth:`load` (a fresh live run, once
+        its partitions are known): only while this worker holds no state."""
+        if self._op().open_windows:
+            raise RuntimeError("the key routing changes only before the first step")
+        self.table = table
 
     def _op(self) -> WindowOperator:
         assert self.op is not None, "load() first"
@@ -623,6 +635,28 @@ class ShardWorker:
 OWN = "own"
 
 
+def _warm(pipeline: Pipeline) -> None:
+    """Import, while the worker starts, what its first steps would otherwise import
+    on the job's clock: the source's client library (confluent-kafka about 75 ms of
+    CPU, nats-py) and ``pyarrow.compute``, which Ray's Arrow serializer imports on a
+    process's first ``ray.put`` of a table with strings (about 40 ms). A worker that
+    reads two partitions of three is the one a step waits for, and it paid both at
+    its first step (docs/scale-out.md, "A Kafka source")."""
+    import importlib
+
+    wanted = ["pyarrow.compute"]
+    kind = getattr(pipeline.source, "kind", None)
+    if kind == "kafka":
+        wanted += ["confluent_kafka", "sealstream.sources._kafka_shared"]
+    elif kind == "nats":
+        wanted += ["nats", "sealstream.sources.nats"]
+    for name in wanted:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # (a missing extra is reported where it is used)
+            pass
+
+
 def own_marker(q: int, step: int) -> tuple[str, int, int]:
     """The coordinator's stand-in for the rows of partition ``q`` in ``step`` that its
     reader keeps for its own keys (a few bytes, in place of an object reference)."""
@@ -670,3 +704,4 @@ def _seen(events: pl.DataFrame, unseen: list[str]) -> list[str]:
         return []
     row = events.select(**checks).row(0, named=True)
     return [f for f in unseen if row.get(f, False)]
+

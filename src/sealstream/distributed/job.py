@@ -66,7 +66,13 @@ from sealstream.distributed._cluster import connect
 from sealstream.distributed._kafka_sinks import KafkaWorkersSink
 from sealstream.distributed._plane import advance, prepare
 from sealstream.distributed._records import ROLES as RECORD_ROLES
-from sealstream.distributed._routing import Table, describe, read_shares, weighted
+from sealstream.distributed._routing import (
+    Table,
+    describe,
+    partition_shares,
+    read_shares,
+    weighted,
+)
 from sealstream.distributed._shard import (
     ROUTING,
     ShardedOperator,
@@ -148,6 +154,10 @@ class DistributedJob(Job):
     def _fresh_start(self) -> list[SourcePosition]:
         positions = super()._fresh_start()
         self._shard()
+        #: a live source's partitions are known once it is opened: the routing is
+        #: decided then, the workers' state still empty (:meth:`_route_live`)
+        assert isinstance(self.operator, ShardedOperator)
+        self._route_when_open = self.live and self.operator.table is None
         return positions
 
     def _restore(
@@ -167,12 +177,30 @@ class DistributedJob(Job):
         self.worker_start_s += time.monotonic() - started
 
     def _routing(self) -> Table | None:
-        """A bounded input read in unequal shares by the workers (3 partitions on 2
-        workers): fewer keys for the workers that read more (:mod:`._routing`). A live
-        source's partitions come and go: plain ``hash mod N`` there."""
-        if self.live or self.workers < 2:
+        """An input read in unequal shares by the workers (3 partitions on 2 workers):
+        fewer keys for the workers that read more (:mod:`._routing`). Bounded files by
+        their sizes; a live source read on the workers by its partitions' number:
+        those of the checkpoint resumed from (a fresh start decides once the source
+        is open, :meth:`_route_live`)."""
+        if self.workers < 2:
             return None
+        if self.live:
+            if not live_on_workers(self.p) or not self.names:
+                return None
+            return weighted(partition_shares(len(self.names), self.workers))
         return weighted(read_shares([path for _, path in self.partitions], self.workers))
+
+    def _route_live(self, partitions: int) -> None:
+        """A fresh live run: the routing for the ``partitions`` the source opened at
+        start, given to the workers before the first step (their state is empty)."""
+        if not getattr(self, "_route_when_open", False):
+            return
+        self._route_when_open = False
+        table = weighted(partition_shares(partitions, self.workers)) \
+            if self.workers > 1 else None
+        if table is not None:
+            assert isinstance(self.operator, ShardedOperator)
+            self.operator.route(table)
 
     def _workers(self) -> list[Any]:
         if not self._actors:
@@ -199,6 +227,7 @@ class DistributedJob(Job):
                 unseen=lambda: self.unseen_fields, job=self))
             self.merger = merger  # type: ignore[assignment]
             self.names = merger.names  # grows as partitions appear
+            self._route_live(len(merger.names))
             self.rejected += merger.rejected_plans
             self._open_worker_results()
             return

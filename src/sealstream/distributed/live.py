@@ -76,6 +76,9 @@ class _Remote:
     def earliest(self) -> int | None:
         return None
 
+    def stop_at(self, position: int) -> None:
+        gather([self.owner.live_stop_at.remote(self.q, position)], "stop position")
+
     def end(self) -> int | None:
         got: int | None = gather([self.owner.live_end.remote(self.q)], "end position")[0]
         return got

@@ -90,6 +90,9 @@ class SharedReader:
         self.consumer: Any = _consumer(settings.consumer_config(), link)
         self.views: dict[int, SharedPartition] = {}
         self.paused: set[int] = set()
+        #: partition -> the position this run reads up to (``stop = "end"``): once
+        #: fetched that far, the partition is paused for good (see :meth:`stop_at`)
+        self.stops: dict[int, int] = {}
         #: held by every partition's poll, seek and close: a scale-out worker polls
         #: its partitions ahead on threads of its own (distributed/_live_read.py), and
         #: two fills at once would queue one partition's records out of order
@@ -109,8 +112,10 @@ class SharedReader:
         """Read ``view`` from ``position`` on (its queue is dropped by the caller)."""
         from confluent_kafka import TopicPartition
 
+        if view._num in self.paused:  # (a pause outlives the partition's re-assignment)
+            self.paused.discard(view._num)
+            self.consumer.resume([view._tp])
         self.consumer.incremental_unassign([view._tp])
-        self.paused.discard(view._num)
         self.consumer.incremental_assign([TopicPartition(view._topic, view._num, position)])
 
     def release(self, view: SharedPartition) -> None:
@@ -118,6 +123,7 @@ class SharedReader:
         if self.views.get(view._num) is view:
             del self.views[view._num]
             self.paused.discard(view._num)
+            self.stops.pop(view._num, None)
             if self.views:
                 with contextlib.suppress(Exception):  # (a client that is gone: nothing to do)
                     self.consumer.incremental_unassign([view._tp])
@@ -246,11 +252,16 @@ class SharedReader:
             view._queue.append(_Queued(chunk, offs, raw))
             view._queued += len(offs)
 
+    def _done(self, view: SharedPartition) -> bool:
+        """Whether ``view`` was fetched up to the position the run stops at."""
+        stop = self.stops.get(view._num)
+        return stop is not None and view._position >= stop
+
     def _pause_full(self) -> None:
         from confluent_kafka import TopicPartition
 
-        full = [v for num, v in self.views.items()
-                if v._queued >= PAUSE_AT and num not in self.paused]
+        full = [v for num, v in self.views.items() if num not in self.paused
+                and (v._queued >= PAUSE_AT or self._done(v))]
         if full:
             self.consumer.pause([TopicPartition(v._topic, v._num) for v in full])
             self.paused.update(v._num for v in full)
@@ -258,7 +269,7 @@ class SharedReader:
     def drained(self, view: SharedPartition) -> None:
         from confluent_kafka import TopicPartition
 
-        if view._num in self.paused:
+        if view._num in self.paused and not self._done(view):
             self.paused.discard(view._num)
             self.consumer.resume([TopicPartition(view._topic, view._num)])
 
@@ -343,6 +354,16 @@ class SharedPartition(KafkaPartition):
             if low is not None and low > self._position:
                 raise self._expired(self._position, low)
 
+    def stop_at(self, position: int) -> None:
+        """The run reads nothing at or after ``position`` (``stop = "end"``): once
+        fetched that far the partition is paused in the client, so the consumer
+        stops fetching it (at a partition's end a client fetches again and again;
+        a broker that answers an empty fetch at once, as noida-db does, makes that
+        a busy loop on both sides for as long as the other partitions are read)."""
+        with self._reader.lock:
+            self._reader.stops[self._num] = position
+            self._reader._pause_full()
+
     def seek(self, position: int) -> None:
         self._marks_at_open = None
         low = self.earliest()
@@ -353,6 +374,7 @@ class SharedPartition(KafkaPartition):
             self._queued = 0
             self._reader.reassign(self, position)
             self._position = self._handed = position
+            self._reader._pause_full()  # (sought to where the run stops)
 
     def close(self) -> None:
         with self._reader.lock:

@@ -233,6 +233,18 @@ PROFILE_NOTE = ("Where the time of the runs with workers went, per phase of a st
                 "that CPU per event of the run.")
 
 
+def _replace_kafka(old: str, section: str) -> str:
+    """``old`` results with their newest Kafka section (the first, up to the next
+    heading of its level) replaced by ``section``; the sections after it (earlier
+    runs) kept."""
+    at = old.find(KAFKA_HEADING + "\n")
+    if at < 0:
+        return old.rstrip("\n") + "\n\n" + section
+    nxt = old.find("\n## ", at + len(KAFKA_HEADING))
+    rest = "" if nxt < 0 else old[nxt + 1:]
+    return old[:at].rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n\n" + rest
+
+
 def main(argv: list[str] | None = None) -> int:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     from bench.harness import STANDARD, Workload, prepare_data
@@ -305,8 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     out = RESULTS / "scaleout.md"
     if args.only_kafka:
         old = out.read_text() if out.is_file() else "# sealstream scale-out on Ray\n"
-        head = old.split(KAFKA_HEADING)[0].rstrip("\n") + "\n\n"
-        text = head + "\n".join(section)
+        text = _replace_kafka(old, "\n".join(section))
     else:
         lines = [
             "# sealstream scale-out on Ray",

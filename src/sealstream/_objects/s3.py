@@ -233,13 +233,7 @@ class S3Objects(Objects):
                     "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE)") from None
             except BotoCoreError as exc:
                 reason = type(exc).__name__
-            if time.monotonic() >= deadline:
-                raise ObjectStoreError(
-                    f"cannot {what} in {self._where()}: the server did not answer for "
-                    f"{retry_seconds():.0f} s (last: {reason}); nothing more was written"
-                ) from None
-            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-            delay = min(delay * 2, 2.0)
+            delay = self._back_off(what, deadline, delay, reason)
 
     def _ob_call(self, what: str, fn: Any, *args: Any, **kw: Any) -> Any:
         """``fn(*args, **kw)`` through obstore, classified as :meth:`_call` does:
@@ -291,13 +285,17 @@ class S3Objects(Objects):
                     raise ObjectStoreError(f"cannot {what} in {self._where()}: not "
                                            "supported by the S3 client") from None
                 reason = f"{code or status}" if status else kind
-            if time.monotonic() >= deadline:
-                raise ObjectStoreError(
-                    f"cannot {what} in {self._where()}: the server did not answer for "
-                    f"{retry_seconds():.0f} s (last: {reason}); nothing more was written"
-                ) from None
-            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-            delay = min(delay * 2, 2.0)
+            delay = self._back_off(what, deadline, delay, reason)
+
+    def _back_off(self, what: str, deadline: float, delay: float, reason: str) -> float:
+        """After a server fault (``reason``): wait ``delay`` and return the next one
+        (doubling, at most 2 s), or, past ``deadline``, fail with one line."""
+        if time.monotonic() >= deadline:
+            raise ObjectStoreError(
+                f"cannot {what} in {self._where()}: the server did not answer for "
+                f"{retry_seconds():.0f} s (last: {reason}); nothing more was written")
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        return min(delay * 2, 2.0)
 
     def _refused(self, what: str, code: str, status: int, err: dict[str, Any]) -> str:
         if code == "NoSuchBucket":

@@ -203,6 +203,11 @@ def test_random_sigkills_with_the_newest_checkpoint_damaged_between_restarts(
                 continue
         newest = _newest_complete(env, url)
         if newest is None:
+            # killed before two checkpoints were complete (on a loaded machine the
+            # start alone can outlast the timer): the next kills come later, so that
+            # the rounds make progress instead of killing every start (a CI run saw
+            # 7 kills and nothing to damage)
+            expected_s *= 1.6
             continue
         blob, how, verdict = damages[damaged % len(damages)]
         _damage(objects, f"cp-{newest:012d}/{blob}", how)

